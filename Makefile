@@ -1,0 +1,46 @@
+# felix — PGXS build.  `make && make install`, then see README.md for tests.
+MODULE_big = felix
+EXTENSION  = felix
+DATA       = src/sql/felix--1.0.sql
+PGFILEDESC = "felix - replicated log streams for PostgreSQL"
+
+OBJS = \
+	src/felix.o \
+	src/shmem.o \
+	src/metrics.o \
+	src/storage/format.o \
+	src/storage/segment.o \
+	src/storage/index.o \
+	src/storage/recovery.o \
+	src/storage/reader.o \
+	src/storage/retention.o \
+	src/storage/truncate.o \
+	src/storage/genmap.o \
+	src/storage/shard.o \
+	src/am/tableam.o \
+	src/am/scan.o \
+	src/am/refuse.o \
+	src/api/catalog.o \
+	src/api/stream.o \
+	src/api/publish.o \
+	src/api/pending.o \
+	src/api/views.o \
+	src/worker/node.o
+
+PG_CPPFLAGS = -I$(srcdir)/src/include
+PG_CFLAGS   = -Wall -Wextra -Werror -Wno-unused-parameter -Wno-missing-field-initializers -Wno-sign-compare
+
+REGRESS      = setup api refusals views
+REGRESS_OPTS = --temp-instance=./tmp_regress --temp-config=$(srcdir)/test/regress.conf
+
+ISOLATION      = publish_contiguous insert_abort copy_visibility
+ISOLATION_OPTS = --temp-instance=./tmp_isolation --temp-config=$(srcdir)/test/regress.conf \
+                 --inputdir=$(srcdir)/test/isolation --outputdir=./output_iso
+
+TAP_TESTS = 1
+
+EXTRA_CLEAN = tmp_regress tmp_isolation output_iso results regression.diffs regression.out
+
+PG_CONFIG ?= /usr/lib/postgresql/15/bin/pg_config
+PGXS := $(shell $(PG_CONFIG) --pgxs)
+include $(PGXS)

@@ -1,0 +1,329 @@
+/*-------------------------------------------------------------------------
+ *
+ * pending.c
+ *	  Transactional INSERT and COPY into a stream.  Rows are encoded into a
+ *	  per-shard batch buffer as they arrive and appended at pre-commit, one
+ *	  batch per shard (split only past FELIX_MAX_BATCH_BYTES).  An abort
+ *	  drops everything; a rollback to a savepoint drops what was added since
+ *	  the savepoint; PREPARE TRANSACTION with buffered rows is refused,
+ *	  because a prepared transaction may commit in another session that has
+ *	  none of this backend's memory.
+ *
+ *	  Savepoints: within one buffer, everything added after a subtransaction
+ *	  began belongs to that subtransaction or its descendants, so it is a
+ *	  suffix.  A mark {subid, len, count} is pushed the first time a
+ *	  subtransaction adds to a buffer; aborting subtransaction X restores the
+ *	  oldest mark with subid >= X (sub ids grow monotonically, and every
+ *	  subtransaction begun after X while X is open descends from X).
+ *
+ *	  Records are appended in the pre-commit callback, before the commit
+ *	  record is written: an append error aborts the transaction cleanly.
+ *	  The residual window — appended, then the commit itself fails — is the
+ *	  crash-during-commit case and is documented in docs/sql-api.md.
+ *
+ * Locking rule: backend-local.  The INSERT already holds RowExclusiveLock
+ * on the stream's table until commit, so the stream cannot be dropped
+ * between buffering and appending.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "api/catalog.h"
+#include "api/pending.h"
+#include "api/publish.h"
+#include "felix.h"
+#include "miscadmin.h"
+#include "storage/shard.h"
+#include "utils/builtins.h"
+#include "utils/memutils.h"
+
+/* Largest total a transaction may buffer for one shard. */
+#define FELIX_MAX_PENDING_BYTES		(512 * 1024 * 1024)
+
+typedef struct PendingMark
+{
+	SubTransactionId subid;
+	int			len;
+	uint32		count;
+} PendingMark;
+
+typedef struct PendingShard
+{
+	const FelixStream *stream;	/* copied into pending_cxt */
+	int			shard;
+	StringInfoData buf;			/* batch_begin'd; records appended */
+	uint32		count;
+	List	   *marks;			/* PendingMark *, oldest first */
+} PendingShard;
+
+static MemoryContext pending_cxt = NULL;	/* child of TopTransactionContext */
+static List *pending = NIL;		/* PendingShard * */
+
+static PendingShard *
+pending_shard(const FelixStream *stream, int shard)
+{
+	ListCell   *lc;
+	PendingShard *ps;
+	MemoryContext old;
+
+	foreach(lc, pending)
+	{
+		ps = lfirst(lc);
+		if (ps->stream->relid == stream->relid && ps->shard == shard)
+			return ps;
+	}
+
+	if (pending_cxt == NULL)
+		pending_cxt = AllocSetContextCreate(TopTransactionContext,
+											"felix pending records",
+											ALLOCSET_DEFAULT_SIZES);
+	old = MemoryContextSwitchTo(pending_cxt);
+	ps = palloc0(sizeof(PendingShard));
+	ps->stream = memcpy(palloc(sizeof(FelixStream)), stream, sizeof(FelixStream));
+	ps->shard = shard;
+	initStringInfo(&ps->buf);
+	batch_begin(&ps->buf);
+	pending = lappend(pending, ps);
+	MemoryContextSwitchTo(old);
+	return ps;
+}
+
+static void
+pending_mark(PendingShard *ps)
+{
+	SubTransactionId subid = GetCurrentSubTransactionId();
+	PendingMark *top = ps->marks ? llast(ps->marks) : NULL;
+
+	if (subid == TopSubTransactionId || (top != NULL && top->subid == subid))
+		return;
+	{
+		MemoryContext old = MemoryContextSwitchTo(pending_cxt);
+		PendingMark *m = palloc(sizeof(PendingMark));
+
+		m->subid = subid;
+		m->len = ps->buf.len;
+		m->count = ps->count;
+		ps->marks = lappend(ps->marks, m);
+		MemoryContextSwitchTo(old);
+	}
+}
+
+static void
+refuse_column(const FelixStream *stream, const char *column)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_GENERATED_ALWAYS),
+			 errmsg("stream \"%s\": column \"%s\" is assigned by felix", stream->name, column),
+			 errhint("Leave \"%s\" out of the INSERT; felix fills it in when the record is published.",
+					 column)));
+}
+
+void
+pending_add(const FelixStream *stream, TupleTableSlot *slot)
+{
+	bool		isnull;
+	Datum		d;
+	int64		shard_arg = -1;
+	const char *key = NULL;
+	int			key_len = -1;
+	int			shard;
+	const char *bytes;
+	uint32		len;
+	PendingShard *ps;
+
+	slot_getallattrs(slot);
+
+	if (!slot->tts_isnull[FELIX_ATTNUM_SEQ - 1])
+		refuse_column(stream, "seq");
+	if (!slot->tts_isnull[FELIX_ATTNUM_PUBLISHED_AT - 1])
+		refuse_column(stream, "published_at");
+
+	d = slot->tts_values[FELIX_ATTNUM_SHARD - 1];
+	isnull = slot->tts_isnull[FELIX_ATTNUM_SHARD - 1];
+	if (!isnull)
+	{
+		shard_arg = DatumGetInt32(d);
+		felix_check_shard(stream, shard_arg);
+	}
+	if (!slot->tts_isnull[FELIX_ATTNUM_KEY - 1])
+	{
+		text	   *k = DatumGetTextPP(slot->tts_values[FELIX_ATTNUM_KEY - 1]);
+
+		key = VARDATA_ANY(k);
+		key_len = VARSIZE_ANY_EXHDR(k);
+	}
+
+	shard = publish_route(stream, shard_arg, key, key_len);
+	publish_payload_bytes(stream, shard,
+						  slot->tts_values[FELIX_ATTNUM_PAYLOAD - 1],
+						  slot->tts_isnull[FELIX_ATTNUM_PAYLOAD - 1],
+						  stream->payload_type, &bytes, &len, key_len);
+
+	ps = pending_shard(stream, shard);
+	if ((Size) ps->buf.len + len + FELIX_RECORD_OVERHEAD + Max(key_len, 0) > FELIX_MAX_PENDING_BYTES)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("transaction buffers more than %d bytes for stream \"%s\" shard %d",
+						FELIX_MAX_PENDING_BYTES, stream->name, shard),
+				 errhint("Commit in smaller transactions, or use felix_publish_batch.")));
+	pending_mark(ps);
+	{
+		MemoryContext old = MemoryContextSwitchTo(pending_cxt);
+
+		batch_add(&ps->buf, key, key_len, bytes, len);
+		MemoryContextSwitchTo(old);
+	}
+	ps->count++;
+}
+
+/*
+ * Re-encode records [from, ..) of a buffer into batches of at most
+ * FELIX_MAX_BATCH_BYTES and publish each.  Used only when a transaction
+ * buffered more than one batch may hold.
+ */
+static void
+pending_publish_split(PendingShard *ps, FelixShard *s)
+{
+	FelixBatchHeader h;
+	FelixBatchIter it;
+	FelixRecord rec;
+	StringInfoData out;
+	uint32		count = 0;
+
+	batch_seal_body(&ps->buf, FELIX_BATCH_RECORDS);
+	memcpy(&h, ps->buf.data, sizeof(h));
+	batch_iter_init(&it, &h, ps->buf.data + sizeof(FelixBatchHeader));
+	initStringInfo(&out);
+	batch_begin(&out);
+	while (batch_iter_next(&it, &rec))
+	{
+		Size		need = FELIX_RECORD_OVERHEAD + rec.payload_len +
+			(rec.key ? rec.key_len : 0);
+
+		if (count > 0 && (Size) out.len + need > FELIX_MAX_BATCH_BYTES)
+		{
+			batch_seal_body(&out, FELIX_BATCH_RECORDS);
+			shard_publish(s, &out, count);
+			batch_begin(&out);
+			count = 0;
+		}
+		batch_add(&out, rec.key, rec.key ? (int32) rec.key_len : -1,
+				  rec.payload, rec.payload_len);
+		count++;
+	}
+	if (count > 0)
+	{
+		batch_seal_body(&out, FELIX_BATCH_RECORDS);
+		shard_publish(s, &out, count);
+	}
+	pfree(out.data);
+}
+
+static void
+pending_publish_all(void)
+{
+	ListCell   *lc;
+
+	foreach(lc, pending)
+	{
+		PendingShard *ps = lfirst(lc);
+		FelixShard *s;
+
+		if (ps->count == 0)
+			continue;
+		s = felix_stream_shard(ps->stream, ps->shard);
+		if (ps->buf.len > FELIX_MAX_BATCH_BYTES)
+			pending_publish_split(ps, s);
+		else
+		{
+			batch_seal_body(&ps->buf, FELIX_BATCH_RECORDS);
+			shard_publish(s, &ps->buf, ps->count);
+		}
+	}
+}
+
+static void
+pending_forget(void)
+{
+	/* The memory goes with TopTransactionContext. */
+	pending = NIL;
+	pending_cxt = NULL;
+}
+
+static void
+pending_xact_callback(XactEvent event, void *arg)
+{
+	switch (event)
+	{
+		case XACT_EVENT_PRE_COMMIT:
+			/* An error here aborts the transaction, whose abort forgets. */
+			pending_publish_all();
+			pending_forget();
+			break;
+		case XACT_EVENT_PRE_PREPARE:
+			{
+				ListCell   *lc;
+
+				foreach(lc, pending)
+				{
+					PendingShard *ps = lfirst(lc);
+
+					if (ps->count > 0)
+						ereport(ERROR,
+								(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+								 errmsg("cannot PREPARE a transaction that inserted into stream \"%s\"",
+										ps->stream->name),
+								 errhint("Commit the INSERT in an ordinary transaction, or publish with felix_publish.")));
+				}
+			}
+			break;
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_PARALLEL_COMMIT:
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+		case XACT_EVENT_PREPARE:
+			pending_forget();
+			break;
+		default:
+			break;
+	}
+}
+
+static void
+pending_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+						 SubTransactionId parentSubid, void *arg)
+{
+	ListCell   *lc;
+
+	if (event != SUBXACT_EVENT_ABORT_SUB)
+		return;
+
+	foreach(lc, pending)
+	{
+		PendingShard *ps = lfirst(lc);
+		ListCell   *mc;
+
+		foreach(mc, ps->marks)
+		{
+			PendingMark *m = lfirst(mc);
+
+			if (m->subid >= mySubid)
+			{
+				ps->buf.len = m->len;
+				ps->buf.data[ps->buf.len] = '\0';
+				ps->count = m->count;
+				ps->marks = list_truncate(ps->marks, foreach_current_index(mc));
+				break;
+			}
+		}
+	}
+}
+
+void
+pending_init(void)
+{
+	RegisterXactCallback(pending_xact_callback, NULL);
+	RegisterSubXactCallback(pending_subxact_callback, NULL);
+}

@@ -1,0 +1,338 @@
+/*-------------------------------------------------------------------------
+ *
+ * publish.c
+ *	  felix_publish and felix_publish_batch: SQL values become records, are
+ *	  routed to a shard (explicit shard, else a hash of the key, else spread
+ *	  round-robin), and are appended through shard_publish, which returns
+ *	  only once the records are acknowledged.  A publish is not undone by a
+ *	  rollback of the calling transaction, like nextval().
+ *
+ *	  Routing and payload conversion are shared with the INSERT/COPY path
+ *	  (pending.c).
+ *
+ * Locking rule: takes RowExclusiveLock on the stream's table for the rest
+ * of the transaction, as an INSERT would, so a concurrent drop waits; the
+ * shard's own locks are taken inside shard_publish.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/htup_details.h"
+#include "api/catalog.h"
+#include "api/publish.h"
+#include "catalog/pg_type.h"
+#include "felix.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "port/pg_crc32c.h"
+#include "storage/lmgr.h"
+#include "storage/shard.h"
+#include "utils/acl.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/lsyscache.h"
+#include "utils/tuplestore.h"
+
+static uint32 spread_next = 0;
+
+void
+publish_check_access(const FelixStream *stream)
+{
+	AclResult	aclresult;
+
+	LockRelationOid(stream->relid, RowExclusiveLock);
+	aclresult = pg_class_aclcheck(stream->relid, GetUserId(), ACL_INSERT);
+	if (aclresult != ACLCHECK_OK)
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("permission denied to publish to stream \"%s\"", stream->name),
+				 errhint("Publishing needs INSERT privilege on the stream's table: GRANT INSERT ON \"%s\" TO ...",
+						 stream->name)));
+}
+
+int
+publish_route(const FelixStream *stream, int64 shard_arg, const char *key, int key_len)
+{
+	if (shard_arg >= 0)
+	{
+		felix_check_shard(stream, shard_arg);
+		return (int) shard_arg;
+	}
+	if (key != NULL)
+	{
+		pg_crc32c	crc;
+
+		/* CRC-32C: stable across nodes, builds and architectures. */
+		INIT_CRC32C(crc);
+		COMP_CRC32C(crc, key, key_len);
+		FIN_CRC32C(crc);
+		return (int) (crc % (uint32) stream->shards);
+	}
+	if (spread_next == 0)
+		spread_next = (uint32) MyProcPid;
+	return (int) (spread_next++ % (uint32) stream->shards);
+}
+
+typedef struct PayloadContext
+{
+	const FelixStream *stream;
+	int			shard;
+} PayloadContext;
+
+static void
+payload_error_context(void *arg)
+{
+	PayloadContext *pc = (PayloadContext *) arg;
+
+	errcontext("converting the payload for stream \"%s\" shard %d to %s",
+			   pc->stream->name, pc->shard, format_type_be(pc->stream->payload_type));
+}
+
+void
+publish_payload_bytes(const FelixStream *stream, int shard,
+					  Datum payload, bool isnull, Oid argtype,
+					  const char **bytes, uint32 *len, int key_len)
+{
+	struct varlena *v;
+	Size		record_bytes;
+
+	if (isnull)
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("payload for stream \"%s\" shard %d must not be NULL",
+						stream->name, shard),
+				 errhint("Publish a value; for a jsonb stream a JSON null is written 'null'::jsonb.")));
+
+	if (argtype != stream->payload_type)
+	{
+		Oid			outfunc;
+		bool		isvarlena;
+		Oid			infunc;
+		Oid			ioparam;
+		char	   *str;
+		PayloadContext pc = {stream, shard};
+		ErrorContextCallback cb;
+
+		/* Convert through the text form, as a cast of a literal would. */
+		cb.callback = payload_error_context;
+		cb.arg = &pc;
+		cb.previous = error_context_stack;
+		error_context_stack = &cb;
+
+		getTypeOutputInfo(argtype, &outfunc, &isvarlena);
+		str = OidOutputFunctionCall(outfunc, payload);
+		getTypeInputInfo(stream->payload_type, &infunc, &ioparam);
+		payload = OidInputFunctionCall(infunc, str, ioparam, -1);
+
+		error_context_stack = cb.previous;
+	}
+
+	v = pg_detoast_datum_packed((struct varlena *) DatumGetPointer(payload));
+	*bytes = VARDATA_ANY(v);
+	*len = VARSIZE_ANY_EXHDR(v);
+
+	record_bytes = (Size) *len + (key_len > 0 ? key_len : 0);
+	if (record_bytes > (Size) felix_max_record_bytes)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("record for stream \"%s\" shard %d is too large: %zu bytes",
+						stream->name, shard, record_bytes),
+				 errdetail("felix.max_record_bytes is %d bytes (key plus payload).",
+						   felix_max_record_bytes),
+				 errhint("Split the payload into smaller records, or raise felix.max_record_bytes.")));
+}
+
+static const FelixStream *
+stream_arg(FunctionCallInfo fcinfo)
+{
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("a stream name must not be NULL"),
+				 errhint("Pass the name given to felix_create_stream; felix_streams lists them.")));
+	return felix_stream_by_name(text_to_cstring(PG_GETARG_TEXT_PP(0)));
+}
+
+static Datum
+position_datum(FunctionCallInfo fcinfo, int shard, uint64 seq)
+{
+	TupleDesc	desc;
+	Datum		values[2];
+	bool		nulls[2] = {false, false};
+
+	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "felix_publish must return a composite type");
+	desc = BlessTupleDesc(desc);
+	values[0] = Int32GetDatum(shard);
+	values[1] = Int64GetDatum((int64) seq);
+	return HeapTupleGetDatum(heap_form_tuple(desc, values, nulls));
+}
+
+PG_FUNCTION_INFO_V1(felix_publish);
+Datum
+felix_publish(PG_FUNCTION_ARGS)
+{
+	const FelixStream *stream = stream_arg(fcinfo);
+	const char *key = NULL;
+	int			key_len = -1;
+	int64		shard_arg = -1;
+	int			shard;
+	const char *bytes;
+	uint32		len;
+	StringInfoData batch;
+	uint64		seq;
+
+	publish_check_access(stream);
+
+	if (!PG_ARGISNULL(2))
+	{
+		text	   *k = PG_GETARG_TEXT_PP(2);
+
+		key = VARDATA_ANY(k);
+		key_len = VARSIZE_ANY_EXHDR(k);
+	}
+	if (!PG_ARGISNULL(3))
+	{
+		/* An explicit shard, even a negative one, is checked, never ignored. */
+		felix_check_shard(stream, PG_GETARG_INT32(3));
+		shard_arg = PG_GETARG_INT32(3);
+	}
+
+	shard = publish_route(stream, shard_arg, key, key_len);
+	publish_payload_bytes(stream, shard, PG_GETARG_DATUM(1), PG_ARGISNULL(1),
+						  get_fn_expr_argtype(fcinfo->flinfo, 1),
+						  &bytes, &len, key_len);
+
+	initStringInfo(&batch);
+	batch_begin(&batch);
+	batch_add(&batch, key, key_len, bytes, len);
+	batch_seal_body(&batch, FELIX_BATCH_RECORDS);
+
+	seq = shard_publish(felix_stream_shard(stream, shard), &batch, 1);
+	pfree(batch.data);
+
+	PG_RETURN_DATUM(position_datum(fcinfo, shard, seq));
+}
+
+/* One shard's part of a felix_publish_batch call. */
+typedef struct ShardBatch
+{
+	StringInfoData buf;
+	uint32		count;
+	uint64		base;
+} ShardBatch;
+
+PG_FUNCTION_INFO_V1(felix_publish_batch);
+Datum
+felix_publish_batch(PG_FUNCTION_ARGS)
+{
+	const FelixStream *stream = stream_arg(fcinfo);
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	Oid			elemtype;
+	int16		typlen;
+	bool		typbyval;
+	char		typalign;
+	Datum	   *payloads;
+	bool	   *payload_nulls;
+	int			npayloads;
+	Datum	   *keys = NULL;
+	bool	   *key_nulls = NULL;
+	int			nkeys = 0;
+	int		   *shard_of;
+	uint32	   *index_in_shard;
+	ShardBatch *batches;
+
+	publish_check_access(stream);
+
+	if (PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("payloads for stream \"%s\" must not be NULL", stream->name),
+				 errhint("Pass an array of payloads.")));
+
+	elemtype = ARR_ELEMTYPE(PG_GETARG_ARRAYTYPE_P(1));
+	get_typlenbyvalalign(elemtype, &typlen, &typbyval, &typalign);
+	deconstruct_array(PG_GETARG_ARRAYTYPE_P(1), elemtype, typlen, typbyval, typalign,
+					  &payloads, &payload_nulls, &npayloads);
+
+	if (!PG_ARGISNULL(2))
+	{
+		deconstruct_array(PG_GETARG_ARRAYTYPE_P(2), TEXTOID, -1, false, TYPALIGN_INT,
+						  &keys, &key_nulls, &nkeys);
+		if (nkeys != npayloads)
+			ereport(ERROR,
+					(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+					 errmsg("stream \"%s\": %d keys given for %d payloads",
+							stream->name, nkeys, npayloads),
+					 errhint("Pass one key per payload (NULL for no key), or no keys at all.")));
+	}
+
+	InitMaterializedSRF(fcinfo, 0);
+	if (npayloads == 0)
+		return (Datum) 0;
+
+	shard_of = palloc(sizeof(int) * npayloads);
+	index_in_shard = palloc(sizeof(uint32) * npayloads);
+	batches = palloc0(sizeof(ShardBatch) * stream->shards);
+
+	/* Route and encode every record; nothing is appended until all pass. */
+	for (int i = 0; i < npayloads; i++)
+	{
+		const char *key = NULL;
+		int			key_len = -1;
+		const char *bytes;
+		uint32		len;
+		ShardBatch *b;
+
+		CHECK_FOR_INTERRUPTS();
+		if (keys != NULL && !key_nulls[i])
+		{
+			text	   *k = DatumGetTextPP(keys[i]);
+
+			key = VARDATA_ANY(k);
+			key_len = VARSIZE_ANY_EXHDR(k);
+		}
+		shard_of[i] = publish_route(stream, -1, key, key_len);
+		publish_payload_bytes(stream, shard_of[i], payloads[i], payload_nulls[i],
+							  elemtype, &bytes, &len, key_len);
+		b = &batches[shard_of[i]];
+		if (b->count == 0)
+		{
+			initStringInfo(&b->buf);
+			batch_begin(&b->buf);
+		}
+		if ((Size) b->buf.len + len + FELIX_RECORD_OVERHEAD + Max(key_len, 0) > FELIX_MAX_BATCH_BYTES)
+			ereport(ERROR,
+					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+					 errmsg("batch for stream \"%s\" shard %d exceeds %d bytes",
+							stream->name, shard_of[i], FELIX_MAX_BATCH_BYTES),
+					 errhint("Publish the records in several smaller calls.")));
+		batch_add(&b->buf, key, key_len, bytes, len);
+		index_in_shard[i] = b->count++;
+	}
+
+	/* One batch per shard, in shard order. */
+	for (int sh = 0; sh < stream->shards; sh++)
+	{
+		ShardBatch *b = &batches[sh];
+
+		if (b->count == 0)
+			continue;
+		batch_seal_body(&b->buf, FELIX_BATCH_RECORDS);
+		b->base = shard_publish(felix_stream_shard(stream, sh), &b->buf, b->count);
+		pfree(b->buf.data);
+	}
+
+	for (int i = 0; i < npayloads; i++)
+	{
+		Datum		values[2];
+		bool		nulls[2] = {false, false};
+
+		values[0] = Int32GetDatum(shard_of[i]);
+		values[1] = Int64GetDatum((int64) (batches[shard_of[i]].base + index_in_shard[i]));
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	return (Datum) 0;
+}

@@ -1,0 +1,424 @@
+/*-------------------------------------------------------------------------
+ *
+ * stream.c
+ *	  Creating and dropping streams, and the operations on a whole stream
+ *	  (retention now, truncation).  A stream is a table USING felix plus a
+ *	  row in felix.streams; its shards' files appear on first use and are
+ *	  removed when a drop of its table commits, whichever way the table was
+ *	  dropped (felix_drop_stream, DROP TABLE, DROP SCHEMA ... CASCADE): an
+ *	  object-access hook notes the drop, the commit callback removes the
+ *	  files, an abort forgets the note.
+ *
+ * Locking rule: backend-local bookkeeping; catalog changes run through
+ * SPI in the caller's transaction; file removal happens after commit,
+ * when no other backend can hold the dropped table.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "api/catalog.h"
+#include "api/publish.h"
+#include "api/stream.h"
+#include "access/htup_details.h"
+#include "utils/syscache.h"
+#include "catalog/namespace.h"
+#include "catalog/objectaccess.h"
+#include "catalog/pg_class.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "felix.h"
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "nodes/makefuncs.h"
+#include "storage/fd.h"
+#include "storage/lmgr.h"
+#include "storage/shard.h"
+#include "utils/builtins.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/timestamp.h"
+
+/* ---------------------------------------------------------------------
+ * Argument checks for felix_create_stream
+ * ---------------------------------------------------------------------
+ */
+static void
+bad_option(const char *name, const char *option, const char *value, const char *hint)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("stream \"%s\": invalid %s \"%s\"", name, option, value),
+			 errhint("%s", hint)));
+}
+
+static void
+required_arg(FunctionCallInfo fcinfo, int argno, const char *name, const char *option)
+{
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("stream \"%s\": %s must not be NULL", name, option),
+				 errhint("Leave the argument out to use its default.")));
+}
+
+static Oid
+payload_type_oid(const char *name, const char *value)
+{
+	if (strcmp(value, "jsonb") == 0)
+		return JSONBOID;
+	if (strcmp(value, "text") == 0)
+		return TEXTOID;
+	if (strcmp(value, "bytea") == 0)
+		return BYTEAOID;
+	bad_option(name, "payload_type", value, "payload_type must be one of jsonb, text, bytea.");
+	return InvalidOid;
+}
+
+/* Run SQL as the owner of felix.streams (the extension's owner). */
+static void
+spi_exec_as_catalog_owner(const char *sql, int nargs, Oid *argtypes, Datum *values,
+						  const char *nulls, int expected)
+{
+	Oid			saved_user;
+	int			saved_sec;
+	Oid			owner;
+	Oid			streams = get_relname_relid("streams", get_namespace_oid("felix", false));
+
+	{
+		HeapTuple	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(streams));
+
+		if (!HeapTupleIsValid(tup))
+			elog(ERROR, "felix: cache lookup failed for felix.streams");
+		owner = ((Form_pg_class) GETSTRUCT(tup))->relowner;
+		ReleaseSysCache(tup);
+	}
+	GetUserIdAndSecContext(&saved_user, &saved_sec);
+	SetUserIdAndSecContext(owner, saved_sec | SECURITY_LOCAL_USERID_CHANGE);
+	if (SPI_execute_with_args(sql, nargs, argtypes, values, nulls, false, 0) != expected)
+		elog(ERROR, "felix: catalog update failed: %s", sql);
+	SetUserIdAndSecContext(saved_user, saved_sec);
+}
+
+PG_FUNCTION_INFO_V1(felix_create_stream);
+Datum
+felix_create_stream(PG_FUNCTION_ARGS)
+{
+	char	   *name;
+	int32		shards;
+	int32		replication_factor;
+	char	   *consistency;
+	char	   *payload_type;
+	char	   *storage;
+	Oid			payload_oid;
+	Oid			namespace;
+	Oid			relid;
+	char		dir[MAXPGPATH];
+	StringInfoData sql;
+
+	felix_require_preload();
+	if (PG_ARGISNULL(0) || VARSIZE_ANY_EXHDR(PG_GETARG_TEXT_PP(0)) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("a stream name must not be NULL or empty"),
+				 errhint("Pass the stream's name as the first argument.")));
+	name = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	if (strlen(name) >= NAMEDATALEN)
+		ereport(ERROR,
+				(errcode(ERRCODE_NAME_TOO_LONG),
+				 errmsg("stream name \"%s\" is too long", name),
+				 errhint("A stream name has at most %d bytes.", NAMEDATALEN - 1)));
+
+	for (int i = 1; i <= 5; i++)
+		required_arg(fcinfo, i, name,
+					 (const char *[]) {"", "shards", "replication_factor",
+					  "consistency", "payload_type", "storage"}[i]);
+
+	shards = PG_GETARG_INT32(1);
+	if (shards <= 0 || shards > felix_max_shards_per_stream)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("stream \"%s\": shards must be between 1 and %d, not %d",
+						name, felix_max_shards_per_stream, shards),
+				 errhint("The upper bound is felix.max_shards_per_stream.")));
+	if (shards > felix_max_shards)
+		ereport(ERROR,
+				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+				 errmsg("stream \"%s\": %d shards exceed felix.max_shards (%d)",
+						name, shards, felix_max_shards),
+				 errhint("Raise felix.max_shards and restart the server.")));
+
+	replication_factor = PG_GETARG_INT32(2);
+	if (replication_factor <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("stream \"%s\": replication_factor must be at least 1, not %d",
+						name, replication_factor),
+				 errhint("replication_factor counts the nodes holding each shard, the leader included.")));
+
+	consistency = text_to_cstring(PG_GETARG_TEXT_PP(3));
+	if (strcmp(consistency, "leader") != 0 && strcmp(consistency, "quorum") != 0)
+		bad_option(name, "consistency", consistency, "consistency must be leader or quorum.");
+
+	payload_type = text_to_cstring(PG_GETARG_TEXT_PP(4));
+	payload_oid = payload_type_oid(name, payload_type);
+
+	storage = text_to_cstring(PG_GETARG_TEXT_PP(5));
+	if (strcmp(storage, "local") != 0 && strcmp(storage, "object") != 0)
+		bad_option(name, "storage", storage, "storage must be local or object.");
+
+	if (!PG_ARGISNULL(6) && PG_GETARG_INT64(6) <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("stream \"%s\": retention_bytes must be positive, not " INT64_FORMAT,
+						name, PG_GETARG_INT64(6)),
+				 errhint("Leave retention_bytes NULL to keep every record.")));
+	if (!PG_ARGISNULL(7))
+	{
+		Interval   *iv = PG_GETARG_INTERVAL_P(7);
+		Interval	zero = {0};
+
+		if (DatumGetInt32(DirectFunctionCall2(interval_cmp, IntervalPGetDatum(iv),
+											  IntervalPGetDatum(&zero))) <= 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("stream \"%s\": retention must be a positive interval", name),
+					 errhint("Leave retention NULL to keep records regardless of age.")));
+	}
+
+	/* Not yet available: refused, never silently downgraded. */
+	if (replication_factor > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("stream \"%s\": replication_factor %d is not supported yet",
+						name, replication_factor),
+				 errdetail("This felix release stores every shard on one node; replicated shards are not implemented yet."),
+				 errhint("Create the stream with replication_factor => 1.")));
+	if (strcmp(storage, "object") == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("stream \"%s\": storage 'object' is not supported yet", name),
+				 errdetail("This felix release keeps shards in local segment files only."),
+				 errhint("Create the stream with storage => 'local'.")));
+
+	/* Name collisions: with another stream, then with any relation. */
+	namespace = RangeVarGetCreationNamespace(makeRangeVar(NULL, name, -1));
+	SPI_connect();
+	{
+		Oid			argtypes[1] = {TEXTOID};
+		Datum		values[1] = {CStringGetTextDatum(name)};
+
+		if (SPI_execute_with_args("SELECT 1 FROM felix.streams WHERE name = $1",
+								  1, argtypes, values, NULL, true, 1) != SPI_OK_SELECT)
+			elog(ERROR, "felix: reading felix.streams failed");
+		if (SPI_processed > 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_DUPLICATE_OBJECT),
+					 errmsg("stream \"%s\" already exists", name),
+					 errhint("Choose another name, or drop the stream with felix_drop_stream('%s').", name)));
+	}
+	if (OidIsValid(get_relname_relid(name, namespace)))
+		ereport(ERROR,
+				(errcode(ERRCODE_DUPLICATE_TABLE),
+				 errmsg("cannot create stream \"%s\": relation \"%s\" already exists in schema \"%s\"",
+						name, name, get_namespace_name(namespace)),
+				 errhint("Choose another name for the stream, or drop or rename the existing relation.")));
+
+	initStringInfo(&sql);
+	appendStringInfo(&sql,
+					 "CREATE TABLE %s.%s (shard integer, seq bigint, key text, "
+					 "payload %s, published_at timestamptz) USING felix",
+					 quote_identifier(get_namespace_name(namespace)),
+					 quote_identifier(name), payload_type);
+	if (SPI_execute(sql.data, false, 0) != SPI_OK_UTILITY)
+		elog(ERROR, "felix: creating the table of stream \"%s\" failed", name);
+	CommandCounterIncrement();
+	relid = get_relname_relid(name, namespace);
+
+	{
+		Oid			argtypes[9] = {TEXTOID, OIDOID, INT4OID, INT4OID, TEXTOID,
+		REGTYPEOID, TEXTOID, INT8OID, INTERVALOID};
+		Datum		values[9];
+		char		nulls[9] = "         ";
+
+		values[0] = CStringGetTextDatum(name);
+		values[1] = ObjectIdGetDatum(relid);
+		values[2] = Int32GetDatum(shards);
+		values[3] = Int32GetDatum(replication_factor);
+		values[4] = CStringGetTextDatum(consistency);
+		values[5] = ObjectIdGetDatum(payload_oid);
+		values[6] = CStringGetTextDatum(storage);
+		values[7] = PG_ARGISNULL(6) ? (Datum) 0 : PG_GETARG_DATUM(6);
+		values[8] = PG_ARGISNULL(7) ? (Datum) 0 : PG_GETARG_DATUM(7);
+		if (PG_ARGISNULL(6))
+			nulls[7] = 'n';
+		if (PG_ARGISNULL(7))
+			nulls[8] = 'n';
+		spi_exec_as_catalog_owner("INSERT INTO felix.streams (name, relid, shards, "
+								  "replication_factor, consistency, payload_type, storage, "
+								  "retention_bytes, retention) "
+								  "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+								  9, argtypes, values, nulls, SPI_OK_INSERT);
+	}
+	SPI_finish();
+
+	/* A fresh OID owns no files; anything there is a crash's leftover. */
+	felix_stream_dir(MyDatabaseId, relid, dir);
+	log_remove_all(dir);
+
+	PG_RETURN_OID(relid);
+}
+
+PG_FUNCTION_INFO_V1(felix_drop_stream);
+Datum
+felix_drop_stream(PG_FUNCTION_ARGS)
+{
+	const FelixStream *stream;
+	Oid			relid;
+	char	   *sql;
+
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("a stream name must not be NULL"),
+				 errhint("Pass the name of the stream to drop; felix_streams lists them.")));
+	stream = felix_stream_by_name(text_to_cstring(PG_GETARG_TEXT_PP(0)));
+	relid = stream->relid;
+
+	/*
+	 * DROP TABLE checks ownership; the drop hook and event trigger take care
+	 * of the catalog row and, at commit, the files.
+	 */
+	sql = psprintf("DROP TABLE %s.%s",
+				   quote_identifier(get_namespace_name(get_rel_namespace(relid))),
+				   quote_identifier(get_rel_name(relid)));
+	SPI_connect();
+	if (SPI_execute(sql, false, 0) != SPI_OK_UTILITY)
+		elog(ERROR, "felix: dropping stream \"%s\" failed", stream->name);
+	SPI_finish();
+	PG_RETURN_VOID();
+}
+
+/* ---------------------------------------------------------------------
+ * Removing a dropped stream's files at commit
+ * ---------------------------------------------------------------------
+ */
+typedef struct DroppedStream
+{
+	Oid			relid;
+	SubTransactionId subid;
+} DroppedStream;
+
+static List *dropped = NIL;		/* DroppedStream *, in TopTransactionContext */
+static object_access_hook_type prev_object_access_hook = NULL;
+
+static void
+stream_object_access(ObjectAccessType access, Oid classId, Oid objectId,
+					 int subId, void *arg)
+{
+	if (prev_object_access_hook)
+		prev_object_access_hook(access, classId, objectId, subId, arg);
+
+	if (access == OAT_DROP && classId == RelationRelationId && subId == 0 &&
+		felix_is_stream_relid(objectId))
+	{
+		MemoryContext old = MemoryContextSwitchTo(TopTransactionContext);
+		DroppedStream *d = palloc(sizeof(DroppedStream));
+
+		d->relid = objectId;
+		d->subid = GetCurrentSubTransactionId();
+		dropped = lappend(dropped, d);
+		MemoryContextSwitchTo(old);
+	}
+}
+
+static void
+stream_xact_callback(XactEvent event, void *arg)
+{
+	ListCell   *lc;
+
+	switch (event)
+	{
+		case XACT_EVENT_COMMIT:
+			foreach(lc, dropped)
+				shard_forget_stream(MyDatabaseId, ((DroppedStream *) lfirst(lc))->relid);
+			dropped = NIL;
+			break;
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PREPARE:
+			dropped = NIL;
+			break;
+		case XACT_EVENT_PRE_PREPARE:
+			if (dropped != NIL)
+				ereport(ERROR,
+						(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+						 errmsg("cannot PREPARE a transaction that dropped a felix stream"),
+						 errhint("Drop streams in an ordinary transaction.")));
+			break;
+		default:
+			break;
+	}
+}
+
+static void
+stream_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+						SubTransactionId parentSubid, void *arg)
+{
+	ListCell   *lc;
+
+	/* Every subtransaction begun after mySubid descends from it. */
+	if (event != SUBXACT_EVENT_ABORT_SUB)
+		return;
+	foreach(lc, dropped)
+	{
+		if (((DroppedStream *) lfirst(lc))->subid >= mySubid)
+			dropped = foreach_delete_current(dropped, lc);
+	}
+}
+
+void
+felix_stream_init(void)
+{
+	prev_object_access_hook = object_access_hook;
+	object_access_hook = stream_object_access;
+	RegisterXactCallback(stream_xact_callback, NULL);
+	RegisterSubXactCallback(stream_subxact_callback, NULL);
+}
+
+/* ---------------------------------------------------------------------
+ * Whole-stream operations
+ * ---------------------------------------------------------------------
+ */
+PG_FUNCTION_INFO_V1(felix_enforce_retention);
+Datum
+felix_enforce_retention(PG_FUNCTION_ARGS)
+{
+	const FelixStream *stream = felix_stream_by_name(text_to_cstring(PG_GETARG_TEXT_PP(0)));
+	int			removed = 0;
+
+	LockRelationOid(stream->relid, AccessShareLock);
+	for (int i = 0; i < stream->shards; i++)
+		removed += shard_trim(felix_stream_shard(stream, i));
+	PG_RETURN_INT32(removed);
+}
+
+PG_FUNCTION_INFO_V1(felix_truncate_after);
+Datum
+felix_truncate_after(PG_FUNCTION_ARGS)
+{
+	const FelixStream *stream = felix_stream_by_name(text_to_cstring(PG_GETARG_TEXT_PP(0)));
+	int32		shard = PG_GETARG_INT32(1);
+	int64		seq = PG_GETARG_INT64(2);
+
+	felix_check_shard(stream, shard);
+	if (seq < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("stream \"%s\" shard %d: cannot truncate after seq " INT64_FORMAT,
+						stream->name, shard, seq),
+				 errhint("Pass the last seq to keep.")));
+	LockRelationOid(stream->relid, ShareUpdateExclusiveLock);
+	shard_truncate_after(felix_stream_shard(stream, shard), (uint64) seq);
+	PG_RETURN_VOID();
+}

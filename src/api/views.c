@@ -1,0 +1,250 @@
+/*-------------------------------------------------------------------------
+ *
+ * views.c
+ *	  The functions behind felix_shards and felix_metrics.
+ *
+ *	  felix_shards lists every shard of every stream of this database.  A
+ *	  shard not yet opened since the start is opened here, each inside its
+ *	  own subtransaction, so one damaged shard shows as 'failed' with its
+ *	  reason instead of hiding every other row behind an error.
+ *
+ * Locking rule: reads the shard mirrors under each shard's spinlock; the
+ * rows of one shard are consistent with each other, rows of different
+ * shards may come from slightly different instants.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "api/catalog.h"
+#include "executor/spi.h"
+#include "felix.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "metrics.h"
+#include "miscadmin.h"
+#include "storage/shard.h"
+#include "storage/spin.h"
+#include "utils/builtins.h"
+#include "utils/memutils.h"
+#include "utils/resowner.h"
+#include "utils/tuplestore.h"
+
+typedef struct StreamRow
+{
+	char		name[NAMEDATALEN];
+	Oid			relid;
+} StreamRow;
+
+/*
+ * Open the shard if it is not open yet, without letting an error escape:
+ * a failure is caught in a subtransaction and its message returned.
+ */
+static FelixShard *
+open_quietly(const FelixStream *stream, int shard, char **error)
+{
+	MemoryContext oldcxt = CurrentMemoryContext;
+	ResourceOwner oldowner = CurrentResourceOwner;
+	FelixShard *volatile s = NULL;
+
+	*error = NULL;
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(oldcxt);
+	PG_TRY();
+	{
+		s = felix_stream_shard(stream, shard);
+		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcxt);
+		CurrentResourceOwner = oldowner;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(oldcxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcxt);
+		CurrentResourceOwner = oldowner;
+		*error = edata->message;
+	}
+	PG_END_TRY();
+	return s;
+}
+
+static const char *
+phase_name(FelixShardPhase phase)
+{
+	switch (phase)
+	{
+		case FELIX_SHARD_OPEN:
+			return "open";
+		case FELIX_SHARD_FAILED:
+			return "failed";
+		case FELIX_SHARD_CLOSED:
+			break;
+	}
+	return "closed";
+}
+
+PG_FUNCTION_INFO_V1(felix_shard_states);
+Datum
+felix_shard_states(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	List	   *rows = NIL;
+	ListCell   *lc;
+
+	felix_require_preload();
+	InitMaterializedSRF(fcinfo, 0);
+
+	SPI_connect();
+	if (SPI_execute("SELECT name, relid FROM felix.streams ORDER BY name", true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "felix: reading felix.streams failed");
+	for (uint64 i = 0; i < SPI_processed; i++)
+	{
+		MemoryContext old = MemoryContextSwitchTo(rsinfo->econtext->ecxt_per_query_memory);
+		StreamRow  *r = palloc(sizeof(StreamRow));
+		bool		isnull;
+
+		strlcpy(r->name, SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1), NAMEDATALEN);
+		r->relid = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[i],
+												  SPI_tuptable->tupdesc, 2, &isnull));
+		rows = lappend(rows, r);
+		MemoryContextSwitchTo(old);
+	}
+	SPI_finish();
+
+	foreach(lc, rows)
+	{
+		StreamRow  *r = lfirst(lc);
+		const FelixStream *stream = felix_stream_by_relid(r->relid);
+		FelixStream copy;
+
+		if (stream == NULL)
+			continue;
+		/* The cache may be reset by the subtransactions below. */
+		copy = *stream;
+
+		for (int sh = 0; sh < copy.shards; sh++)
+		{
+			Datum		values[10];
+			bool		nulls[10] = {0};
+			char	   *error = NULL;
+			FelixShard *s;
+			FelixShardKey key = {MyDatabaseId, copy.relid, sh};
+
+			CHECK_FOR_INTERRUPTS();
+			s = shard_lookup(&key);
+			if (s == NULL || s->phase == FELIX_SHARD_CLOSED)
+				s = open_quietly(&copy, sh, &error);
+			if (s == NULL)
+				s = shard_lookup(&key);
+
+			values[0] = CStringGetTextDatum(copy.name);
+			values[1] = Int32GetDatum(sh);
+			if (s == NULL)
+			{
+				for (int c = 2; c < 8; c++)
+					nulls[c] = true;
+				values[8] = CStringGetTextDatum("closed");
+			}
+			else
+			{
+				FelixShardPhase phase;
+				FelixRole	role;
+				uint64		generation, start, next, hwm, bytes;
+				char		shard_error[FELIX_SHARD_ERROR_LEN];
+
+				SpinLockAcquire(&s->mutex);
+				phase = s->phase;
+				role = s->role;
+				generation = s->generation;
+				start = s->start_seq;
+				next = s->written_end;
+				hwm = s->hwm_end;
+				bytes = s->total_bytes;
+				strlcpy(shard_error, s->error, sizeof(shard_error));
+				SpinLockRelease(&s->mutex);
+
+				if (phase == FELIX_SHARD_OPEN)
+				{
+					values[2] = CStringGetTextDatum(role == FELIX_ROLE_LEADER ? "leader" : "follower");
+					values[3] = Int64GetDatum((int64) generation);
+					values[4] = Int64GetDatum((int64) start);
+					values[5] = Int64GetDatum((int64) next);
+					/* hwm is the highest visible seq; none yet is NULL */
+					if (hwm > start)
+						values[6] = Int64GetDatum((int64) hwm - 1);
+					else
+						nulls[6] = true;
+					values[7] = Int64GetDatum((int64) bytes);
+				}
+				else
+				{
+					for (int c = 2; c < 8; c++)
+						nulls[c] = true;
+				}
+				values[8] = CStringGetTextDatum(phase_name(phase));
+				if (phase == FELIX_SHARD_FAILED)
+					error = pstrdup(shard_error);
+			}
+			if (error != NULL)
+				values[9] = CStringGetTextDatum(error);
+			else
+				nulls[9] = true;
+			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		}
+	}
+	return (Datum) 0;
+}
+
+PG_FUNCTION_INFO_V1(felix_metrics);
+Datum
+felix_metrics(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	int			open = 0;
+	int			failed = 0;
+	int			nslots;
+
+	felix_require_preload();
+	InitMaterializedSRF(fcinfo, 0);
+
+	for (int c = 0; c < FELIX_NUM_COUNTERS; c++)
+	{
+		Datum		values[2];
+		bool		nulls[2] = {false, false};
+
+		values[0] = CStringGetTextDatum(felix_counter_names[c]);
+		values[1] = Float8GetDatum((double) felix_counter_value(c));
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+
+	nslots = shard_count_slots();
+	for (int i = 0; i < nslots; i++)
+	{
+		FelixShard *s = shard_slot(i);
+
+		SpinLockAcquire(&s->mutex);
+		if (s->in_use && s->phase == FELIX_SHARD_OPEN)
+			open++;
+		else if (s->in_use && s->phase == FELIX_SHARD_FAILED)
+			failed++;
+		SpinLockRelease(&s->mutex);
+	}
+	{
+		Datum		values[2];
+		bool		nulls[2] = {false, false};
+
+		values[0] = CStringGetTextDatum("shards_open");
+		values[1] = Float8GetDatum(open);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		values[0] = CStringGetTextDatum("shards_failed");
+		values[1] = Float8GetDatum(failed);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	return (Datum) 0;
+}

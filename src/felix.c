@@ -1,0 +1,164 @@
+/*-------------------------------------------------------------------------
+ *
+ * felix.c
+ *	  Library entry point: GUCs, hooks, shared memory and the node worker
+ *	  are all registered here, once, while the postmaster loads felix from
+ *	  shared_preload_libraries.  Loaded any other way, felix defines its
+ *	  GUCs (so SET and SHOW work) but registers nothing, and every entry
+ *	  point refuses with a hint through felix_require_preload().
+ *
+ * Locking rule: runs in the postmaster before any backend exists; nothing
+ * to lock.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <time.h>
+
+#include "am/am.h"
+#include "api/catalog.h"
+#include "api/pending.h"
+#include "api/stream.h"
+#include "felix.h"
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "utils/guc.h"
+#include "worker/node.h"
+
+PG_MODULE_MAGIC;
+
+void		_PG_init(void);
+
+char	   *felix_data_directory = NULL;
+int			felix_max_shards = 1024;
+int			felix_segment_bytes = 64 * 1024 * 1024;
+int			felix_index_interval_bytes = 4096;
+int			felix_max_record_bytes = 1024 * 1024;
+int			felix_max_shards_per_stream = 256;
+int			felix_retention_interval = 10000;
+char	   *felix_database = NULL;
+
+bool		felix_preloaded = false;
+
+static void
+define_gucs(void)
+{
+	DefineCustomStringVariable("felix.data_directory",
+							   "Directory holding every shard's segment log.",
+							   "Empty means the felix directory inside the data directory.",
+							   &felix_data_directory, "",
+							   PGC_POSTMASTER, 0, NULL, NULL, NULL);
+	DefineCustomIntVariable("felix.max_shards",
+							"Shards this node can hold open at once (shared memory slots).",
+							NULL,
+							&felix_max_shards, 1024, 1, 1000000,
+							PGC_POSTMASTER, 0, NULL, NULL, NULL);
+	DefineCustomIntVariable("felix.segment_bytes",
+							"Size at which a shard's active segment is sealed and a new one begun.",
+							NULL,
+							&felix_segment_bytes, 64 * 1024 * 1024,
+							64 * 1024, INT_MAX / 2,
+							PGC_SIGHUP, GUC_UNIT_BYTE, NULL, NULL, NULL);
+	DefineCustomIntVariable("felix.index_interval_bytes",
+							"Bytes of log between two entries of a segment's sparse index.",
+							NULL,
+							&felix_index_interval_bytes, 4096, 256, 64 * 1024 * 1024,
+							PGC_SIGHUP, GUC_UNIT_BYTE, NULL, NULL, NULL);
+	DefineCustomIntVariable("felix.max_record_bytes",
+							"Largest record (key plus payload) a stream accepts.",
+							NULL,
+							&felix_max_record_bytes, 1024 * 1024, 16, 64 * 1024 * 1024,
+							PGC_USERSET, GUC_UNIT_BYTE, NULL, NULL, NULL);
+	DefineCustomIntVariable("felix.max_shards_per_stream",
+							"Most shards one stream may be created with.",
+							NULL,
+							&felix_max_shards_per_stream, 256, 1, 65536,
+							PGC_SUSET, 0, NULL, NULL, NULL);
+	DefineCustomIntVariable("felix.retention_check_interval",
+							"How often the node worker applies retention.",
+							NULL,
+							&felix_retention_interval, 10000, 100, 24 * 3600 * 1000,
+							PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
+	DefineCustomStringVariable("felix.database",
+							   "Database the felix node worker connects to.",
+							   NULL,
+							   &felix_database, "postgres",
+							   PGC_POSTMASTER, 0, NULL, NULL, NULL);
+	MarkGUCPrefixReserved("felix");
+}
+
+void
+_PG_init(void)
+{
+	define_gucs();
+
+	if (!process_shared_preload_libraries_in_progress)
+		return;
+
+	felix_preloaded = true;
+	felix_shmem_install_hooks();
+	felix_am_init();
+	felix_catalog_init();
+	pending_init();
+	felix_stream_init();
+	felix_node_worker_register();
+}
+
+void
+felix_require_preload(void)
+{
+	if (!felix_preloaded)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("felix must be loaded via shared_preload_libraries"),
+				 errhint("Add felix to shared_preload_libraries in postgresql.conf "
+						 "(shared_preload_libraries = 'felix') and restart the server.")));
+}
+
+PG_FUNCTION_INFO_V1(felix_require_preload_sql);
+Datum
+felix_require_preload_sql(PG_FUNCTION_ARGS)
+{
+	felix_require_preload();
+	PG_RETURN_VOID();
+}
+
+const char *
+felix_data_root(void)
+{
+	static char root[MAXPGPATH];
+
+	if (root[0] == '\0')
+	{
+		if (felix_data_directory == NULL || felix_data_directory[0] == '\0')
+			snprintf(root, MAXPGPATH, "%s/felix", DataDir);
+		else if (is_absolute_path(felix_data_directory))
+			strlcpy(root, felix_data_directory, MAXPGPATH);
+		else
+			snprintf(root, MAXPGPATH, "%s/%s", DataDir, felix_data_directory);
+	}
+	return root;
+}
+
+void
+felix_stream_dir(Oid dboid, Oid relid, char *buf)
+{
+	snprintf(buf, MAXPGPATH, "%s/%u/%u", felix_data_root(), dboid, relid);
+}
+
+void
+felix_shard_dir(const FelixShardKey *key, char *buf)
+{
+	snprintf(buf, MAXPGPATH, "%s/%u/%u/%d", felix_data_root(),
+			 key->dboid, key->relid, key->shard);
+}
+
+int64
+felix_monotonic_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64) ts.tv_sec * INT64CONST(1000000000) + ts.tv_nsec;
+}

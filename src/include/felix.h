@@ -1,0 +1,69 @@
+/*-------------------------------------------------------------------------
+ *
+ * felix.h
+ *	  Names shared by every felix subsystem: the GUCs, the shard key, and the
+ *	  shared-memory registry through which each subsystem reserves its space.
+ *
+ * Nothing here takes a lock; each subsystem's header states its own rule.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef FELIX_H
+#define FELIX_H
+
+#include "postgres.h"
+
+/* ---- GUCs (defined in src/felix.c) ---- */
+extern char *felix_data_directory;	/* felix.data_directory; "" = $PGDATA/felix */
+extern int	felix_max_shards;		/* felix.max_shards: shared shard slots */
+extern int	felix_segment_bytes;	/* felix.segment_bytes: roll threshold */
+extern int	felix_index_interval_bytes; /* felix.index_interval_bytes */
+extern int	felix_max_record_bytes; /* felix.max_record_bytes */
+extern int	felix_max_shards_per_stream;	/* felix.max_shards_per_stream */
+extern int	felix_retention_interval;	/* felix.retention_check_interval, ms */
+extern char *felix_database;		/* felix.database: where the node worker runs */
+
+/* The maximum bytes one batch may hold; larger INSERT/COPY buffers split. */
+#define FELIX_MAX_BATCH_BYTES	(64 * 1024 * 1024)
+
+/*
+ * A shard is named locally by the database, the stream's table OID and the
+ * shard number.  Its files live in <data_directory>/<dboid>/<relid>/<shard>/.
+ */
+typedef struct FelixShardKey
+{
+	Oid			dboid;
+	Oid			relid;
+	int32		shard;
+} FelixShardKey;
+
+/* Absolute path of felix.data_directory, resolved at first use. */
+extern const char *felix_data_root(void);
+/* <root>/<dboid>/<relid>/<shard> into buf (MAXPGPATH). */
+extern void felix_shard_dir(const FelixShardKey *key, char *buf);
+/* <root>/<dboid>/<relid> into buf (MAXPGPATH). */
+extern void felix_stream_dir(Oid dboid, Oid relid, char *buf);
+
+/* Raise an error unless felix was loaded through shared_preload_libraries. */
+extern void felix_require_preload(void);
+extern bool felix_preloaded;
+
+/* ---- shared-memory registry (src/shmem.c) ----
+ *
+ * Every subsystem that needs shared memory lists one entry in the table in
+ * shmem.c: the request hook sums the sizes, the startup hook calls each
+ * init function under AddinShmemInitLock; init attaches its structures
+ * with ShmemInitStruct/ShmemInitHash and sets them up when not found.
+ */
+typedef struct FelixShmemEntry
+{
+	Size		(*size) (void);
+	void		(*init) (void);
+} FelixShmemEntry;
+
+extern void felix_shmem_install_hooks(void);
+
+/* Monotonic clock in nanoseconds (CLOCK_MONOTONIC); leases are judged by it. */
+extern int64 felix_monotonic_ns(void);
+
+#endif							/* FELIX_H */

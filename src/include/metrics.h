@@ -1,0 +1,40 @@
+/*-------------------------------------------------------------------------
+ *
+ * metrics.h
+ *	  Node-wide counters shown by the felix_metrics view.  Each is a
+ *	  pg_atomic_uint64 in shared memory: bumped without a lock, read without
+ *	  one (a reader may see counters from slightly different instants).
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef FELIX_METRICS_H
+#define FELIX_METRICS_H
+
+#include "postgres.h"
+
+typedef enum FelixCounter
+{
+	FELIX_CTR_RECORDS_PUBLISHED,
+	FELIX_CTR_BATCHES_APPENDED,
+	FELIX_CTR_BYTES_APPENDED,
+	FELIX_CTR_FSYNCS,				/* group flushes: one fdatasync each */
+	FELIX_CTR_FLUSH_WAITS,			/* publishers that waited on a flush */
+	FELIX_CTR_SEGMENTS_ROLLED,
+	FELIX_CTR_SEGMENTS_TRIMMED,
+	FELIX_CTR_TORN_TAILS_REPAIRED,
+	FELIX_CTR_CORRUPTIONS_DETECTED,
+	FELIX_CTR_INDEX_REBUILDS,
+	FELIX_CTR_SHARDS_RECOVERED,
+	FELIX_NUM_COUNTERS
+} FelixCounter;
+
+/* Names as shown in felix_metrics, indexed by FelixCounter. */
+extern const char *const felix_counter_names[FELIX_NUM_COUNTERS];
+
+extern void felix_count(FelixCounter c, int64 n);
+extern uint64 felix_counter_value(FelixCounter c);
+
+extern Size metrics_shmem_size(void);
+extern void metrics_shmem_init(void);
+
+#endif							/* FELIX_METRICS_H */

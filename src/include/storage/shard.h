@@ -1,0 +1,139 @@
+/*-------------------------------------------------------------------------
+ *
+ * shard.h
+ *	  Per-shard shared state: where the shard's log ends, what is durable,
+ *	  what readers may see, and who may write (role, generation, lease).
+ *	  The write path (admission, append, group flush) lives here because it
+ *	  is the one place that must see all of those at once.
+ *
+ * Locking rule:
+ *	 - FelixShardRegistry->lock (LWLock) guards the key -> slot hash and slot
+ *	   allocation: shared to look up, exclusive to add or free a slot.
+ *	 - append_lock (LWLock, exclusive) serialises appends, recovery, trim,
+ *	   truncation and phase changes, and guards `log`.
+ *	 - flush_lock (LWLock) is held by the one backend doing a group flush;
+ *	   others wait on it with LWLockAcquireOrWait, as XLogFlush does.
+ *	 - mutex (spinlock) guards the small fields marked (mutex) so readers
+ *	   and flushers can read them without the append lock.  Writers update
+ *	   them while also holding append_lock or flush_lock as noted.
+ *	 - hwm_cv is broadcast whenever hwm_end or phase changes.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef FELIX_STORAGE_SHARD_H
+#define FELIX_STORAGE_SHARD_H
+
+#include "postgres.h"
+#include "felix.h"
+#include "storage/condition_variable.h"
+#include "storage/log.h"
+#include "storage/lwlock.h"
+#include "storage/s_lock.h"
+
+typedef enum FelixShardPhase
+{
+	FELIX_SHARD_CLOSED,			/* slot allocated, log not recovered yet */
+	FELIX_SHARD_OPEN,			/* recovered, serving */
+	FELIX_SHARD_FAILED			/* recovery found corruption: refuses */
+} FelixShardPhase;
+
+typedef enum FelixRole
+{
+	FELIX_ROLE_LEADER,
+	FELIX_ROLE_FOLLOWER
+} FelixRole;
+
+#define FELIX_SHARD_ERROR_LEN 512
+
+typedef struct FelixShard
+{
+	/* set when the slot is allocated, under the registry lock; then fixed */
+	FelixShardKey key;
+	char		stream_name[NAMEDATALEN];
+	bool		in_use;
+
+	LWLock		append_lock;
+	LWLock		flush_lock;
+	slock_t		mutex;
+
+	/* (mutex) phase; written with append_lock held */
+	FelixShardPhase phase;
+	/* (mutex) leadership: written with append_lock held */
+	FelixRole	role;
+	uint64		generation;
+	int64		lease_expiry_ns;	/* felix_monotonic_ns() deadline;
+									 * PG_INT64_MAX: no lease needed */
+	/* (mutex) positions, all exclusive ends */
+	uint64		start_seq;		/* copy of log.start_seq */
+	uint64		written_end;	/* copy of log.next_seq (append_lock) */
+	uint64		written_base;	/* copy of log.active_base (append_lock) */
+	uint64		flushed_end;	/* durable on this node (flush_lock) */
+	uint64		hwm_end;		/* readers see [start_seq, hwm_end) */
+	uint64		total_bytes;	/* copy of log.total_bytes */
+	/* (mutex) retention settings from the stream's definition */
+	int64		retention_bytes;
+	int64		retention_ms;
+	/* (mutex) why the shard is FAILED */
+	char		error[FELIX_SHARD_ERROR_LEN];
+
+	ConditionVariable hwm_cv;
+
+	/* (append_lock) the storage layer's tail bookkeeping */
+	FelixLogState log;
+} FelixShard;
+
+/* What a caller needs to name and open a shard. */
+typedef struct FelixShardSpec
+{
+	FelixShardKey key;
+	const char *stream_name;
+	int64		retention_bytes;
+	int64		retention_ms;
+} FelixShardSpec;
+
+/*
+ * Find the shard's slot, allocating it and recovering its log on first use
+ * after a start.  Errors (ERRCODE_DATA_CORRUPTED) if the shard is FAILED,
+ * and with a hint if felix.max_shards slots are taken.
+ */
+extern FelixShard *shard_acquire(const FelixShardSpec *spec);
+/* Slot if allocated, else NULL; never opens anything. */
+extern FelixShard *shard_lookup(const FelixShardKey *key);
+
+/*
+ * Publish one batch body (built with batch_begin/batch_add/batch_seal_body)
+ * holding `count` records: admission check, append under the lock with the
+ * leadership re-checked right before the bytes go down, then wait for the
+ * group flush and the high-water mark.  Returns the first record's seq;
+ * the batch holds [result, result + count).
+ */
+extern uint64 shard_publish(FelixShard *s, StringInfo batch, uint32 count);
+
+/* Snapshot [start_seq, hwm_end): what a reader may see right now. */
+extern void shard_visible(FelixShard *s, uint64 *start_seq, uint64 *hwm_end);
+
+/* "stream \"name\" shard N", palloc'd: the prefix of every message. */
+extern char *shard_what(FelixShard *s);
+
+/* Directory of the shard's files (MAXPGPATH buffer). */
+extern void shard_dir(FelixShard *s, char *buf);
+
+/* Apply retention now; returns segments removed. */
+extern int	shard_trim(FelixShard *s);
+
+/* Cut everything after seq; refuses at or below the high-water mark. */
+extern void shard_truncate_after(FelixShard *s, uint64 seq);
+
+/* Iterate every allocated slot (for views and the node worker); the
+ * registry lock is not held across the callback. */
+extern int	shard_count_slots(void);
+extern FelixShard *shard_slot(int i);
+
+/* A stream's table was dropped and that drop committed: forget its
+ * shards' slots and remove its files. */
+extern void shard_forget_stream(Oid dboid, Oid relid);
+
+extern Size shard_registry_size(void);
+extern void shard_registry_init(void);
+
+#endif							/* FELIX_STORAGE_SHARD_H */

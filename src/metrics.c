@@ -1,0 +1,63 @@
+/*-------------------------------------------------------------------------
+ *
+ * metrics.c
+ *	  Node-wide counters behind felix_metrics: an array of atomics in shared
+ *	  memory, bumped from every subsystem without a lock.
+ *
+ * Locking rule: none; each counter is a pg_atomic_uint64.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "felix.h"
+#include "metrics.h"
+#include "port/atomics.h"
+#include "storage/shmem.h"
+
+const char *const felix_counter_names[FELIX_NUM_COUNTERS] = {
+	[FELIX_CTR_RECORDS_PUBLISHED] = "records_published",
+	[FELIX_CTR_BATCHES_APPENDED] = "batches_appended",
+	[FELIX_CTR_BYTES_APPENDED] = "bytes_appended",
+	[FELIX_CTR_FSYNCS] = "fsyncs",
+	[FELIX_CTR_FLUSH_WAITS] = "flush_waits",
+	[FELIX_CTR_SEGMENTS_ROLLED] = "segments_rolled",
+	[FELIX_CTR_SEGMENTS_TRIMMED] = "segments_trimmed",
+	[FELIX_CTR_TORN_TAILS_REPAIRED] = "torn_tails_repaired",
+	[FELIX_CTR_CORRUPTIONS_DETECTED] = "corruptions_detected",
+	[FELIX_CTR_INDEX_REBUILDS] = "index_rebuilds",
+	[FELIX_CTR_SHARDS_RECOVERED] = "shards_recovered",
+};
+
+static pg_atomic_uint64 *felix_counters = NULL;
+
+Size
+metrics_shmem_size(void)
+{
+	return MAXALIGN(sizeof(pg_atomic_uint64) * FELIX_NUM_COUNTERS);
+}
+
+void
+metrics_shmem_init(void)
+{
+	bool		found;
+
+	felix_counters = ShmemInitStruct("felix metrics", metrics_shmem_size(), &found);
+	if (!found)
+		for (int i = 0; i < FELIX_NUM_COUNTERS; i++)
+			pg_atomic_init_u64(&felix_counters[i], 0);
+}
+
+void
+felix_count(FelixCounter c, int64 n)
+{
+	/* Outside a preloaded server (no shared memory) there is nothing to count. */
+	if (felix_counters != NULL)
+		pg_atomic_fetch_add_u64(&felix_counters[c], (uint64) n);
+}
+
+uint64
+felix_counter_value(FelixCounter c)
+{
+	return felix_counters ? pg_atomic_read_u64(&felix_counters[c]) : 0;
+}

@@ -1,0 +1,65 @@
+/*-------------------------------------------------------------------------
+ *
+ * shmem.c
+ *	  The one shared-memory registry.  Each subsystem lists a {size, init}
+ *	  entry in felix_shmem_entries; the request hook sums them into a single
+ *	  RequestAddinShmemSpace call and the startup hook lets each attach its
+ *	  structures in table order.  Adding a subsystem's shared state means
+ *	  adding a line here, not another hook.
+ *
+ * Locking rule: the startup hook runs every init under AddinShmemInitLock,
+ * so each structure is set up exactly once per postmaster start.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "felix.h"
+#include "metrics.h"
+#include "miscadmin.h"
+#include "storage/ipc.h"
+#include "storage/lwlock.h"
+#include "storage/shmem.h"
+#include "storage/shard.h"
+
+static const FelixShmemEntry felix_shmem_entries[] = {
+	{shard_registry_size, shard_registry_init},
+	{metrics_shmem_size, metrics_shmem_init},
+};
+
+static shmem_request_hook_type prev_shmem_request_hook = NULL;
+static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+
+static void
+felix_shmem_request(void)
+{
+	Size		total = 0;
+
+	if (prev_shmem_request_hook)
+		prev_shmem_request_hook();
+
+	for (int i = 0; i < lengthof(felix_shmem_entries); i++)
+		total = add_size(total, felix_shmem_entries[i].size());
+	RequestAddinShmemSpace(total);
+}
+
+static void
+felix_shmem_startup(void)
+{
+	if (prev_shmem_startup_hook)
+		prev_shmem_startup_hook();
+
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	for (int i = 0; i < lengthof(felix_shmem_entries); i++)
+		felix_shmem_entries[i].init();
+	LWLockRelease(AddinShmemInitLock);
+}
+
+void
+felix_shmem_install_hooks(void)
+{
+	prev_shmem_request_hook = shmem_request_hook;
+	shmem_request_hook = felix_shmem_request;
+	prev_shmem_startup_hook = shmem_startup_hook;
+	shmem_startup_hook = felix_shmem_startup;
+}

@@ -1,0 +1,296 @@
+/*-------------------------------------------------------------------------
+ *
+ * truncate.c
+ *	  log_truncate_after: remove every record after a given seq.  This is
+ *	  how a replica drops the part of its log that diverged from a new
+ *	  leader's; on a single node nothing calls it with anything to cut.
+ *
+ * INVARIANT kept here: no record at or below the high-water mark is ever
+ * rewritten.  The caller passes hwm_end (exclusive), and a cut that would
+ * remove any record below it is refused before a byte is touched.
+ *
+ * Steps, each leaving a valid log if the server stops right after it:
+ *	 1. Segments after the one holding the cut are unlinked newest first,
+ *		the directory synced after each, so the remaining segments always
+ *		form an unbroken run (at worst the last one is still sealed, which
+ *		recovery accepts).
+ *	 2. The segment holding the cut is shortened to the end of the batch
+ *		holding the cut (or to the cut itself at a batch boundary) and
+ *		synced: everything after that batch is gone.
+ *	 3. A batch straddling the cut keeps its first records: its kept records
+ *		are byte for byte the start of its body, so only its 48-byte header
+ *		is rewritten (count, body_len, body_crc) and the file shortened to
+ *		the end of the kept records.  A stop between the two leaves a valid
+ *		shortened batch followed by the rest of the old body, which is not a
+ *		batch and has nothing valid after it: recovery's torn-tail rule cuts
+ *		exactly that.
+ * A cut inside a sealed segment removes its seal: it becomes the active
+ * segment again.
+ *
+ * Locking rule: runs with the shard's append lock held exclusively; readers
+ * read only below the high-water mark, which is never touched here.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "log_internal.h"
+#include "miscadmin.h"
+#include "common/file_perm.h"
+#include "storage/fd.h"
+
+/* Generation recorded in the seal of a sealed segment (0 if unreadable). */
+static uint64
+seal_generation(const char *dir, uint64 base)
+{
+	char		path[MAXPGPATH];
+	int			fd;
+	uint64		size;
+	FelixBatchHeader h;
+	uint64		gen = 0;
+
+	felix_segment_path(path, dir, base);
+	fd = OpenTransientFile(path, O_RDONLY | PG_BINARY);
+	if (fd < 0)
+		return 0;
+	size = felix_fd_size(fd, path);
+	if (size >= SEG_HEADER_SIZE + SEAL_BATCH_SIZE &&
+		felix_pread_all(fd, &h, sizeof(h), size - SEAL_BATCH_SIZE) == (ssize_t) sizeof(h) &&
+		batch_header_check(&h) == FELIX_HDR_OK && h.kind == FELIX_BATCH_SEAL)
+		gen = h.generation;
+	CloseTransientFile(fd);
+	return gen;
+}
+
+static uint64
+file_size_or_zero(const char *path)
+{
+	struct stat sb;
+
+	if (stat(path, &sb) != 0)
+		return 0;
+	return (uint64) sb.st_size;
+}
+
+void
+log_truncate_after(const char *dir, const char *what, FelixLogState *st,
+				   uint64 seq, uint64 hwm_end)
+{
+	uint64		cut;
+	uint64	   *bases;
+	int			n;
+	int			s;
+	uint64		base;
+	char		path[MAXPGPATH];
+	FelixSegFile sf;
+	uint64		old_size;
+	uint64		removed_bytes = 0;
+	uint64		off;
+	uint64		bseq;
+	uint64		cut_off = 0;
+	bool		straddle = false;
+	FelixBatchHeader keep_hdr;
+	uint64		orig_len = 0;
+	int			fd;
+	pg_crc32c	crc;
+	FelixIndexBuild ib;
+	FelixWalk	w;
+
+	if (seq == PG_UINT64_MAX)
+		return;
+	cut = seq + 1;				/* keep [start, cut) */
+	if (cut >= st->next_seq)
+		return;					/* nothing after seq */
+
+	/* INVARIANT: records below hwm_end are acknowledged; never rewritten */
+	if (cut < hwm_end)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("%s: cannot truncate the log after seq %llu: that would cut at or below the high-water mark",
+						what, (unsigned long long) seq),
+				 errdetail("Records up to seq %llu are acknowledged and are never rewritten.",
+						   (unsigned long long) (hwm_end - 1)),
+				 errhint("Only records above the high-water mark can be truncated.")));
+	if (cut < st->start_seq)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("%s: cannot truncate the log after seq %llu: the log starts at seq %llu",
+						what, (unsigned long long) seq,
+						(unsigned long long) st->start_seq),
+				 errhint("Records before the log's start were removed by retention; rebuild the shard instead.")));
+
+	n = felix_list_segments(dir, what, &bases);
+	for (s = n - 1; s >= 0 && bases[s] > cut; s--)
+		;
+	if (s < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_CORRUPTED),
+				 errmsg("%s: no segment file in \"%s\" holds seq %llu",
+						what, dir, (unsigned long long) cut),
+				 errhint("Restore the shard's files from a replica or a backup.")));
+	base = bases[s];
+
+	/* 1. later segments go first, newest first, each removal durable */
+	for (int j = n - 1; j > s; j--)
+	{
+		char		p[MAXPGPATH];
+
+		CHECK_FOR_INTERRUPTS();
+		felix_segment_path(p, dir, bases[j]);
+		removed_bytes += file_size_or_zero(p);
+		felix_unlink(p, what);
+		felix_index_path(p, dir, bases[j]);
+		felix_unlink(p, what);
+		fsync_fname(dir, true);
+	}
+	felix_fd_cache_forget(dir);
+
+	/* find the batch holding the cut, starting from the index */
+	felix_segment_path(path, dir, base);
+	(void) segfile_open(&sf, path, what, FELIX_READ_CHUNK, false);
+	old_size = felix_fd_size(sf.fd, path);
+	fxidx_seek(&sf, dir, what, base, cut, false, &bseq, &off);
+	for (;;)
+	{
+		FelixBatchHeader h;
+		FelixHeaderCheck hc;
+		uint64		len;
+
+		CHECK_FOR_INTERRUPTS();
+		if (bseq == cut)
+		{
+			cut_off = off;		/* a batch boundary (or the seal) */
+			break;
+		}
+		if (!segfile_header(&sf, off, &h))
+			felix_report_corruption(what, path, off,
+									psprintf("The segment ends at seq %llu, before seq %llu.",
+											 (unsigned long long) bseq,
+											 (unsigned long long) cut));
+		hc = batch_header_check(&h);
+		if (hc != FELIX_HDR_OK)
+			felix_report_corruption(what, path, off, felix_header_problem(hc));
+		if (h.base_seq != bseq || h.kind != FELIX_BATCH_RECORDS)
+			felix_report_corruption(what, path, off,
+									psprintf("Expected a batch starting at seq %llu.",
+											 (unsigned long long) bseq));
+		len = BATCH_HEADER_SIZE + h.body_len;
+		if (bseq + h.count > cut)
+		{
+			/* straddles the cut: keep its first cut - bseq records */
+			const char *p = segfile_get(&sf, off, len);
+			FelixBatchIter it;
+			FelixRecord rec;
+			uint32		keep = (uint32) (cut - bseq);
+			pg_crc32c	bcrc;
+
+			if (p == NULL || !batch_body_check(&h, p + BATCH_HEADER_SIZE))
+				felix_report_corruption(what, path, off,
+										"The batch body does not match its checksum or its record count.");
+			batch_iter_init(&it, &h, p + BATCH_HEADER_SIZE);
+			for (uint32 k = 0; k < keep; k++)
+				(void) batch_iter_next(&it, &rec);
+
+			/*
+			 * The kept records are exactly the body's first it.offset bytes;
+			 * build the shortened header through the normal stamping path.
+			 */
+			keep_hdr = h;
+			keep_hdr.count = keep;
+			keep_hdr.body_len = it.offset;
+			INIT_CRC32C(bcrc);
+			COMP_CRC32C(bcrc, p + BATCH_HEADER_SIZE, it.offset);
+			FIN_CRC32C(bcrc);
+			keep_hdr.body_crc = bcrc;
+			batch_stamp((char *) &keep_hdr, h.base_seq, h.generation, h.timestamp);
+			cut_off = off;
+			orig_len = len;
+			straddle = true;
+			break;
+		}
+		off += len;
+		bseq += h.count;
+	}
+	segfile_close(&sf);
+
+	/* 2. cut after the batch holding the cut (or at the cut) */
+	fd = OpenTransientFile(path, O_RDWR | PG_BINARY);
+	if (fd < 0)
+		ereport(ERROR,
+				(errcode_for_file_access(),
+				 errmsg("%s: could not open segment file \"%s\": %m", what, path)));
+	pgstat_report_wait_start(WAIT_EVENT_DATA_FILE_TRUNCATE);
+	if (ftruncate(fd, (off_t) (cut_off + orig_len)) != 0)
+	{
+		pgstat_report_wait_end();
+		ereport(ERROR,
+				(errcode_for_file_access(),
+				 errmsg("%s: could not truncate segment file \"%s\": %m", what, path)));
+	}
+	pgstat_report_wait_end();
+	felix_fdatasync(fd, path);
+
+	/* 3. shorten a straddling batch in place */
+	if (straddle)
+	{
+		uint64		new_end = cut_off + BATCH_HEADER_SIZE + keep_hdr.body_len;
+
+		if (!felix_pwrite_all(fd, &keep_hdr, sizeof(keep_hdr), cut_off) ||
+			ftruncate(fd, (off_t) new_end) != 0)
+			ereport(ERROR,
+					(errcode_for_file_access(),
+					 errmsg("%s: could not rewrite the batch at offset %llu of segment file \"%s\": %m",
+							what, (unsigned long long) cut_off, path),
+					 errhint("Restart the server: recovery finishes or undoes this truncation.")));
+		felix_fdatasync(fd, path);
+	}
+	CloseTransientFile(fd);
+
+	/* 4. recompute the tail bookkeeping from what is now on disk */
+	(void) segfile_open(&sf, path, what, FELIX_VERIFY_CHUNK, false);
+	INIT_CRC32C(crc);
+	{
+		const char *p = segfile_get(&sf, 0, SEG_HEADER_SIZE);
+
+		if (p == NULL)
+			felix_report_corruption(what, path, 0,
+									"The file is shorter than a segment header.");
+		COMP_CRC32C(crc, p, SEG_HEADER_SIZE);
+	}
+	fxidx_build_init(&ib);
+	segment_walk(&sf, what, SEG_HEADER_SIZE, base, true, &ib, &crc, &w);
+	segfile_close(&sf);
+	if (w.sealed || w.end_seq != cut)
+		felix_report_corruption(what, path, w.end_offset,
+								psprintf("After truncation the segment should end at seq %llu but ends at seq %llu.",
+										 (unsigned long long) cut,
+										 (unsigned long long) w.end_seq));
+	fxidx_write(dir, what, base, ib.entries, ib.n, true);
+
+	st->has_active = true;
+	st->active_base = base;
+	st->active_bytes = w.end_offset;
+	st->active_crc = crc;
+	st->index_mark = ib.n > 0 ? ib.mark : 0;
+	st->next_seq = cut;
+	st->total_bytes -= removed_bytes + (old_size - w.end_offset);
+	if (w.batches > 0)
+		st->last_generation = w.last_generation;
+	else
+		st->last_generation = s > 0 ? seal_generation(dir, bases[s - 1]) : 0;
+	st->segments_version++;
+	fxidx_build_free(&ib);
+	pfree(bases);
+
+	/* the generation map must not name generations that have no records left */
+	genmap_truncate(dir, what, cut);
+
+	ereport(LOG,
+			(errmsg("%s: truncated the log after seq %llu (%llu bytes removed)",
+					what, (unsigned long long) seq,
+					(unsigned long long) (removed_bytes + (old_size - w.end_offset)))));
+}

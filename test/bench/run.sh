@@ -1,0 +1,679 @@
+#!/usr/bin/env bash
+# test/bench/run.sh -- felix vs heap benchmark (issue 2, "Benchmark").
+#
+# Starts ONE scratch PostgreSQL 15 server with felix preloaded and measures,
+# in the same run and with the same settings (synchronous_commit = on,
+# fsync = on, felix durable acknowledgements), 100-byte jsonb records:
+#
+#   1. felix_publish (1-shard and 8-shard leader streams) vs INSERT into a heap
+#      table, pgbench -M prepared at 1, 8 and 32 clients;
+#   2. felix_publish_batch of 1,000 records per call vs INSERT ... SELECT of the
+#      same 1,000 rows, at 1 and 4 clients;
+#   3. seek read of 100 records at seq 900,000 of a 1M-record shard vs the same
+#      read at seq 0 (pgbench mean latency), plus EXPLAIN (ANALYZE);
+#   4. full scan of the 1M records vs a heap seq scan of the same rows.
+#
+# Prints a Markdown report and writes it to test/bench/results-<date>.md.
+#
+# Usage:   test/bench/run.sh                 (as root or as a normal user)
+# Env:     DURATION=20    seconds per pgbench point (publish and batch cases)
+#          QUICK=1        smoke run: 3 s points, 100k records instead of 1M
+#          RECORDS=N      records loaded for the read cases (default 1000000)
+#          SEEK_SECONDS=5 seconds per seek-latency point
+#          FSYNC_TEST=1   run pg_test_fsync for the machine section (default 1,
+#                         0 when QUICK=1)
+#          KEEP=1         keep /tmp/felix-bench (data dir, logs) after exit
+#          PGBIN=/usr/lib/postgresql/15/bin
+#
+# As root the server and every client run as user `postgres`.  The server
+# listens on 127.0.0.1:5497 and on a unix socket directory under
+# /tmp/felix-bench; it is stopped and the directory removed on exit.
+# Every loop is bounded and every wait has a timeout.
+
+set -euo pipefail
+
+PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
+BASE=/tmp/felix-bench
+DATA=$BASE/data
+SOCK=$BASE/sock
+WORK=$BASE/work
+PORT=5497
+QUICK=${QUICK:-0}
+if [[ $QUICK == 1 ]]; then
+	DURATION=${DURATION:-3}
+	RECORDS=${RECORDS:-100000}
+	SEEK_SECONDS=${SEEK_SECONDS:-3}
+	FSYNC_TEST=${FSYNC_TEST:-0}
+else
+	DURATION=${DURATION:-20}
+	RECORDS=${RECORDS:-1000000}
+	SEEK_SECONDS=${SEEK_SECONDS:-5}
+	FSYNC_TEST=${FSYNC_TEST:-1}
+fi
+KEEP=${KEEP:-0}
+CLIENTS_PUBLISH=(1 8 32)
+CLIENTS_BATCH=(1 4)
+BATCH_SIZE=1000
+LOAD_CHUNK=10000
+
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+CMDLINE="DURATION=$DURATION QUICK=$QUICK RECORDS=$RECORDS SEEK_SECONDS=$SEEK_SECONDS FSYNC_TEST=$FSYNC_TEST $0${*:+ $*}"
+STAMP=$(date -u +%Y-%m-%d-%H%M)
+SUFFIX=""
+[[ $QUICK == 1 ]] && SUFFIX="-quick"
+RESULT_FILE=$SCRIPT_DIR/results-$STAMP$SUFFIX.md
+
+for arg in "$@"; do
+	case $arg in
+		-h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+		*) echo "run.sh: unknown argument '$arg' (parameters are environment variables; see --help)" >&2; exit 2 ;;
+	esac
+done
+
+[[ $DURATION =~ ^[0-9]+$ && $DURATION -ge 1 ]] || { echo "run.sh: DURATION must be a positive integer" >&2; exit 2; }
+[[ $RECORDS =~ ^[0-9]+$ && $RECORDS -ge $LOAD_CHUNK ]] || { echo "run.sh: RECORDS must be an integer >= $LOAD_CHUNK" >&2; exit 2; }
+(( RECORDS % LOAD_CHUNK == 0 )) || { echo "run.sh: RECORDS must be a multiple of $LOAD_CHUNK" >&2; exit 2; }
+SEEK_AT=$(( RECORDS * 9 / 10 ))
+
+log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+# ---------------------------------------------------------------------------
+# Who runs the server
+# ---------------------------------------------------------------------------
+if [[ $(id -u) == 0 ]]; then
+	RUN_USER=postgres
+	if ! id -u "$RUN_USER" >/dev/null 2>&1; then
+		log "creating system user $RUN_USER"
+		useradd --system --home-dir /var/lib/postgresql --shell /bin/bash "$RUN_USER"
+	fi
+else
+	RUN_USER=$(id -un)
+fi
+PGENV=(PGHOST="$SOCK" PGPORT="$PORT" PGUSER=postgres PGDATABASE=postgres PGAPPNAME=felix-bench
+       PGOPTIONS="-c client_min_messages=warning")
+# AS_PG: prefix that runs a command as the server's user with the connection
+# environment set (usable after `timeout`).
+if [[ $(id -u) == 0 ]]; then
+	AS_PG=(runuser -u "$RUN_USER" -- env "${PGENV[@]}")
+else
+	AS_PG=(env "${PGENV[@]}")
+fi
+as_pg() { "${AS_PG[@]}" "$@"; }
+# psql: quiet, no psqlrc, stop on the first error, unaligned tuples only.
+q() { as_pg "$PGBIN/psql" -X -q -v ON_ERROR_STOP=1 -At "$@"; }
+
+for b in postgres initdb pg_ctl psql pgbench pg_isready pg_config; do
+	[[ -x $PGBIN/$b ]] || die "$PGBIN/$b not found (install postgresql-15 and postgresql-contrib-15 / set PGBIN)"
+done
+PKGLIB=$("$PGBIN/pg_config" --pkglibdir)
+SHAREDIR=$("$PGBIN/pg_config" --sharedir)
+[[ -f $PKGLIB/felix.so && -f $SHAREDIR/extension/felix.control ]] ||
+	die "felix is not installed in $PKGLIB (run: make PG_CONFIG=$PGBIN/pg_config && sudo make install PG_CONFIG=$PGBIN/pg_config)"
+
+# ---------------------------------------------------------------------------
+# Scratch directory, server start, cleanup
+# ---------------------------------------------------------------------------
+SERVER_STARTED=0
+SAMPLER_PID=""
+cleanup() {
+	local rc=$?
+	trap - EXIT INT TERM
+	if [[ -n $SAMPLER_PID ]] && kill -0 "$SAMPLER_PID" 2>/dev/null; then
+		kill "$SAMPLER_PID" 2>/dev/null || true
+		wait "$SAMPLER_PID" 2>/dev/null || true
+	fi
+	if [[ $SERVER_STARTED == 1 ]]; then
+		log "stopping server"
+		as_pg "$PGBIN/pg_ctl" -D "$DATA" -m fast -t 60 -w stop >/dev/null 2>&1 ||
+			as_pg "$PGBIN/pg_ctl" -D "$DATA" -m immediate -t 30 -w stop >/dev/null 2>&1 || true
+	fi
+	if [[ $KEEP == 1 ]]; then
+		log "KEEP=1: leaving $BASE in place"
+	elif [[ -d $BASE ]]; then
+		rm -rf "$BASE"
+	fi
+	exit "$rc"
+}
+
+if [[ -f $DATA/postmaster.pid ]]; then
+	oldpid=$(head -1 "$DATA/postmaster.pid" 2>/dev/null || true)
+	if [[ -n $oldpid ]] && kill -0 "$oldpid" 2>/dev/null; then
+		die "a server from an earlier bench run is still running on $DATA (pid $oldpid); stop it with: $PGBIN/pg_ctl -D $DATA stop"
+	fi
+fi
+if "$PGBIN/pg_isready" -q -h 127.0.0.1 -p "$PORT" -t 2; then
+	die "something already listens on 127.0.0.1:$PORT; stop it first"
+fi
+
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+rm -rf "$BASE"
+mkdir -p "$DATA" "$SOCK" "$WORK"
+chmod 700 "$DATA"
+chmod 755 "$BASE" "$WORK"
+if [[ $(id -u) == 0 ]]; then
+	chown -R "$RUN_USER": "$BASE"
+fi
+cd "$BASE"	# a directory the server's user can enter
+
+log "initdb in $DATA (as $RUN_USER)"
+as_pg "$PGBIN/initdb" -D "$DATA" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >"$WORK/initdb.log" 2>&1 ||
+	as_pg "$PGBIN/initdb" -D "$DATA" -U postgres --auth=trust -E UTF8 --no-locale >"$WORK/initdb.log" 2>&1 ||
+	{ cat "$WORK/initdb.log" >&2; die "initdb failed"; }
+
+cat >>"$DATA/postgresql.conf" <<EOF
+
+# ---- felix bench settings (test/bench/run.sh) ----
+listen_addresses = '127.0.0.1'
+port = $PORT
+unix_socket_directories = '$SOCK'
+max_connections = 100
+shared_buffers = 256MB
+shared_preload_libraries = 'felix'
+fsync = on
+synchronous_commit = on
+full_page_writes = on
+wal_level = replica
+max_wal_size = 8GB
+min_wal_size = 1GB
+checkpoint_timeout = 30min
+logging_collector = off
+log_min_messages = warning
+log_checkpoints = on
+felix.database = 'postgres'
+EOF
+
+log "starting server on 127.0.0.1:$PORT"
+as_pg "$PGBIN/pg_ctl" -D "$DATA" -l "$WORK/server.log" -w -t 60 start >/dev/null ||
+	{ tail -40 "$WORK/server.log" >&2 || true; die "server did not start"; }
+SERVER_STARTED=1
+q -c "CREATE EXTENSION felix" || { tail -20 "$WORK/server.log" >&2; die "CREATE EXTENSION felix failed"; }
+SERVER_VERSION=$(q -c "SHOW server_version")
+FELIX_SO="$(md5sum "$PKGLIB/felix.so" | cut -c1-12), installed $(date -u -r "$PKGLIB/felix.so" '+%Y-%m-%d %H:%M:%S UTC')"
+GIT_STATE=$(git -C "$SCRIPT_DIR" log -1 --format='%h %cs' 2>/dev/null || echo "no commit")
+FELIX_VERSION=$(q -c "SELECT extversion FROM pg_extension WHERE extname = 'felix'")
+
+# ---------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------
+# The 100-byte payload: {"id": <n>, "pad": "xxx..."} whose jsonb text is
+# 19 + digits(n) + pad characters; pad = 81 - digits(n) makes it 100.
+PAYLOAD_SQL_CONST="jsonb_build_object('id', 0, 'pad', repeat('x', 80))"
+payload_expr() { echo "jsonb_build_object('id', $1, 'pad', repeat('x', 81 - length(($1)::text)))"; }
+PAYLOAD=$(q -c "SELECT $PAYLOAD_SQL_CONST::text")
+PAYLOAD_LEN=$(q -c "SELECT length('$PAYLOAD'::jsonb::text)")
+[[ $PAYLOAD_LEN == 100 ]] || die "payload text is $PAYLOAD_LEN bytes, expected 100"
+
+write_script() {	# name, content -> path (readable by the server user)
+	local f=$WORK/$1.sql
+	printf '%s\n' "$2" >"$f"
+	chmod 644 "$f"
+	echo "$f"
+}
+
+# Wait (bounded) until the server accepts connections again, e.g. after a
+# backend crash made the postmaster reinitialise.
+wait_ready() {
+	for (( i = 0; i < 120; i++ )); do
+		if as_pg "$PGBIN/psql" -X -q -At -c "SELECT 1" >/dev/null 2>&1; then return 0; fi
+		sleep 1
+	done
+	die "server did not come back within 120 s; see $WORK/server.log"
+}
+crashes() { grep -c 'was terminated by signal' "$WORK/server.log" || true; }
+
+# pgbench_run <label> <script> <clients> <seconds> -> sets PB_TPS PB_LAT PB_TX PB_OK
+pgbench_run() {
+	local label=$1 script=$2 c=$3 t=$4 j out
+	j=$(( c < 2 ? c : 2 ))
+	out=$WORK/pgbench-$label.out
+	PB_TPS=""; PB_LAT=""; PB_TX=""; PB_OK=1
+	if ! timeout $(( t + 180 )) "${AS_PG[@]}" PGAPPNAME=felix-pgbench "$PGBIN/pgbench" -n -M prepared -f "$script" -c "$c" -j "$j" -T "$t" >"$out" 2>&1; then
+		PB_OK=0
+		log "pgbench $label FAILED; output:"
+		tail -20 "$out" >&2
+	fi
+	PB_TPS=$(awk '/^tps = /{printf "%.1f", $3; exit}' "$out")
+	PB_LAT=$(awk '/^latency average = /{print $4; exit}' "$out")
+	PB_TX=$(awk '/^number of transactions actually processed:/{print $6; exit}' "$out")
+	PB_TX=${PB_TX%%/*}
+	if grep -q 'number of failed transactions: [1-9]\|aborted in command\|ERROR:' "$out"; then
+		PB_OK=0
+		log "pgbench $label reported errors:"
+		grep -m5 'failed\|aborted\|ERROR' "$out" >&2 || true
+	fi
+	[[ -n $PB_TPS ]] || PB_OK=0
+	if [[ $PB_OK == 0 ]]; then
+		SANITY+=("pgbench point $label failed: $(grep -m1 'error' "$out" || echo 'no tps reported')")
+		wait_ready
+	fi
+	log "  $label: c=$c tps=${PB_TPS:-?} lat=${PB_LAT:-?} ms tx=${PB_TX:-?}"
+}
+
+# Wait-event sampler: every 0.5 s, the wait events of active client
+# backends (other than the sampler); bounded to the point's duration.
+sampler_start() {	# file, seconds
+	local f=$1 n=$(( $2 * 2 ))
+	: >"$f"
+	(
+		for (( i = 0; i < n; i++ )); do
+			q -c "SELECT coalesce(wait_event_type, 'CPU') || ':' || coalesce(wait_event, 'running')
+			        FROM pg_stat_activity
+			       WHERE backend_type = 'client backend' AND state = 'active'
+			         AND application_name = 'felix-pgbench'" >>"$f" 2>/dev/null || true
+			sleep 0.5
+		done
+	) &
+	SAMPLER_PID=$!
+}
+sampler_stop() {
+	if [[ -n $SAMPLER_PID ]]; then
+		kill "$SAMPLER_PID" 2>/dev/null || true
+		wait "$SAMPLER_PID" 2>/dev/null || true
+		SAMPLER_PID=""
+	fi
+}
+sampler_summary() {	# file -> "IPC:X 45%, CPU:running 30%, ..." (top 4)
+	local f=$1 total
+	total=$(grep -c . "$f" || true)
+	if [[ ${total:-0} == 0 ]]; then echo "no samples"; return; fi
+	sort "$f" | uniq -c | sort -rn | head -4 |
+		awk -v t="$total" '{printf "%s%s %d%%", (NR>1?", ":""), $2, int(100*$1/t+0.5)} END {print ""}'
+}
+
+metric() { q -c "SELECT coalesce(max(value), 0)::bigint FROM felix_metrics WHERE name = '$1'"; }
+wal_syncs() { q -c "SELECT wal_sync FROM pg_stat_wal"; }
+
+ratio() {	# a b -> a/b with two decimals, or n/a
+	awk -v a="${1:-}" -v b="${2:-}" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "n/a"; else printf "%.2f", a / b }'
+}
+mark() {	# value target(>=) -> met/MISSED
+	awk -v v="${1:-}" -v t="$2" 'BEGIN { if (v == "" || v == "n/a") print "n/a"; else if (v + 0 >= t + 0) print "met"; else print "**MISSED**" }'
+}
+
+recreate_stream() {	# name shards
+	q -c "SELECT felix_drop_stream('$1') FROM felix_streams WHERE stream = '$1'" >/dev/null
+	q -c "SELECT felix_create_stream('$1', shards => $2)" >/dev/null
+}
+recreate_heap() {	# name
+	q -c "DROP TABLE IF EXISTS $1;
+	      CREATE TABLE $1 (seq bigserial PRIMARY KEY, key text, payload jsonb,
+	                       published_at timestamptz DEFAULT now())"
+}
+stream_records() { q -c "SELECT coalesce(sum(next_seq - start_seq), 0) FROM felix_shards WHERE stream = '$1'"; }
+
+REPORT=$WORK/report.md
+DIAG=$WORK/diag.md
+: >"$REPORT"
+: >"$DIAG"
+SANITY=()
+
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
+
+# ---------------------------------------------------------------------------
+# Case 1: single-record publish vs heap INSERT
+# ---------------------------------------------------------------------------
+log "case 1: felix_publish vs heap INSERT, ${DURATION}s per point, clients ${CLIENTS_PUBLISH[*]}"
+S_HEAP=$(write_script pub_heap "\\set k random(1, 1000000)
+INSERT INTO bench_heap (key, payload) VALUES ('cust-' || :k, '$PAYLOAD'::jsonb);")
+S_F1=$(write_script pub_felix1 "\\set k random(1, 1000000)
+SELECT felix_publish('bench_pub1', '$PAYLOAD'::jsonb, key => 'cust-' || :k);")
+S_F8=$(write_script pub_felix8 "\\set k random(1, 1000000)
+SELECT felix_publish('bench_pub8', '$PAYLOAD'::jsonb, key => 'cust-' || :k);")
+
+declare -A TPS LAT WAITS FSY
+for c in "${CLIENTS_PUBLISH[@]}"; do
+	for variant in heap felix1 felix8; do
+		case $variant in
+			heap)   recreate_heap bench_heap; script=$S_HEAP ;;
+			felix1) recreate_stream bench_pub1 1; script=$S_F1 ;;
+			felix8) recreate_stream bench_pub8 8; script=$S_F8 ;;
+		esac
+		q -c "CHECKPOINT"
+		r0=$(metric records_published); f0=$(metric fsyncs); w0=$(metric flush_waits); b0=$(metric batches_appended)
+		ws0=$(wal_syncs)
+		sampler_start "$WORK/wait-$variant-$c.txt" "$DURATION"
+		pgbench_run "pub-$variant-c$c" "$script" "$c" "$DURATION"
+		sampler_stop
+		sleep 1	# let exiting backends flush their pg_stat_wal counters
+		r1=$(metric records_published); f1=$(metric fsyncs); w1=$(metric flush_waits); b1=$(metric batches_appended)
+		ws1=$(wal_syncs)
+		TPS[$variant,$c]=$([[ $PB_OK == 1 ]] && echo "$PB_TPS" || echo "")
+		LAT[$variant,$c]=$PB_LAT
+		WAITS[$variant,$c]=$(sampler_summary "$WORK/wait-$variant-$c.txt")
+		if [[ $variant == heap ]]; then
+			n=$(q -c "SELECT count(*) FROM bench_heap")
+			FSY[$variant,$c]="$(( ws1 - ws0 )) WAL syncs, $(ratio "$n" "$(( ws1 - ws0 ))") rows/sync"
+		else
+			stream=bench_pub${variant#felix}
+			n=$(stream_records "$stream")
+			FSY[$variant,$c]="$(( f1 - f0 )) fsyncs, $(ratio "$(( r1 - r0 ))" "$(( f1 - f0 ))") records/fsync, $(( w1 - w0 )) flush waits, $(( b1 - b0 )) batches"
+		fi
+		if [[ -n ${PB_TX:-} && $n != "$PB_TX" ]]; then
+			SANITY+=("case 1 $variant c=$c: pgbench processed $PB_TX transactions but the table holds $n rows/records")
+		fi
+	done
+done
+
+{
+	echo "### 1. Single-record publish: \`felix_publish\` vs heap \`INSERT\` (tps)"
+	echo
+	echo "pgbench -n -M prepared -T $DURATION, -j min(clients, 2); one record per transaction; 100-byte jsonb payload, random key."
+	echo
+	echo "| clients | heap INSERT | felix 1 shard | ratio 1-shard/heap | felix 8 shards | ratio 8-shard/heap | target ≥ 1.0 (1 shard) |"
+	echo "| ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+	for c in "${CLIENTS_PUBLISH[@]}"; do
+		r1=$(ratio "${TPS[felix1,$c]}" "${TPS[heap,$c]}")
+		r8=$(ratio "${TPS[felix8,$c]}" "${TPS[heap,$c]}")
+		echo "| $c | ${TPS[heap,$c]:-error} | ${TPS[felix1,$c]:-error} | $r1 | ${TPS[felix8,$c]:-error} | $r8 | $(mark "$r1" 1.0) |"
+	done
+	echo
+	echo "Mean latency (ms): $(for c in "${CLIENTS_PUBLISH[@]}"; do printf 'c=%s heap %s / felix1 %s / felix8 %s; ' "$c" "${LAT[heap,$c]:-?}" "${LAT[felix1,$c]:-?}" "${LAT[felix8,$c]:-?}"; done)"
+	echo
+} >>"$REPORT"
+{
+	echo "### Case 1 diagnostics: flushes and wait events"
+	echo
+	echo "Flushes per point (felix: felix_metrics deltas; heap: pg_stat_wal.wal_sync delta). Wait events: share of 0.5 s samples of active pgbench backends in pg_stat_activity (CPU:running = no wait event)."
+	echo
+	echo "| point | flushes | top wait events |"
+	echo "| --- | --- | --- |"
+	for c in "${CLIENTS_PUBLISH[@]}"; do
+		for variant in heap felix1 felix8; do
+			echo "| $variant c=$c | ${FSY[$variant,$c]} | ${WAITS[$variant,$c]} |"
+		done
+	done
+	echo
+} >>"$DIAG"
+
+# ---------------------------------------------------------------------------
+# Case 2: batches of 1,000
+# ---------------------------------------------------------------------------
+log "case 2: felix_publish_batch($BATCH_SIZE) vs INSERT ... SELECT of $BATCH_SIZE rows, clients ${CLIENTS_BATCH[*]}"
+q -c "DROP TABLE IF EXISTS bench_src;
+      CREATE TABLE bench_src (keys text[], payloads jsonb[]);
+      ALTER TABLE bench_src ALTER payloads SET STORAGE EXTERNAL, ALTER keys SET STORAGE EXTERNAL;
+      INSERT INTO bench_src
+      SELECT array_agg('cust-' || i ORDER BY i), array_agg($PAYLOAD_SQL_CONST ORDER BY i)
+        FROM generate_series(1, $BATCH_SIZE) i;
+      ANALYZE bench_src;"
+S_BHEAP=$(write_script batch_heap "INSERT INTO bench_heap_batch (key, payload)
+SELECT u.k, u.p FROM bench_src, unnest(bench_src.keys, bench_src.payloads) AS u(k, p);")
+S_BFELIX=$(write_script batch_felix "SELECT count(*) FROM bench_src, felix_publish_batch('bench_batch', bench_src.payloads, bench_src.keys);")
+declare -A BROWS
+for c in "${CLIENTS_BATCH[@]}"; do
+	for variant in heap felix; do
+		case $variant in
+			heap)  recreate_heap bench_heap_batch; script=$S_BHEAP ;;
+			felix) recreate_stream bench_batch 1; script=$S_BFELIX ;;
+		esac
+		q -c "CHECKPOINT"
+		f0=$(metric fsyncs); ws0=$(wal_syncs)
+		sampler_start "$WORK/wait-batch-$variant-$c.txt" "$DURATION"
+		pgbench_run "batch-$variant-c$c" "$script" "$c" "$DURATION"
+		sampler_stop
+		sleep 1
+		f1=$(metric fsyncs); ws1=$(wal_syncs)
+		BROWS[$variant,$c]=$([[ $PB_OK == 1 ]] && awk -v t="$PB_TPS" -v b="$BATCH_SIZE" 'BEGIN{printf "%.0f", t*b}' || echo "")
+		LAT[batch$variant,$c]=$PB_LAT
+		WAITS[batch$variant,$c]=$(sampler_summary "$WORK/wait-batch-$variant-$c.txt")
+		if [[ $variant == heap ]]; then
+			n=$(q -c "SELECT count(*) FROM bench_heap_batch")
+			FSY[batch$variant,$c]="$(( ws1 - ws0 )) WAL syncs"
+		else
+			n=$(stream_records bench_batch)
+			FSY[batch$variant,$c]="$(( f1 - f0 )) fsyncs"
+		fi
+		if [[ -n ${PB_TX:-} && $n != "$(( PB_TX * BATCH_SIZE ))" ]]; then
+			SANITY+=("case 2 $variant c=$c: pgbench processed $PB_TX batches of $BATCH_SIZE but the table holds $n rows/records")
+		fi
+	done
+done
+{
+	echo "### 2. Batches: \`felix_publish_batch\` of $BATCH_SIZE records vs \`INSERT ... SELECT\` of the same $BATCH_SIZE rows (rows/s)"
+	echo
+	echo "pgbench -n -M prepared -T $DURATION; one call/statement of $BATCH_SIZE rows per transaction, both reading the same keys[]/payloads[] arrays from a one-row table; felix stream has 1 shard."
+	echo
+	echo "| clients | heap INSERT ... SELECT | felix_publish_batch | ratio felix/heap | target ≥ 3.0 |"
+	echo "| ---: | ---: | ---: | ---: | --- |"
+	for c in "${CLIENTS_BATCH[@]}"; do
+		r=$(ratio "${BROWS[felix,$c]}" "${BROWS[heap,$c]}")
+		echo "| $c | ${BROWS[heap,$c]:-error} | ${BROWS[felix,$c]:-error} | $r | $(mark "$r" 3.0) |"
+	done
+	echo
+	echo "Mean latency per $BATCH_SIZE-row call (ms): $(for c in "${CLIENTS_BATCH[@]}"; do printf 'c=%s heap %s / felix %s; ' "$c" "${LAT[batchheap,$c]:-?}" "${LAT[batchfelix,$c]:-?}"; done)"
+	echo
+} >>"$REPORT"
+{
+	echo "### Case 2 diagnostics"
+	echo
+	echo "| point | flushes | top wait events |"
+	echo "| --- | --- | --- |"
+	for c in "${CLIENTS_BATCH[@]}"; do
+		for variant in heap felix; do
+			echo "| batch $variant c=$c | ${FSY[batch$variant,$c]} | ${WAITS[batch$variant,$c]} |"
+		done
+	done
+	echo
+} >>"$DIAG"
+
+# ---------------------------------------------------------------------------
+# Load RECORDS records into a 1-shard stream (cases 3 and 4)
+# ---------------------------------------------------------------------------
+log "loading $RECORDS records into stream bench_read (batches of $LOAD_CHUNK)"
+recreate_stream bench_read 1
+LOAD_T0=$(date +%s.%N)
+q -c "DO \$\$
+DECLARE
+	chunk int;
+	p jsonb[];
+	k text[];
+BEGIN
+	FOR chunk IN 0 .. $(( RECORDS / LOAD_CHUNK - 1 )) LOOP
+		SELECT array_agg($(payload_expr i) ORDER BY i), array_agg('cust-' || (i % 1000) ORDER BY i)
+		  INTO p, k
+		  FROM generate_series(chunk * $LOAD_CHUNK, chunk * $LOAD_CHUNK + $(( LOAD_CHUNK - 1 ))) i;
+		PERFORM count(*) FROM felix_publish_batch('bench_read', p, k);
+	END LOOP;
+END
+\$\$"
+LOAD_T1=$(date +%s.%N)
+LOAD_RATE=$(awk -v a="$LOAD_T0" -v b="$LOAD_T1" -v n="$RECORDS" 'BEGIN{printf "%.0f", n/(b-a)}')
+LOADED=$(stream_records bench_read)
+[[ $LOADED == "$RECORDS" ]] || SANITY+=("load: stream bench_read holds $LOADED records, expected $RECORDS")
+log "  loaded $LOADED records at $LOAD_RATE records/s"
+
+# Sanity: record with id i sits at seq i, payloads are 100 bytes.
+CHECK=$(q -c "SELECT count(*) FILTER (WHERE (payload->>'id')::bigint = seq), count(*) FILTER (WHERE length(payload::text) = 100), min(seq), max(seq)
+                FROM (SELECT seq, payload FROM bench_read WHERE shard = 0 AND seq >= $SEEK_AT LIMIT 100) x")
+[[ $CHECK == "100|100|$SEEK_AT|$(( SEEK_AT + 99 ))" ]] ||
+	SANITY+=("seek check: rows at seq >= $SEEK_AT returned (id=seq|100-byte|min|max) = $CHECK, expected 100|100|$SEEK_AT|$(( SEEK_AT + 99 ))")
+
+log "copying the same rows into heap table bench_heap_read"
+q -c "DROP TABLE IF EXISTS bench_heap_read;
+      CREATE TABLE bench_heap_read (seq bigserial PRIMARY KEY, key text, payload jsonb,
+                                    published_at timestamptz DEFAULT now());
+      INSERT INTO bench_heap_read (seq, key, payload, published_at)
+      SELECT seq, key, payload, published_at FROM bench_read;"
+q -c "VACUUM ANALYZE bench_heap_read"
+q -c "CHECKPOINT"
+HEAP_ROWS=$(q -c "SELECT count(*) FROM bench_heap_read")
+[[ $HEAP_ROWS == "$RECORDS" ]] || SANITY+=("heap copy: bench_heap_read holds $HEAP_ROWS rows, expected $RECORDS (felix full scan returned a different count)")
+SIZES=$(q -c "SELECT pg_size_pretty(pg_table_size('bench_heap_read')) || ' heap table (+ ' || pg_size_pretty(pg_indexes_size('bench_heap_read')) || ' index), ' ||
+                     pg_size_pretty((SELECT bytes FROM felix_shards WHERE stream = 'bench_read' AND shard = 0)) || ' felix shard'")
+
+# ---------------------------------------------------------------------------
+# Case 3: seek read
+# ---------------------------------------------------------------------------
+log "case 3: seek read at seq $SEEK_AT vs seq 0, ${SEEK_SECONDS}s each"
+SEEK_Q="SELECT seq, payload FROM bench_read WHERE shard = 0 AND seq >= %s LIMIT 100;"
+S_SEEK_HI=$(write_script seek_hi "$(printf "$SEEK_Q" "$SEEK_AT")")
+S_SEEK_LO=$(write_script seek_lo "$(printf "$SEEK_Q" 0)")
+S_SEEK_HEAP=$(write_script seek_heap "SELECT seq, payload FROM bench_heap_read WHERE seq >= $SEEK_AT ORDER BY seq LIMIT 100;")
+declare -A SEEK_LAT SEEK_TPS
+for v in lo hi heap; do
+	case $v in lo) s=$S_SEEK_LO ;; hi) s=$S_SEEK_HI ;; heap) s=$S_SEEK_HEAP ;; esac
+	pgbench_run "seek-$v-warm" "$s" 1 1
+	pgbench_run "seek-$v" "$s" 1 "$SEEK_SECONDS"
+	SEEK_LAT[$v]=$([[ $PB_OK == 1 ]] && echo "$PB_LAT" || echo "")
+	SEEK_TPS[$v]=$PB_TPS
+done
+EXPLAIN_SEEK=$(q -c "EXPLAIN (ANALYZE, COSTS OFF, TIMING ON) $(printf "$SEEK_Q" "$SEEK_AT")" 2>&1 || true)
+if grep -qi 'custom scan' <<<"$EXPLAIN_SEEK" && grep -qi 'felix' <<<"$EXPLAIN_SEEK"; then
+	SEEK_CUSTOM="yes"
+else
+	SEEK_CUSTOM="**no**"
+fi
+SEEK_RATIO=$(ratio "${SEEK_LAT[hi]}" "${SEEK_LAT[lo]}")
+SEEK_UNDER_1=$(awk -v v="${SEEK_LAT[hi]:-}" 'BEGIN{ if (v == "") print "n/a"; else if (v + 0 < 1.0) print "met"; else print "**MISSED**" }')
+SEEK_2X=$(awk -v v="$SEEK_RATIO" 'BEGIN{ if (v == "n/a") print "n/a"; else if (v + 0 <= 2.0) print "met"; else print "**MISSED**" }')
+{
+	echo "### 3. Seek read: 100 records at seq $SEEK_AT of a $RECORDS-record shard"
+	echo
+	echo "pgbench -n -M prepared -c 1 -T $SEEK_SECONDS (after a 1 s warm-up) on a one-line script; mean latency as reported by pgbench (includes the client round trip and transfer of 100 rows)."
+	echo
+	echo "| query | mean latency (ms) | tps | target |"
+	echo "| --- | ---: | ---: | --- |"
+	echo "| felix \`shard = 0 AND seq >= $SEEK_AT LIMIT 100\` | ${SEEK_LAT[hi]:-error} | ${SEEK_TPS[hi]:-} | < 1 ms: $SEEK_UNDER_1 |"
+	echo "| felix \`shard = 0 AND seq >= 0 LIMIT 100\` | ${SEEK_LAT[lo]:-error} | ${SEEK_TPS[lo]:-} | |"
+	echo "| ratio seq $SEEK_AT / seq 0 | $SEEK_RATIO | | ≤ 2.0: $SEEK_2X |"
+	echo "| heap (reference) \`seq >= $SEEK_AT ORDER BY seq LIMIT 100\` via primary key | ${SEEK_LAT[heap]:-error} | ${SEEK_TPS[heap]:-} | |"
+	echo
+	echo "Custom scan (FelixScan) used: $SEEK_CUSTOM"
+	echo
+	echo '```'
+	echo "EXPLAIN (ANALYZE, COSTS OFF) $(printf "$SEEK_Q" "$SEEK_AT")"
+	echo "$EXPLAIN_SEEK"
+	echo '```'
+	echo
+} >>"$REPORT"
+
+# ---------------------------------------------------------------------------
+# Case 4: full scan
+# ---------------------------------------------------------------------------
+log "case 4: full scan of $RECORDS records, felix vs heap (1 warm-up + 3 timed runs each)"
+# time_query <sql> -> median of 3 runs (ms), after one warm-up, in one session,
+# parallel query off so both sides use one process.
+time_query() {
+	local sql=$1 out
+	out=$WORK/timing.out
+	if ! q -c "SET max_parallel_workers_per_gather = 0" -c "\\timing on" \
+		-c "$sql" -c "$sql" -c "$sql" -c "$sql" >"$out" 2>&1; then
+		log "query failed: $sql"; cat "$out" >&2; echo ""; return
+	fi
+	awk '/^Time:/{print $2}' "$out" | tail -n 3 | sort -n | sed -n 2p
+}
+time_query_parallel() {
+	local sql=$1 out
+	out=$WORK/timing.out
+	q -c "\\timing on" -c "$sql" -c "$sql" -c "$sql" -c "$sql" >"$out" 2>&1 || { echo ""; return; }
+	awk '/^Time:/{print $2}' "$out" | tail -n 3 | sort -n | sed -n 2p
+}
+SCAN1_F="SELECT count(*) FROM (SELECT seq, payload FROM bench_read OFFSET 0) x"
+SCAN1_H="SELECT count(*) FROM (SELECT seq, payload FROM bench_heap_read OFFSET 0) x"
+SCAN2_F="SELECT count(*), sum(pg_column_size(payload)) FROM bench_read"
+SCAN2_H="SELECT count(*), sum(pg_column_size(payload)) FROM bench_heap_read"
+SCAN3_F="SELECT count(*), sum(length(payload::text)) FROM bench_read"
+SCAN3_H="SELECT count(*), sum(length(payload::text)) FROM bench_heap_read"
+declare -A SCAN_MS
+for v in 1 2 3; do
+	fv=SCAN${v}_F; hv=SCAN${v}_H
+	SCAN_MS[h$v]=$(time_query "${!hv}")
+	SCAN_MS[f$v]=$(time_query "${!fv}")
+	log "  scan $v: heap ${SCAN_MS[h$v]:-?} ms, felix ${SCAN_MS[f$v]:-?} ms"
+done
+SCAN_MS[hpar]=$(time_query_parallel "$SCAN1_H")
+EXPLAIN_SCAN=$(q -c "SET max_parallel_workers_per_gather = 0" -c "EXPLAIN (ANALYZE, COSTS OFF) $SCAN1_F" 2>&1 || true)
+rows_per_s() { awk -v ms="${1:-}" -v n="$RECORDS" 'BEGIN{ if (ms == "" || ms + 0 == 0) print "n/a"; else printf "%.0f", n / (ms / 1000) }'; }
+{
+	echo "### 4. Full scan of $RECORDS records"
+	echo
+	echo "Median of 3 runs after one warm-up, one session, \`max_parallel_workers_per_gather = 0\` for both (felix scans are single-process). Data: $SIZES. Ratio = felix throughput / heap throughput."
+	echo
+	echo "| query | heap (ms) | felix (ms) | heap rows/s | felix rows/s | ratio felix/heap | target ≥ 1.0 |"
+	echo "| --- | ---: | ---: | ---: | ---: | ---: | --- |"
+	labels=("\`count(*)\` over \`(SELECT seq, payload ... OFFSET 0)\`" "\`count(*), sum(pg_column_size(payload))\`" "\`count(*), sum(length(payload::text))\` (jsonb output per row)")
+	for v in 1 2 3; do
+		hr=$(rows_per_s "${SCAN_MS[h$v]}"); fr=$(rows_per_s "${SCAN_MS[f$v]}")
+		r=$(ratio "$fr" "$hr")
+		t=""; [[ $v == 1 ]] && t=$(mark "$r" 1.0)
+		echo "| ${labels[$((v-1))]} | ${SCAN_MS[h$v]:-error} | ${SCAN_MS[f$v]:-error} | $hr | $fr | $r | $t |"
+	done
+	echo
+	echo "Reference: heap query 1 with parallel query allowed (default 2 workers on this machine): ${SCAN_MS[hpar]:-?} ms."
+	echo
+	echo '```'
+	echo "EXPLAIN (ANALYZE, COSTS OFF) $SCAN1_F"
+	echo "$EXPLAIN_SCAN"
+	echo '```'
+	echo
+} >>"$REPORT"
+
+LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
+
+# ---------------------------------------------------------------------------
+# Machine
+# ---------------------------------------------------------------------------
+FSYNC_RATE="not measured (FSYNC_TEST=0)"
+if [[ $FSYNC_TEST == 1 ]]; then
+	log "pg_test_fsync (about 20 s)"
+	if timeout 120 "${AS_PG[@]}" "$PGBIN/pg_test_fsync" -s 1 -f "$WORK/fsync.test" >"$WORK/fsync.out" 2>&1; then
+		FSYNC_RATE=$(awk '/fdatasync/ && /ops\/sec/ {print $(NF-3), "ops/s (" $(NF-1), "µs/op) fdatasync, 8kB write"; exit}' "$WORK/fsync.out")
+		[[ -n $FSYNC_RATE ]] || FSYNC_RATE="unparsed (see pg_test_fsync)"
+	else
+		FSYNC_RATE="pg_test_fsync failed or timed out"
+	fi
+	rm -f "$WORK/fsync.test"
+fi
+CPU_MODEL=$(awk -F': ' '/^model name/{print $2; exit}' /proc/cpuinfo)
+MEM=$(awk '/^MemTotal/{printf "%.1f GiB", $2/1048576}' /proc/meminfo)
+FS=$(df -T "$BASE" | awk 'NR==2{print $2 " on " $1}')
+
+{
+	echo "# felix benchmark results ($(date -u '+%Y-%m-%d %H:%M UTC'))"
+	echo
+	if [[ $QUICK == 1 ]]; then
+		echo "**QUICK smoke run: short points and $RECORDS records; not a measurement.**"
+		echo
+	fi
+	echo "- command: \`$CMDLINE\`"
+	echo "- machine: $(nproc) CPUs ($CPU_MODEL), $MEM RAM, kernel $(uname -r), $FS"
+	echo "- disk: $FSYNC_RATE"
+	echo "- load average (1/5/15 min) before: $LOAD_BEFORE, after: $LOAD_AFTER (the machine may be shared)"
+	echo "- felix.so md5 $FELIX_SO; source tree at $GIT_STATE"
+	echo "- PostgreSQL $SERVER_VERSION, felix $FELIX_VERSION; one server: shared_buffers = 256MB, max_connections = 100, fsync = on, synchronous_commit = on, full_page_writes = on, max_wal_size = 8GB, checkpoint_timeout = 30min, CHECKPOINT before every write point"
+	echo "- payload: \`$PAYLOAD\` ($PAYLOAD_LEN bytes as text); keys \`cust-<n>\`"
+	echo "- load of $RECORDS records in felix_publish_batch calls of $LOAD_CHUNK: $LOAD_RATE records/s"
+	echo
+	echo "## Results"
+	echo
+	cat "$REPORT"
+	echo "## Diagnostics"
+	echo
+	cat "$DIAG"
+	echo "### Sanity checks"
+	echo
+	nc=$(crashes)
+	[[ $nc == 0 ]] || SANITY+=("the server log shows $nc backend crash(es) during the run")
+	if (( ${#SANITY[@]} == 0 )); then
+		echo "All passed: every acknowledged publish/batch is counted in the stream (felix_shards) and heap table; the seek returns seq $SEEK_AT..$(( SEEK_AT + 99 )) with matching payload ids; the heap copy of the full felix scan has $RECORDS rows."
+	else
+		for s in "${SANITY[@]}"; do echo "- **FAILED**: $s"; done
+	fi
+	echo
+} >"$WORK/final.md"
+
+cat "$WORK/final.md"
+if cp "$WORK/final.md" "$RESULT_FILE" 2>/dev/null; then
+	log "results written to $RESULT_FILE"
+else
+	log "could not write $RESULT_FILE (read-only checkout?); results are above"
+fi
+if [[ $(crashes) != 0 ]] || grep -q 'PANIC\|TRAP' "$WORK/server.log"; then
+	log "WARNING: the server log shows a crash; tail of $WORK/server.log:"
+	tail -30 "$WORK/server.log" >&2
+fi
+(( ${#SANITY[@]} == 0 )) || exit 3

@@ -1,0 +1,259 @@
+# FelixTest: helpers shared by felix's TAP tests (test/t/*.pl).
+#
+# A node with felix preloaded, the directory of a shard's segment log, a
+# reader of the segment format (src/include/storage/format.h is the
+# authority: a 64-byte file header, then batches of a 48-byte header and a
+# body), and a crash that waits until every process of the old server is
+# gone before anyone restarts it.  Every wait here is bounded.
+package FelixTest;
+
+use strict;
+use warnings;
+
+use Exporter 'import';
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(usleep time);
+
+our @EXPORT = qw(
+  felix_node shard_dir segment_files read_file write_file
+  read_batches record_batches flip_byte crash_node metric
+  psql_error crc32c batch_header
+);
+
+use constant SEGMENT_HEADER_BYTES => 64;
+use constant BATCH_HEADER_BYTES   => 48;
+use constant BATCH_MAGIC          => 0x31425846;
+use constant BATCH_RECORDS        => 1;
+
+# A started node with felix preloaded and the extension created in the
+# "postgres" database (where the node worker runs).  Extra lines go into
+# postgresql.conf.
+sub felix_node
+{
+	my ($name, @conf) = @_;
+	my $node = PostgreSQL::Test::Cluster->new($name);
+	$node->init;
+	$node->append_conf(
+		'postgresql.conf',
+		join("\n",
+			"shared_preload_libraries = 'felix'",
+			"felix.database = 'postgres'",
+			"lc_messages = 'C'",
+			@conf)
+		  . "\n");
+	$node->start;
+	$node->safe_psql('postgres', 'CREATE EXTENSION felix');
+	return $node;
+}
+
+# <data_directory>/felix/<dboid>/<relid>/<shard> of a stream (server up).
+sub shard_dir
+{
+	my ($node, $stream, $shard) = @_;
+	my $ids = $node->safe_psql('postgres',
+		    "SELECT d.oid || '/' || c.oid FROM pg_database d, pg_class c "
+		  . "WHERE d.datname = current_database() "
+		  . "AND c.oid = to_regclass(quote_ident('$stream'))");
+	die "no stream $stream" if $ids eq '';
+	return $node->data_dir . "/felix/$ids/$shard";
+}
+
+# Segment files of a shard directory, oldest first (names are the
+# zero-padded base seq, so name order is seq order).
+sub segment_files
+{
+	my ($dir) = @_;
+	return sort glob("$dir/*.seg");
+}
+
+sub read_file
+{
+	my ($file) = @_;
+	open my $fh, '<:raw', $file or die "open $file: $!";
+	local $/;
+	my $data = <$fh>;
+	close $fh;
+	return $data;
+}
+
+sub write_file
+{
+	my ($file, $data, $append) = @_;
+	open my $fh, $append ? '>>:raw' : '>:raw', $file or die "open $file: $!";
+	print $fh $data;
+	close $fh or die "close $file: $!";
+	return;
+}
+
+# The whole batches of a segment file, in file order: hashes with offset,
+# size, kind, count, base_seq and body_len.  Stops at the first header
+# that is not a batch or whose body runs past the end of the file.
+sub read_batches
+{
+	my ($file) = @_;
+	my $data = read_file($file);
+	my @batches;
+	my $off = SEGMENT_HEADER_BYTES;
+	while ($off + BATCH_HEADER_BYTES <= length $data)
+	{
+		my ($magic, $hcrc, $kind, $flags, $count, $base, $gen, $ts, $blen,
+			$bcrc)
+		  = unpack('V V v v V Q< Q< q< V V',
+			substr($data, $off, BATCH_HEADER_BYTES));
+		last unless $magic == BATCH_MAGIC;
+		last if $off + BATCH_HEADER_BYTES + $blen > length $data;
+		push @batches,
+		  {
+			offset     => $off,
+			size       => BATCH_HEADER_BYTES + $blen,
+			kind       => $kind,
+			count      => $count,
+			base_seq   => $base,
+			generation => $gen,
+			body_len   => $blen,
+		  };
+		$off += BATCH_HEADER_BYTES + $blen;
+	}
+	return @batches;
+}
+
+# CRC-32C (Castagnoli, reflected, as PostgreSQL's pg_crc32c computes it).
+my @crc_table;
+for my $i (0 .. 255)
+{
+	my $c = $i;
+	$c = ($c & 1) ? (($c >> 1) ^ 0x82F63B78) : ($c >> 1) for 1 .. 8;
+	$crc_table[$i] = $c;
+}
+
+sub crc32c
+{
+	my ($data) = @_;
+	my $crc = 0xFFFFFFFF;
+	$crc = ($crc >> 8) ^ $crc_table[ ($crc ^ $_) & 0xFF ] for unpack('C*', $data);
+	return $crc ^ 0xFFFFFFFF;
+}
+
+# A 48-byte batch header with a correct header CRC.
+sub batch_header
+{
+	my (%h) = @_;
+	my $rest = pack('v v V Q< Q< q< V V',
+		$h{kind} // BATCH_RECORDS, 0, $h{count}, $h{base_seq},
+		$h{generation}, $h{timestamp} // 0, $h{body_len}, $h{body_crc} // 0);
+	return pack('V V', BATCH_MAGIC, crc32c($rest)) . $rest;
+}
+
+# Only the batches that hold records (not seals).
+sub record_batches
+{
+	return grep { $_->{kind} == BATCH_RECORDS } read_batches(@_);
+}
+
+# XOR one byte of a file with 0xFF; returns the original byte.
+sub flip_byte
+{
+	my ($file, $offset) = @_;
+	open my $fh, '+<:raw', $file or die "open $file: $!";
+	seek($fh, $offset, 0) or die "seek: $!";
+	read($fh, my $byte, 1) == 1 or die "read at $offset of $file";
+	seek($fh, $offset, 0) or die "seek: $!";
+	print $fh chr(ord($byte) ^ 0xFF);
+	close $fh or die "close: $!";
+	return $byte;
+}
+
+# A felix_metrics counter.
+sub metric
+{
+	my ($node, $name) = @_;
+	return $node->safe_psql('postgres',
+		"SELECT value::bigint FROM felix_metrics WHERE name = '$name'");
+}
+
+# Run SQL expected to fail; returns its stderr with the verbose error
+# (SQLSTATE, DETAIL, HINT).
+sub psql_error
+{
+	my ($node, $sql) = @_;
+	my ($out, $err) = ('', '');
+	my $rc = $node->psql(
+		'postgres', "\\set VERBOSITY verbose\n$sql",
+		stdout => \$out,
+		stderr => \$err);
+	return ($rc, $err, $out);
+}
+
+# Live (not zombie) process?
+sub _alive
+{
+	my ($pid) = @_;
+	open my $fh, '<', "/proc/$pid/stat" or return 0;
+	my $line = <$fh>;
+	close $fh;
+	return 0 unless defined $line;
+	return 0 if $line =~ /^\d+ \(.*\) Z /s;
+	return 1;
+}
+
+sub _children
+{
+	my ($ppid) = @_;
+	my @kids;
+	for my $stat (glob '/proc/[0-9]*/stat')
+	{
+		open my $fh, '<', $stat or next;
+		my $line = <$fh>;
+		close $fh;
+		next unless defined $line && $line =~ /^(\d+) \(.*\) \S+ (\d+) /s;
+		push @kids, $1 if $2 == $ppid;
+	}
+	return @kids;
+}
+
+# kill -9 the postmaster (and, with all => 1, every child at the same
+# instant), then wait until every one of those processes is gone, so that
+# a restart on the same data directory is not refused.  Returns the
+# seconds the old processes took to go.
+sub crash_node
+{
+	my ($node, %opt) = @_;
+	my $pidfile = $node->data_dir . '/postmaster.pid';
+	open my $fh, '<', $pidfile or die "open $pidfile: $!";
+	my $pm = <$fh>;
+	close $fh;
+	chomp $pm;
+	my @kids = _children($pm);
+	my $t0   = time;
+	$node->kill9;
+	kill 'KILL', @kids if $opt{all};
+	my $deadline = $t0 + 60;
+	my $killed   = 0;
+	while (my @left = grep { _alive($_) } $pm, @kids)
+	{
+		if (time > $deadline)
+		{
+			die "processes @left survived SIGKILL" if $killed;
+			diag("processes still alive 60s after the crash: @left; killing them");
+			kill 'KILL', @left;
+			$killed   = 1;
+			$deadline = time + 30;
+		}
+		usleep(20_000);
+	}
+	my $took = time - $t0;
+	# Where nothing reaps orphans (some containers' PID 1), the dead
+	# postmaster stays a zombie and its PID still looks in use to the
+	# lock-file checks of the next postmaster: it is dead, so both its
+	# lock files are stale.
+	if (-e "/proc/$pm" && !_alive($pm))
+	{
+		unlink $pidfile;
+		unlink $node->host . '/.s.PGSQL.' . $node->port . '.lock';
+	}
+	return $took;
+}
+
+1;
