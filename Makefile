@@ -35,9 +35,11 @@ REGRESS_OPTS = --temp-instance=./tmp_regress --temp-config=$(srcdir)/test/regres
 
 ISOLATION      = publish_contiguous insert_abort copy_visibility
 ISOLATION_OPTS = --temp-instance=./tmp_isolation --temp-config=$(srcdir)/test/regress.conf \
+                 --temp-config=$(srcdir)/test/isolation/isolation.conf \
                  --inputdir=$(srcdir)/test/isolation --outputdir=./output_iso
 
 TAP_TESTS = 1
+PROVE_TESTS = test/t/*.pl
 
 EXTRA_CLEAN = tmp_regress tmp_isolation output_iso results regression.diffs regression.out
 

@@ -335,7 +335,8 @@ SELECT shard, seq FROM seekme WHERE seq >= 13;
 SELECT shard, seq FROM seekme ORDER BY shard DESC, seq DESC LIMIT 3;
 SELECT shard, max(seq) FROM seekme GROUP BY shard ORDER BY shard;
 SELECT count(*) FROM seekme a JOIN seekme b USING (shard, seq);
--- A cursor reads forward; a stream is not read backward.
+-- A cursor reads forward; a SCROLL cursor can also move back (the rows
+-- are kept as they are read); a plain scan cannot be read backward.
 BEGIN;
 DECLARE c CURSOR FOR SELECT shard, seq FROM seekme WHERE shard = 0 AND seq >= 10;
 FETCH 2 FROM c;
@@ -344,6 +345,12 @@ FETCH ALL FROM c;
 COMMIT;
 BEGIN;
 DECLARE c SCROLL CURSOR FOR SELECT shard, seq FROM seekme WHERE shard = 0 AND seq >= 10;
+FETCH 2 FROM c;
+FETCH PRIOR FROM c;
+\echo SQLSTATE :SQLSTATE
+ROLLBACK;
+BEGIN;
+DECLARE c CURSOR FOR SELECT shard, seq FROM seekme;
 FETCH 2 FROM c;
 FETCH PRIOR FROM c;
 \echo SQLSTATE :SQLSTATE

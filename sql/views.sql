@@ -67,3 +67,10 @@ SELECT felix_enforce_retention('kept');
 SELECT felix_drop_stream('Mixed Case');
 SELECT count(*) AS rows_left FROM felix_streams WHERE stream = 'Mixed Case';
 SELECT count(*) AS rows_left FROM felix_shards WHERE stream = 'Mixed Case';
+
+-- Maintenance commands work on a database that holds streams.
+VACUUM seekme;
+ANALYZE seekme;
+SELECT attname FROM pg_stats WHERE tablename = 'seekme' ORDER BY attname;
+ANALYZE;
+VACUUM;

@@ -3,9 +3,9 @@
  * felix.c
  *	  Library entry point: GUCs, hooks, shared memory and the node worker
  *	  are all registered here, once, while the postmaster loads felix from
- *	  shared_preload_libraries.  Loaded any other way, felix defines its
- *	  GUCs (so SET and SHOW work) but registers nothing, and every entry
- *	  point refuses with a hint through felix_require_preload().
+ *	  shared_preload_libraries.  Loaded any other way, felix registers
+ *	  nothing, and every entry point refuses with a hint through
+ *	  felix_require_preload().
  *
  * Locking rule: runs in the postmaster before any backend exists; nothing
  * to lock.
@@ -91,10 +91,15 @@ define_gucs(void)
 void
 _PG_init(void)
 {
-	define_gucs();
-
+	/*
+	 * Loaded later (CREATE EXTENSION without the preload): define nothing,
+	 * since PGC_POSTMASTER settings cannot appear after startup; the
+	 * install script's first statement then refuses with a hint.
+	 */
 	if (!process_shared_preload_libraries_in_progress)
 		return;
+
+	define_gucs();
 
 	felix_preloaded = true;
 	felix_shmem_install_hooks();

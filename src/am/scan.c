@@ -17,7 +17,9 @@
  *	  and the storage reader seeks there through the sparse index.
  *
  *	  The same path, without bounds, is offered when its (shard, seq) order
- *	  saves a sort (ORDER BY shard, seq; a merge join).  Partial paths are
+ *	  saves a sort (ORDER BY shard, seq; a merge join).  Join clauses such
+ *	  as `o.shard = t.s AND o.seq = t.q` give parameterized paths, so a
+ *	  nested loop looks each record up by position.  Partial paths are
  *	  removed for streams: a stream is read by one process.
  *
  *	  Bounds applied by the range are removed from the node's qual (the
@@ -52,6 +54,7 @@
 #include "optimizer/cost.h"
 #include "optimizer/optimizer.h"
 #include "optimizer/pathnode.h"
+#include "optimizer/planner.h"
 #include "optimizer/paths.h"
 #include "optimizer/restrictinfo.h"
 #include "utils/lsyscache.h"
@@ -162,9 +165,15 @@ is_position_var(Node *node, Index relid, AttrNumber *attno)
 	return true;
 }
 
-/* Is clause `shard|seq op expr` (either side) with a usable expr? */
+/*
+ * Is clause `shard|seq op expr` (either side) with a usable expr?  The
+ * expr must not depend on the stream's own row and must be stable while a
+ * scan runs: no Var of this relation, no volatile function, no SubPlan.
+ * Vars of other relations are allowed: they occur only in the join
+ * clauses of a parameterized path, where they become nestloop Params.
+ */
 static bool
-match_bound(Expr *clause, Index relid, FelixBound *out)
+match_bound(PlannerInfo *root, Expr *clause, Index relid, FelixBound *out)
 {
 	OpExpr	   *op;
 	Node	   *left;
@@ -199,8 +208,8 @@ match_bound(Expr *clause, Index relid, FelixBound *out)
 	type = exprType(other);
 	if (type != INT2OID && type != INT4OID && type != INT8OID)
 		return false;
-	if (contain_var_clause(other) || contain_volatile_functions(other) ||
-		contain_subplans(other))
+	if (bms_is_member(relid, pull_varnos(root, other)) ||
+		contain_volatile_functions(other) || contain_subplans(other))
 		return false;
 
 	/* int2/int4/int8 comparisons, cross-type included, are one opfamily */
@@ -231,6 +240,15 @@ mentions_ctid(Node *clause, Index relid)
  * ---------------------------------------------------------------------
  */
 static set_rel_pathlist_hook_type prev_set_rel_pathlist_hook = NULL;
+static planner_hook_type prev_planner_hook = NULL;
+
+/*
+ * True while planning a SCROLL cursor.  The storage reader only reads
+ * forward; FelixScan says so, and the planner then puts a Material node
+ * on top that can go back.  A sequential scan cannot say so, so for a
+ * SCROLL cursor a stream is always read through FelixScan.
+ */
+static bool planning_scroll = false;
 
 static Plan *felix_plan_path(PlannerInfo *root, RelOptInfo *rel,
 							 CustomPath *best_path, List *tlist,
@@ -251,6 +269,11 @@ static const CustomScanMethods felix_scan_methods = {
  * (shard, seq) ascending, dropping keys that are fixed: a shard pinned by
  * equality (an equivalence class with a constant), or a stream or range
  * with a single shard.  Then `WHERE shard = 2 ... ORDER BY seq` is sorted.
+ *
+ * Pathkeys are only built from equivalence classes the query already has
+ * (create_it = false): an order no ORDER BY, GROUP BY or merge join asks
+ * for is of no use.  Keys stop at the first one that cannot be built, so
+ * the list never claims an order by seq alone across shards.
  */
 static List *
 felix_pathkeys(PlannerInfo *root, RelOptInfo *rel, bool single_shard)
@@ -263,14 +286,16 @@ felix_pathkeys(PlannerInfo *root, RelOptInfo *rel, bool single_shard)
 		pk = build_expression_pathkey(root,
 									  (Expr *) makeVar(rel->relid, FELIX_ATTNUM_SHARD,
 													   INT4OID, -1, InvalidOid, 0),
-									  NULL, Int4LessOperator, rel->relids, true);
-		if (pk != NIL && !EC_MUST_BE_REDUNDANT(((PathKey *) linitial(pk))->pk_eclass))
+									  NULL, Int4LessOperator, rel->relids, false);
+		if (pk == NIL)
+			return NIL;
+		if (!EC_MUST_BE_REDUNDANT(((PathKey *) linitial(pk))->pk_eclass))
 			keys = lappend(keys, linitial(pk));
 	}
 	pk = build_expression_pathkey(root,
 								  (Expr *) makeVar(rel->relid, FELIX_ATTNUM_SEQ,
 												   INT8OID, -1, InvalidOid, 0),
-								  NULL, Int8LessOperator, rel->relids, true);
+								  NULL, Int8LessOperator, rel->relids, false);
 	if (pk != NIL && !EC_MUST_BE_REDUNDANT(((PathKey *) linitial(pk))->pk_eclass))
 		keys = lappend(keys, linitial(pk));
 	return keys;
@@ -283,7 +308,8 @@ felix_pathkeys(PlannerInfo *root, RelOptInfo *rel, bool single_shard)
  */
 static double
 estimate_range(const FelixStream *stream, RelOptInfo *rel, List *bounds,
-			   bool *exact, double *shards_touched, bool *single_shard)
+			   bool *exact, double *shards_touched, bool *single_shard,
+			   double *range_bytes)
 {
 	FelixRange r;
 	ListCell   *lc;
@@ -293,7 +319,9 @@ estimate_range(const FelixStream *stream, RelOptInfo *rel, List *bounds,
 	bool		seq_param_lo = false;
 	bool		seq_param_hi = false;
 	double		avg_records;
+	double		avg_record_bytes;
 	double		rows = 0;
+	double		bytes = 0;
 	double		touched = 0;
 	int64		lo;
 	int64		hi;
@@ -339,6 +367,7 @@ estimate_range(const FelixStream *stream, RelOptInfo *rel, List *bounds,
 	hi = Min(r.shard_hi, (int64) stream->shards);
 	*single_shard = (stream->shards == 1) ||
 		(!shard_param_eq && !shard_param_other && hi - lo <= 1);
+	*range_bytes = 0;
 	if (range_is_empty(&r) || lo >= hi)
 	{
 		*shards_touched = 0;
@@ -346,26 +375,36 @@ estimate_range(const FelixStream *stream, RelOptInfo *rel, List *bounds,
 	}
 
 	avg_records = rel->tuples / Max(stream->shards, 1);
+	avg_record_bytes = 128;
 	for (int64 i = lo; i < hi; i++)
 	{
 		uint64		start;
 		uint64		end;
-		uint64		bytes;
+		uint64		shard_bytes;
+		double		per_record;
 		double		s_lo;
 		double		s_hi;
 
-		if (!felix_am_shard_stats(stream, (int) i, &start, &end, &bytes))
+		if (!felix_am_shard_stats(stream, (int) i, &start, &end, &shard_bytes) ||
+			end <= start)
 		{
 			start = 0;
 			end = (uint64) avg_records;
+			per_record = avg_record_bytes;
 		}
+		else
+			per_record = (double) shard_bytes / (end - start);
 		s_lo = Max((double) start, (double) r.seq_lo);
 		s_hi = Min((double) end, (double) r.seq_hi);
 		if (s_hi > s_lo)
+		{
 			rows += s_hi - s_lo;
+			bytes += (s_hi - s_lo) * per_record;
+		}
 		touched += 1;
 	}
 
+	avg_record_bytes = (rows > 0) ? bytes / rows : avg_record_bytes;
 	if (shard_param_eq)
 	{
 		rows /= touched;
@@ -384,7 +423,208 @@ estimate_range(const FelixStream *stream, RelOptInfo *rel, List *bounds,
 		rows *= DEFAULT_INEQ_SEL;
 
 	*shards_touched = touched;
+	*range_bytes = rows * avg_record_bytes;
 	return rows;
+}
+
+/*
+ * Build one FelixScan path: unparameterized (ppi NULL) from the
+ * restriction clauses, or parameterized by the outer relations of ppi,
+ * whose join clauses then bound the range once per outer row.  Returns
+ * NULL when the path would be pointless: no bound and no useful order
+ * (unless `always`).
+ */
+static CustomPath *
+felix_make_path(PlannerInfo *root, RelOptInfo *rel, const FelixStream *stream,
+				ParamPathInfo *ppi, bool always)
+{
+	List	   *bounds = NIL;
+	List	   *others = NIL;
+	bool		join_bound = false;
+	ListCell   *lc;
+	List	   *clauses;
+	List	   *pathkeys;
+	bool		exact;
+	bool		single_shard;
+	double		range_rows;
+	double		touched;
+	double		range_bytes;
+	QualCost	qcost;
+	CustomPath *cpath;
+	Cost		startup;
+	Cost		run;
+
+	clauses = rel->baserestrictinfo;
+	if (ppi != NULL)
+		clauses = list_concat_copy(clauses, ppi->ppi_clauses);
+
+	foreach(lc, clauses)
+	{
+		RestrictInfo *rinfo = lfirst_node(RestrictInfo, lc);
+		FelixBound	b;
+
+		if (rinfo->pseudoconstant)
+			continue;
+		if (match_bound(root, rinfo->clause, rel->relid, &b))
+		{
+			bounds = lappend(bounds, memcpy(palloc(sizeof(FelixBound)), &b, sizeof(b)));
+			if (foreach_current_index(lc) >= list_length(rel->baserestrictinfo))
+				join_bound = true;
+		}
+		else
+		{
+			/*
+			 * Records have no ctid; a filter on it would silently match
+			 * nothing (or everything), so refuse it.
+			 */
+			if (mentions_ctid((Node *) rinfo->clause, rel->relid))
+				felix_refuse_feature(stream->name, "ctid lookups",
+									 FELIX_HINT_READ_BY_POSITION);
+			others = lappend(others, rinfo);
+		}
+	}
+
+	range_rows = estimate_range(stream, rel, bounds, &exact, &touched, &single_shard,
+								&range_bytes);
+	pathkeys = (rel->reloptkind == RELOPT_BASEREL) ?
+		felix_pathkeys(root, rel, single_shard) : NIL;
+
+	if (ppi != NULL)
+	{
+		/* only worth it when a join clause bounds the range */
+		if (!join_bound)
+			return NULL;
+	}
+	else if (bounds == NIL && !always &&
+			 (pathkeys == NIL || truncate_useless_pathkeys(root, rel, pathkeys) == NIL))
+		return NULL;
+
+	/*
+	 * With only Const bounds the range's size is known exactly; use it for
+	 * the relation's row estimate (every unparameterized path of a relation
+	 * shares it) instead of the default selectivities of `seq >= c`.
+	 */
+	if (ppi == NULL && exact && bounds != NIL && rel->reloptkind == RELOPT_BASEREL)
+	{
+		double		rows;
+
+		rows = clamp_row_est(range_rows *
+							 clauselist_selectivity(root, others, rel->relid,
+													JOIN_INNER, NULL));
+		rel->rows = rows;
+		foreach(lc, rel->pathlist)
+		{
+			Path	   *path = lfirst(lc);
+
+			if (path->param_info == NULL)
+				path->rows = rows;
+		}
+	}
+
+	/*
+	 * Cost: the range's bytes read in order and per-record CPU for the row
+	 * and the remaining quals, plus one seek per shard touched (a sparse
+	 * index lookup and a first read, priced as one page: the sequential
+	 * scan is charged at least a page per shard too, see
+	 * relation_estimate_size).  A parameterized path is costed per outer
+	 * row, as index scans are.
+	 *
+	 * The seek is charged to the run cost, not the startup cost, so that
+	 * under a LIMIT the planner compares like with like: a sequential scan
+	 * looks cheap to start because the planner assumes matching rows are
+	 * spread evenly, whereas in a stream every row before the range would
+	 * have to be read first.  With the seek in the run cost, this path's
+	 * startup and total are both below the sequential scan's whenever the
+	 * range is a part of the stream, so `... seq >= c LIMIT n` seeks.
+	 */
+	cost_qual_eval(&qcost, extract_actual_clauses(others, false), root);
+	startup = qcost.startup + rel->reltarget->cost.startup;
+	run = touched * seq_page_cost +
+		seq_page_cost * range_bytes / BLCKSZ +
+		(cpu_tuple_cost + qcost.per_tuple + rel->reltarget->cost.per_tuple) * range_rows;
+
+	cpath = makeNode(CustomPath);
+	cpath->path.pathtype = T_CustomScan;
+	cpath->path.parent = rel;
+	cpath->path.pathtarget = rel->reltarget;
+	cpath->path.param_info = ppi;
+	cpath->path.parallel_aware = false;
+	cpath->path.parallel_safe = false;
+	cpath->path.parallel_workers = 0;
+	cpath->path.rows = ppi ? ppi->ppi_rows : rel->rows;
+	cpath->path.startup_cost = startup;
+	cpath->path.total_cost = startup + run;
+	cpath->path.pathkeys = pathkeys;
+	cpath->flags = 0;
+	cpath->custom_paths = NIL;
+	cpath->custom_private = NIL;
+	cpath->methods = &felix_path_methods;
+	return cpath;
+}
+
+/* generate_implied_equalities_for_column callback: is em our column? */
+static bool
+ec_member_is_column(PlannerInfo *root, RelOptInfo *rel, EquivalenceClass *ec,
+					EquivalenceMember *em, void *arg)
+{
+	AttrNumber	want = *(AttrNumber *) arg;
+	AttrNumber	attno;
+
+	return is_position_var((Node *) em->em_expr, rel->relid, &attno) && attno == want;
+}
+
+/*
+ * The sets of outer relations whose join clauses could bound shard or seq:
+ * `o.seq = t.seq` (an equivalence class), `o.seq >= t.x` (a plain join
+ * clause).  Each set gets one parameterized path, for nested loops that
+ * look records up by position.
+ */
+static List *
+felix_outer_candidates(PlannerInfo *root, RelOptInfo *rel)
+{
+	List	   *result = NIL;
+	List	   *clauses = NIL;
+	ListCell   *lc;
+	static const AttrNumber columns[] = {FELIX_ATTNUM_SHARD, FELIX_ATTNUM_SEQ};
+
+	foreach(lc, rel->joininfo)
+	{
+		RestrictInfo *rinfo = lfirst_node(RestrictInfo, lc);
+		FelixBound	b;
+
+		if (!rinfo->pseudoconstant && join_clause_is_movable_to(rinfo, rel) &&
+			match_bound(root, rinfo->clause, rel->relid, &b))
+			clauses = lappend(clauses, rinfo);
+	}
+	for (int i = 0; i < lengthof(columns); i++)
+	{
+		AttrNumber	attno = columns[i];
+
+		clauses = list_concat(clauses,
+							  generate_implied_equalities_for_column(root, rel,
+																	 ec_member_is_column,
+																	 &attno,
+																	 rel->lateral_referencers));
+	}
+
+	foreach(lc, clauses)
+	{
+		RestrictInfo *rinfo = lfirst_node(RestrictInfo, lc);
+		Relids		outer = bms_difference(rinfo->clause_relids, rel->relids);
+		ListCell   *lc2;
+		bool		seen = false;
+
+		if (bms_is_empty(outer) || bms_overlap(outer, rel->lateral_referencers))
+			continue;
+		foreach(lc2, result)
+		{
+			if (bms_equal(lfirst(lc2), outer))
+				seen = true;
+		}
+		if (!seen)
+			result = lappend(result, outer);
+	}
+	return result;
 }
 
 static void
@@ -393,19 +633,8 @@ felix_set_rel_pathlist(PlannerInfo *root, RelOptInfo *rel, Index rti,
 {
 	const FelixStream *found;
 	FelixStream stream;
-	List	   *bounds = NIL;
-	List	   *others = NIL;
-	ListCell   *lc;
-	List	   *pathkeys;
-	bool		exact;
-	bool		single_shard;
-	double		range_rows;
-	double		touched;
-	double		bytes_per_record;
-	QualCost	qcost;
 	CustomPath *cpath;
-	Cost		startup;
-	Cost		run;
+	ListCell   *lc;
 
 	if (prev_set_rel_pathlist_hook)
 		prev_set_rel_pathlist_hook(root, rel, rti, rte);
@@ -428,84 +657,33 @@ felix_set_rel_pathlist(PlannerInfo *root, RelOptInfo *rel, Index rti,
 		return;
 	stream = *found;
 
-	foreach(lc, rel->baserestrictinfo)
-	{
-		RestrictInfo *rinfo = lfirst_node(RestrictInfo, lc);
-		FelixBound	b;
-
-		if (rinfo->pseudoconstant)
-			continue;
-		if (match_bound(rinfo->clause, rel->relid, &b))
-			bounds = lappend(bounds, memcpy(palloc(sizeof(FelixBound)), &b, sizeof(b)));
-		else
-		{
-			/* ctid quals: leave them to the TID scan, which refuses clearly */
-			if (mentions_ctid((Node *) rinfo->clause, rel->relid))
-				return;
-			others = lappend(others, rinfo);
-		}
-	}
-
-	range_rows = estimate_range(&stream, rel, bounds, &exact, &touched, &single_shard);
-	pathkeys = (rel->reloptkind == RELOPT_BASEREL) ?
-		felix_pathkeys(root, rel, single_shard) : NIL;
-
-	if (bounds == NIL &&
-		(pathkeys == NIL || truncate_useless_pathkeys(root, rel, pathkeys) == NIL))
+	/*
+	 * A relation that must be parameterized by lateral references gets
+	 * only the core's paths, which know how to carry them.
+	 */
+	if (!bms_is_empty(rel->lateral_relids))
 		return;
 
-	/*
-	 * With only Const bounds the range's size is known exactly; use it for
-	 * the relation's row estimate (every path of a relation shares it)
-	 * instead of the default selectivities of `seq >= c`.
-	 */
-	if (exact && bounds != NIL && rel->reloptkind == RELOPT_BASEREL)
+	cpath = felix_make_path(root, rel, &stream, NULL, planning_scroll);
+	if (cpath != NULL)
 	{
-		double		rows;
-
-		rows = clamp_row_est(range_rows *
-							 clauselist_selectivity(root, others, rel->relid,
-													JOIN_INNER, NULL));
-		rel->rows = rows;
-		foreach(lc, rel->pathlist)
-		{
-			Path	   *path = lfirst(lc);
-
-			if (path->param_info == NULL)
-				path->rows = rows;
-		}
+		/* a SCROLL cursor reads streams only through FelixScan (see above) */
+		if (planning_scroll)
+			rel->pathlist = NIL;
+		add_path(rel, &cpath->path);
 	}
 
-	/*
-	 * Cost: one seek per shard touched (an index lookup and a first read,
-	 * priced as random page reads), then the range's bytes read in order,
-	 * then per-record CPU for the row and the remaining quals.
-	 */
-	bytes_per_record = (rel->tuples > 0) ?
-		((double) rel->pages * BLCKSZ) / rel->tuples : 128.0;
-	cost_qual_eval(&qcost, extract_actual_clauses(others, false), root);
-	startup = qcost.startup + rel->reltarget->cost.startup +
-		touched * random_page_cost;
-	run = seq_page_cost * ceil(range_rows * bytes_per_record / BLCKSZ) +
-		(cpu_tuple_cost + qcost.per_tuple + rel->reltarget->cost.per_tuple) * range_rows;
+	if (rel->reloptkind == RELOPT_BASEREL)
+	{
+		foreach(lc, felix_outer_candidates(root, rel))
+		{
+			ParamPathInfo *ppi = get_baserel_parampathinfo(root, rel, lfirst(lc));
 
-	cpath = makeNode(CustomPath);
-	cpath->path.pathtype = T_CustomScan;
-	cpath->path.parent = rel;
-	cpath->path.pathtarget = rel->reltarget;
-	cpath->path.param_info = NULL;
-	cpath->path.parallel_aware = false;
-	cpath->path.parallel_safe = false;
-	cpath->path.parallel_workers = 0;
-	cpath->path.rows = rel->rows;
-	cpath->path.startup_cost = startup;
-	cpath->path.total_cost = startup + run;
-	cpath->path.pathkeys = pathkeys;
-	cpath->flags = 0;
-	cpath->custom_paths = NIL;
-	cpath->custom_private = NIL;
-	cpath->methods = &felix_path_methods;
-	add_path(rel, &cpath->path);
+			cpath = felix_make_path(root, rel, &stream, ppi, false);
+			if (cpath != NULL)
+				add_path(rel, &cpath->path);
+		}
+	}
 }
 
 /*
@@ -531,7 +709,7 @@ felix_plan_path(PlannerInfo *root, RelOptInfo *rel, CustomPath *best_path,
 		/* pseudoconstant clauses become a gating Result above us */
 		if (rinfo->pseudoconstant)
 			continue;
-		if (match_bound(rinfo->clause, rel->relid, &b))
+		if (match_bound(root, rinfo->clause, rel->relid, &b))
 		{
 			exprs = lappend(exprs, copyObject(b.expr));
 			kinds = lappend(kinds, makeInteger(b.attno));
@@ -889,10 +1067,35 @@ felix_explain(CustomScanState *node, List *ancestors, ExplainState *es)
 		ExplainPropertyUInteger("Records Read", NULL, felix_cursor_records(fss->cursor), es);
 }
 
+static PlannedStmt *
+felix_planner(Query *parse, const char *query_string, int cursorOptions,
+			  ParamListInfo boundParams)
+{
+	bool		saved = planning_scroll;
+	PlannedStmt *result;
+
+	planning_scroll = (cursorOptions & CURSOR_OPT_SCROLL) != 0;
+	PG_TRY();
+	{
+		if (prev_planner_hook)
+			result = prev_planner_hook(parse, query_string, cursorOptions, boundParams);
+		else
+			result = standard_planner(parse, query_string, cursorOptions, boundParams);
+	}
+	PG_FINALLY();
+	{
+		planning_scroll = saved;
+	}
+	PG_END_TRY();
+	return result;
+}
+
 void
 felix_scan_init(void)
 {
 	RegisterCustomScanMethods(&felix_scan_methods);
 	prev_set_rel_pathlist_hook = set_rel_pathlist_hook;
 	set_rel_pathlist_hook = felix_set_rel_pathlist;
+	prev_planner_hook = planner_hook;
+	planner_hook = felix_planner;
 }

@@ -36,10 +36,12 @@
 #include "access/multixact.h"
 #include "access/tableam.h"
 #include "access/transam.h"
+#include "access/xact.h"
 #include "am/am.h"
 #include "api/catalog.h"
 #include "api/pending.h"
 #include "catalog/index.h"
+#include "catalog/storage.h"
 #include "commands/vacuum.h"
 #include "executor/tuptable.h"
 #include "felix.h"
@@ -49,9 +51,13 @@
 #include "storage/spin.h"
 #include "utils/builtins.h"
 #include "utils/memutils.h"
+#include "utils/resowner.h"
 #include "utils/snapmgr.h"
 
 PG_FUNCTION_INFO_V1(felix_tableam_handler);
+
+static BlockNumber sample_layout(const FelixStream *stream, BlockNumber *first,
+								 uint64 *start, uint64 *end);
 
 /* ---------------------------------------------------------------------
  * FelixCursor
@@ -372,6 +378,22 @@ cursor_sample_seek(FelixCursor *c, int32 shard, uint64 lo, uint64 hi)
 	felix_cursor_set_range(c, shard, shard + 1, lo, hi);
 }
 
+/*
+ * Drop the open reader without closing it: its file was already closed by
+ * an aborted subtransaction (the caller's), so only the memory remains.
+ */
+static void
+cursor_forget_reader(FelixCursor *c)
+{
+	c->reader = NULL;
+	if (c->what != NULL)
+	{
+		pfree(c->what);
+		c->what = NULL;
+	}
+	c->cur = c->shard_hi;
+}
+
 static void
 cursor_preset(FelixCursor *c, int32 shard, FelixShard *slot, uint64 start, uint64 end)
 {
@@ -452,6 +474,15 @@ typedef struct SampleMap
 	BlockNumber *first_block;	/* [nshards + 1]: shard i owns [first[i], first[i+1]) */
 	uint64	   *start;
 	uint64	   *end;
+	bool	   *skipped;		/* a read of the shard failed: leave it out */
+
+	/* the rows of the current block, read ahead (see sample_read_block) */
+	MemoryContext block_cxt;
+	TupleTableSlot *read_slot;
+	HeapTuple  *rows;
+	int			nrows;
+	int			next_row;
+	int			cap;
 } SampleMap;
 
 typedef struct FelixScanDescData
@@ -523,9 +554,12 @@ felix_scan_end(TableScanDesc sscan)
 		felix_cursor_end(scan->cursor);
 	if (scan->sample != NULL)
 	{
+		ExecDropSingleTupleTableSlot(scan->sample->read_slot);
+		MemoryContextDelete(scan->sample->block_cxt);
 		pfree(scan->sample->first_block);
 		pfree(scan->sample->start);
 		pfree(scan->sample->end);
+		pfree(scan->sample->skipped);
 		pfree(scan->sample);
 	}
 	if (scan->base.rs_flags & SO_TEMP_SNAPSHOT)
@@ -561,7 +595,7 @@ felix_scan_getnextslot(TableScanDesc sscan, ScanDirection direction,
 
 	if (ScanDirectionIsBackward(direction))
 		felix_refuse_feature(RelationGetRelationName(sscan->rs_rd), "backward scans",
-							 "Read the stream forward, or declare the cursor without SCROLL.");
+							 "Declare the cursor with SCROLL to move backward through a stream.");
 	if (scan->cursor == NULL)
 	{
 		ExecClearTuple(slot);
@@ -586,43 +620,161 @@ felix_scan_getnextslot_tidrange(TableScanDesc sscan, ScanDirection direction,
 }
 
 /*
- * ANALYZE asks for block numbers below relation_size / BLCKSZ.  Each open
- * shard owns ceil(bytes / BLCKSZ) consecutive blocks, and block k of a
- * shard with n blocks stands for the k-th n-th of its visible seqs.  Only
- * shards already open are sampled, so ANALYZE never runs recovery or
- * fails on a damaged shard.
+ * ANALYZE asks for block numbers below relation_size / BLCKSZ.  Those
+ * blocks are laid over the open shards in proportion to their bytes, at
+ * least one block for each shard holding records: shard i owns blocks
+ * [first[i], first[i+1]), and block k of a shard with n blocks stands for
+ * the k-th n-th of its visible seqs.  A block is BLCKSZ bytes of log, or
+ * more when the stream is larger than one relation segment.  Only shards
+ * already open are sampled, so ANALYZE never runs recovery.
+ *
+ * Fills first[] (nshards + 1 entries) and start[]/end[] (visible ranges)
+ * when given; returns the number of blocks.
  */
+static BlockNumber
+sample_layout(const FelixStream *stream, BlockNumber *first,
+			  uint64 *start, uint64 *end)
+{
+	int			n = stream->shards;
+	uint64	   *bytes = palloc0(sizeof(uint64) * n);
+	uint64		total = 0;
+	double		per_block;
+	BlockNumber next = 0;
+
+	for (int i = 0; i < n; i++)
+	{
+		uint64		s;
+		uint64		e;
+
+		if (!felix_am_shard_stats(stream, i, &s, &e, &bytes[i]) || e <= s)
+		{
+			bytes[i] = 0;
+			s = e = 0;
+		}
+		if (start != NULL)
+		{
+			start[i] = s;
+			end[i] = e;
+		}
+		total += bytes[i];
+	}
+
+	/* one block may be added per shard by rounding up: leave room for it */
+	per_block = Max((double) BLCKSZ,
+					(double) total / Max(RELSEG_SIZE - n, 1));
+	for (int i = 0; i < n; i++)
+	{
+		if (first != NULL)
+			first[i] = next;
+		if (bytes[i] > 0)
+			next += (BlockNumber) Max(ceil((double) bytes[i] / per_block), 1.0);
+	}
+	if (first != NULL)
+		first[n] = next;
+	pfree(bytes);
+	return next;
+}
+
 static void
 sample_map_build(FelixScanDesc scan)
 {
 	SampleMap  *m = palloc0(sizeof(SampleMap));
 	int			n = scan->stream.shards;
-	BlockNumber next = 0;
 
 	m->nshards = n;
 	m->first_block = palloc0(sizeof(BlockNumber) * (n + 1));
 	m->start = palloc0(sizeof(uint64) * n);
 	m->end = palloc0(sizeof(uint64) * n);
+	m->skipped = palloc0(sizeof(bool) * n);
+	m->block_cxt = AllocSetContextCreate(CurrentMemoryContext, "felix analyze block",
+										 ALLOCSET_DEFAULT_SIZES);
+	m->read_slot = MakeSingleTupleTableSlot(RelationGetDescr(scan->base.rs_rd),
+											&TTSOpsVirtual);
+	m->cap = 64;
+	m->rows = palloc(sizeof(HeapTuple) * m->cap);
+	sample_layout(&scan->stream, m->first_block, m->start, m->end);
 	for (int i = 0; i < n; i++)
 	{
-		uint64		start;
-		uint64		end;
-		uint64		bytes;
 		FelixShardKey key;
 
-		m->first_block[i] = next;
-		if (!felix_am_shard_stats(&scan->stream, i, &start, &end, &bytes) || end <= start)
+		if (m->end[i] <= m->start[i])
 			continue;
 		key.dboid = MyDatabaseId;
 		key.relid = scan->stream.relid;
 		key.shard = i;
-		m->start[i] = start;
-		m->end[i] = end;
-		cursor_preset(scan->cursor, i, shard_lookup(&key), start, end);
-		next += (BlockNumber) Max((bytes + BLCKSZ - 1) / BLCKSZ, 1);
+		cursor_preset(scan->cursor, i, shard_lookup(&key), m->start[i], m->end[i]);
 	}
-	m->first_block[n] = next;
 	scan->sample = m;
+}
+
+/*
+ * Read the current block's records into m->rows.  The read runs in a
+ * subtransaction so that a damaged shard costs ANALYZE that shard's sample
+ * (with a WARNING) instead of failing a database-wide ANALYZE; any other
+ * error, a cancel included, is rethrown.  Returns false if it failed.
+ */
+static bool
+sample_read_block(FelixScanDesc scan, int shard)
+{
+	SampleMap  *m = scan->sample;
+	MemoryContext oldcxt = CurrentMemoryContext;
+	ResourceOwner oldowner = CurrentResourceOwner;
+	volatile bool ok = true;
+
+	MemoryContextReset(m->block_cxt);
+	m->nrows = 0;
+	m->next_row = 0;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(oldcxt);
+	PG_TRY();
+	{
+		while (felix_cursor_next(scan->cursor, m->read_slot))
+		{
+			MemoryContext old = MemoryContextSwitchTo(m->block_cxt);
+
+			if (m->nrows == m->cap)
+			{
+				m->cap *= 2;
+				m->rows = repalloc(m->rows, sizeof(HeapTuple) * m->cap);
+			}
+			m->rows[m->nrows++] = ExecCopySlotHeapTuple(m->read_slot);
+			MemoryContextSwitchTo(old);
+		}
+		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcxt);
+		CurrentResourceOwner = oldowner;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(oldcxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcxt);
+		CurrentResourceOwner = oldowner;
+
+		if (edata->sqlerrcode != ERRCODE_DATA_CORRUPTED &&
+			ERRCODE_TO_CATEGORY(edata->sqlerrcode) != ERRCODE_SYSTEM_ERROR)
+			ReThrowError(edata);
+
+		/* the aborted subtransaction closed the reader's file */
+		cursor_forget_reader(scan->cursor);
+		m->skipped[shard] = true;
+		m->nrows = 0;
+		ok = false;
+		ereport(WARNING,
+				(errcode(edata->sqlerrcode),
+				 errmsg("%s", edata->message),
+				 edata->detail ? errdetail("%s", edata->detail) : 0,
+				 errhint("ANALYZE left shard %d out; the statistics of stream \"%s\" come from its other shards.",
+						 shard, scan->stream.name)));
+		FreeErrorData(edata);
+	}
+	PG_END_TRY();
+	return ok;
 }
 
 static bool
@@ -669,10 +821,10 @@ felix_scan_analyze_next_block(TableScanDesc sscan, BlockNumber blockno,
 	seq_lo = m->start[shard] + (uint64) ((double) count * local / nblocks);
 	seq_hi = (local + 1 == nblocks) ? m->end[shard] :
 		m->start[shard] + (uint64) ((double) count * (local + 1) / nblocks);
-	if (seq_lo >= seq_hi)
+	if (seq_lo >= seq_hi || m->skipped[shard])
 		return false;
 	cursor_sample_seek(scan->cursor, shard, seq_lo, seq_hi);
-	return true;
+	return sample_read_block(scan, shard);
 }
 
 static bool
@@ -681,9 +833,14 @@ felix_scan_analyze_next_tuple(TableScanDesc sscan, TransactionId OldestXmin,
 							  TupleTableSlot *slot)
 {
 	FelixScanDesc scan = (FelixScanDesc) sscan;
+	SampleMap  *m = scan->sample;
 
-	if (scan->cursor == NULL || !felix_cursor_next(scan->cursor, slot))
+	if (m == NULL || m->next_row >= m->nrows)
+	{
+		ExecClearTuple(slot);
 		return false;
+	}
+	ExecForceStoreHeapTuple(m->rows[m->next_row++], slot, false);
 	*liverows += 1;
 	return true;
 }
@@ -922,17 +1079,27 @@ felix_tuple_lock(Relation rel, ItemPointer tid, Snapshot snapshot,
 
 /*
  * CREATE TABLE ... USING felix.  The records live in the shards' segment
- * logs under felix.data_directory, so no relation file is created.  No
- * transaction id is ever stored in the table: relfrozenxid and relminmxid
- * stay invalid, which keeps the stream out of anti-wraparound vacuums.
+ * logs under felix.data_directory; the relation file itself stays empty
+ * forever.  It is created all the same because parts of PostgreSQL open a
+ * table's first segment file regardless of its access method: ANALYZE
+ * prefetches the blocks it samples, and CREATE DATABASE copies every
+ * relation file of its template.
+ *
+ * No transaction id is ever stored in the table: relfrozenxid and
+ * relminmxid stay invalid, which keeps the stream out of anti-wraparound
+ * vacuums.
  */
 static void
 felix_relation_set_new_filenode(Relation rel, const RelFileNode *newrnode,
 								char persistence, TransactionId *freezeXid,
 								MultiXactId *minmulti)
 {
+	SMgrRelation srel;
+
 	*freezeXid = InvalidTransactionId;
 	*minmulti = InvalidMultiXactId;
+	srel = RelationCreateStorage(*newrnode, persistence, true);
+	smgrclose(srel);
 }
 
 static void
@@ -942,13 +1109,18 @@ felix_relation_nontransactional_truncate(Relation rel)
 }
 
 /*
- * The table has no file to copy when its tablespace changes (ALTER TABLE
- * ALL IN TABLESPACE moves it along; an explicit SET TABLESPACE on a stream
- * is refused in refuse.c): the records stay where they are.
+ * A new tablespace (ALTER TABLE ALL IN TABLESPACE moves a stream along; an
+ * explicit SET TABLESPACE on a stream is refused in refuse.c): the empty
+ * relation file moves, the records stay where they are.
  */
 static void
 felix_relation_copy_data(Relation rel, const RelFileNode *newrnode)
 {
+	SMgrRelation dst;
+
+	dst = RelationCreateStorage(*newrnode, rel->rd_rel->relpersistence, true);
+	RelationDropStorage(rel);
+	smgrclose(dst);
 }
 
 /*
@@ -982,31 +1154,27 @@ felix_relation_vacuum(Relation rel, struct VacuumParams *params,
 }
 
 /*
- * Bytes held across the stream's open shards.  ANALYZE sizes its sample
- * from this.  (pg_relation_size reads the relation's files directly and
- * so reports 0 for a stream; felix_shards.bytes is the real size.)
+ * The size ANALYZE plans its block sample from: the blocks of the sample
+ * layout (see sample_layout), about the stream's bytes / BLCKSZ but never
+ * past one relation segment, because ANALYZE prefetches the blocks it
+ * samples from the (empty) relation file and a block number past the
+ * first segment would make it look for a segment file that does not
+ * exist.  (pg_relation_size reads the relation file and so reports 0 for
+ * a stream; felix_shards.bytes is the real size.)
  */
 static uint64
 felix_relation_size(Relation rel, ForkNumber forkNumber)
 {
 	const FelixStream *stream;
-	uint64		total = 0;
+	FelixStream copy;
 
 	if (forkNumber != MAIN_FORKNUM)
 		return 0;
 	stream = stream_or_null(rel);
 	if (stream == NULL)
 		return 0;
-	for (int i = 0; i < stream->shards; i++)
-	{
-		uint64		start;
-		uint64		end;
-		uint64		bytes;
-
-		if (felix_am_shard_stats(stream, i, &start, &end, &bytes))
-			total += bytes;
-	}
-	return total;
+	copy = *stream;
+	return (uint64) sample_layout(&copy, NULL, NULL, NULL) * BLCKSZ;
 }
 
 static bool
@@ -1081,10 +1249,10 @@ felix_relation_estimate_size(Relation rel, int32 *attr_widths,
 		records = records * stream->shards / known;
 		bytes = bytes * stream->shards / known;
 	}
+	/* a scan opens every shard's log: at least one page's worth each */
 	*tuples = records;
-	*pages = (BlockNumber) Min(ceil(bytes / BLCKSZ), (double) MaxBlockNumber);
-	if (*pages == 0 && records > 0)
-		*pages = 1;
+	*pages = (BlockNumber) Min(Max(ceil(bytes / BLCKSZ), (double) stream->shards),
+							   (double) MaxBlockNumber);
 }
 
 /* ---------------------------------------------------------------------

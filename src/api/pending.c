@@ -3,7 +3,8 @@
  * pending.c
  *	  Transactional INSERT and COPY into a stream.  Rows are encoded into a
  *	  per-shard batch buffer as they arrive and appended at pre-commit, one
- *	  batch per shard (split only past FELIX_MAX_BATCH_BYTES).  An abort
+ *	  batch per shard (a shard's part over FELIX_COMMIT_BATCH_BYTES as
+ *	  several batches appended together, so seeks stay short).  An abort
  *	  drops everything; a rollback to a savepoint drops what was added since
  *	  the savepoint; PREPARE TRANSACTION with buffered rows is refused,
  *	  because a prepared transaction may commit in another session that has
@@ -41,6 +42,9 @@
 
 /* Largest total a transaction may buffer for one shard. */
 #define FELIX_MAX_PENDING_BYTES		(512 * 1024 * 1024)
+
+/* Size of the batches a large commit is appended in. */
+#define FELIX_COMMIT_BATCH_BYTES	(1024 * 1024)
 
 typedef struct PendingMark
 {
@@ -179,52 +183,76 @@ pending_add(const FelixStream *stream, TupleTableSlot *slot)
 }
 
 /*
- * Re-encode records [from, ..) of a buffer into batches of at most
- * FELIX_MAX_BATCH_BYTES and publish each.  Used only when a transaction
- * buffered more than one batch may hold.
+ * Publish a shard's buffered records.  Up to FELIX_COMMIT_BATCH_BYTES they
+ * go as the one batch they were buffered in; a larger buffer is re-encoded
+ * into batches of about that size, so that a seek into the shard never has
+ * to read and check more than one such batch, and the batches are appended
+ * together so they still become visible at once.
  */
 static void
-pending_publish_split(PendingShard *ps, FelixShard *s)
+pending_publish_shard(PendingShard *ps, FelixShard *s)
 {
 	FelixBatchHeader h;
 	FelixBatchIter it;
 	FelixRecord rec;
-	StringInfoData out;
-	uint32		count = 0;
+	StringInfo *batches;
+	uint32	   *counts;
+	int			n = 0;
+	int			max_batches;
 
-	batch_seal_body(&ps->buf, FELIX_BATCH_RECORDS);
+	if (ps->buf.len <= FELIX_COMMIT_BATCH_BYTES)
+	{
+		batch_seal_body(&ps->buf, FELIX_BATCH_RECORDS);
+		shard_publish(s, &ps->buf, ps->count);
+		return;
+	}
+
+	/* batch_add keeps the buffer's header count current: walk it as is. */
+	max_batches = ps->buf.len / (FELIX_COMMIT_BATCH_BYTES / 2) + 2;
+	batches = palloc(sizeof(StringInfo) * max_batches);
+	counts = palloc0(sizeof(uint32) * max_batches);
 	memcpy(&h, ps->buf.data, sizeof(h));
 	batch_iter_init(&it, &h, ps->buf.data + sizeof(FelixBatchHeader));
-	initStringInfo(&out);
-	batch_begin(&out);
 	while (batch_iter_next(&it, &rec))
 	{
 		Size		need = FELIX_RECORD_OVERHEAD + rec.payload_len +
 			(rec.key ? rec.key_len : 0);
 
-		if (count > 0 && (Size) out.len + need > FELIX_MAX_BATCH_BYTES)
+		if (n == 0 || (counts[n - 1] > 0 &&
+					   (Size) batches[n - 1]->len + need > FELIX_COMMIT_BATCH_BYTES))
 		{
-			batch_seal_body(&out, FELIX_BATCH_RECORDS);
-			shard_publish(s, &out, count);
-			batch_begin(&out);
-			count = 0;
+			Assert(n < max_batches);
+			batches[n] = makeStringInfo();
+			batch_begin(batches[n]);
+			n++;
 		}
-		batch_add(&out, rec.key, rec.key ? (int32) rec.key_len : -1,
+		batch_add(batches[n - 1], rec.key, rec.key ? (int32) rec.key_len : -1,
 				  rec.payload, rec.payload_len);
-		count++;
+		counts[n - 1]++;
 	}
-	if (count > 0)
-	{
-		batch_seal_body(&out, FELIX_BATCH_RECORDS);
-		shard_publish(s, &out, count);
-	}
-	pfree(out.data);
+	for (int i = 0; i < n; i++)
+		batch_seal_body(batches[i], FELIX_BATCH_RECORDS);
+	shard_publish_batches(s, batches, counts, n);
 }
 
 static void
 pending_publish_all(void)
 {
 	ListCell   *lc;
+
+	/*
+	 * Admit every shard first, so a shard this node cannot write (damaged,
+	 * not led here) refuses the commit before any shard's batch is appended.
+	 * What remains possible is an I/O error or a crash between two shards'
+	 * appends; docs/sql-api.md states it.
+	 */
+	foreach(lc, pending)
+	{
+		PendingShard *ps = lfirst(lc);
+
+		if (ps->count > 0)
+			shard_admit(felix_stream_shard(ps->stream, ps->shard));
+	}
 
 	foreach(lc, pending)
 	{
@@ -234,13 +262,7 @@ pending_publish_all(void)
 		if (ps->count == 0)
 			continue;
 		s = felix_stream_shard(ps->stream, ps->shard);
-		if (ps->buf.len > FELIX_MAX_BATCH_BYTES)
-			pending_publish_split(ps, s);
-		else
-		{
-			batch_seal_body(&ps->buf, FELIX_BATCH_RECORDS);
-			shard_publish(s, &ps->buf, ps->count);
-		}
+		pending_publish_shard(ps, s);
 	}
 }
 
@@ -314,6 +336,9 @@ pending_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 				ps->buf.len = m->len;
 				ps->buf.data[ps->buf.len] = '\0';
 				ps->count = m->count;
+				/* batch_add keeps the header's count current: restore it too */
+				memcpy(ps->buf.data + offsetof(FelixBatchHeader, count),
+					   &m->count, sizeof(uint32));
 				ps->marks = list_truncate(ps->marks, foreach_current_index(mc));
 				break;
 			}

@@ -62,7 +62,6 @@ fxidx_build_init(FelixIndexBuild *b)
 	b->n = 0;
 	b->entries = palloc(b->cap * sizeof(FelixIndexEntry));
 	b->mark = 0;
-	b->interval = felix_index_interval_bytes;
 }
 
 void

@@ -85,7 +85,6 @@ typedef struct FelixIndexBuild
 	int			n;
 	int			cap;
 	uint64		mark;			/* offset of the last entry's batch */
-	int			interval;		/* felix.index_interval_bytes when started */
 } FelixIndexBuild;
 
 extern void fxidx_build_init(FelixIndexBuild *b);

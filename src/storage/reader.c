@@ -48,13 +48,8 @@ segfile_open(FelixSegFile *sf, const char *path, const char *what,
 			 Size chunk, bool missing_ok)
 {
 	memset(sf, 0, sizeof(*sf));
-	sf->fd = -1;
 	strlcpy(sf->path, path, sizeof(sf->path));
 	sf->what = what;
-	sf->chunk = Min(chunk, FIRST_CHUNK);
-	sf->cap = 0;
-	sf->buf = NULL;
-
 	sf->fd = OpenTransientFile(path, O_RDONLY | PG_BINARY);
 	if (sf->fd < 0)
 	{
@@ -64,12 +59,12 @@ segfile_open(FelixSegFile *sf, const char *path, const char *what,
 				(errcode_for_file_access(),
 				 errmsg("%s: could not open segment file \"%s\": %m", what, path)));
 	}
-	/* remember the requested chunk size as the ceiling for growth */
-	sf->cap = 0;
-	sf->buf_off = 0;
-	sf->buf_len = 0;
+	/* start with a small read and double it up to `chunk` as we stream */
 	sf->buf = palloc(chunk);
 	sf->cap = chunk;
+	sf->chunk = Min(chunk, FIRST_CHUNK);
+	sf->buf_off = 0;
+	sf->buf_len = 0;
 	return true;
 }
 
@@ -258,6 +253,9 @@ reader_advance(FelixLogReader *r, uint64 next_base, uint64 at_offset)
 {
 	char		old_path[MAXPGPATH];
 
+	/* a segment cannot follow itself: an empty active segment ends the log */
+	if (r->sf.fd >= 0 && next_base <= r->seg_base)
+		return false;
 	strlcpy(old_path, r->sf.path, sizeof(old_path));
 	segfile_close(&r->sf);
 

@@ -84,7 +84,7 @@ felix_header_problem(FelixHeaderCheck c)
  * ----------------------------------------------------------------
  */
 
-/* Remove index files without a segment and leftover temporary files. */
+/* Remove index files whose segment is gone (a removal cut short by a crash). */
 static void
 remove_strays(const char *dir, const char *what)
 {
@@ -109,8 +109,6 @@ remove_strays(const char *dir, const char *what)
 			if (access(seg, F_OK) != 0 && errno == ENOENT)
 				felix_unlink(path, what);
 		}
-		else if (len > 4 && strcmp(de->d_name + len - 4, ".tmp") == 0)
-			felix_unlink(path, what);
 	}
 	FreeDir(d);
 }

@@ -304,7 +304,7 @@ cache_close_fds(SegCacheEntry *e)
 	e->version_known = false;
 }
 
-/* Close the least recently used entry other than keep; false if none. */
+/* Drop the least recently used entry other than keep; false if none. */
 static bool
 cache_evict_one(SegCacheEntry *keep)
 {
@@ -315,7 +315,7 @@ cache_evict_one(SegCacheEntry *keep)
 	hash_seq_init(&hs, seg_cache);
 	while ((e = hash_seq_search(&hs)) != NULL)
 	{
-		if (e == keep || (e->seg_fd < 0 && e->idx_fd < 0))
+		if (e == keep)
 			continue;
 		if (victim == NULL || e->last_used < victim->last_used)
 			victim = e;

@@ -489,21 +489,38 @@ shard_flush(FelixShard *s, uint64 upto)
 		felix_count(FELIX_CTR_FLUSH_WAITS, 1);
 }
 
+void
+shard_admit(FelixShard *s)
+{
+	(void) shard_check_writable(s, 0);
+}
+
 uint64
-shard_publish(FelixShard *s, StringInfo batch, uint32 count)
+shard_publish_batches(FelixShard *s, StringInfo *batches, const uint32 *counts, int n)
 {
 	uint64		generation;
 	uint64		base;
+	uint64		total = 0;
+	TimestampTz now;
 	char		dir[MAXPGPATH];
 	char	   *what;
 
-	Assert(count > 0);
+	/* A batch that disagrees with its caller must never become durable. */
+	for (int i = 0; i < n; i++)
+	{
+		if (counts[i] == 0 || batch_count(batches[i]->data) != counts[i])
+			elog(ERROR, "felix: batch for %s claims %u records, caller expects %u",
+				 shard_what(s), batch_count(batches[i]->data), counts[i]);
+		total += counts[i];
+	}
+	Assert(n > 0);
 
 	/* Admission: conditions 1-3, cheap, before queueing for the lock. */
 	generation = shard_check_writable(s, 0);
 
 	what = shard_what(s);
 	shard_dir(s, dir);
+	now = GetCurrentTimestamp();
 
 	LWLockAcquire(&s->append_lock, LW_EXCLUSIVE);
 
@@ -516,20 +533,34 @@ shard_publish(FelixShard *s, StringInfo batch, uint32 count)
 	shard_check_writable(s, generation);
 
 	base = s->log.next_seq;
-	batch_stamp(batch->data, base, generation, GetCurrentTimestamp());
-	log_append(dir, what, &s->log, batch->data, batch->len);
+	for (int i = 0; i < n; i++)
+	{
+		batch_stamp(batches[i]->data, s->log.next_seq, generation, now);
+		log_append(dir, what, &s->log, batches[i]->data, batches[i]->len);
+		felix_count(FELIX_CTR_BYTES_APPENDED, batches[i]->len);
+	}
+
+	/*
+	 * Flushers see the new tail only now, so the batches become durable and
+	 * visible together.
+	 */
 	shard_mirror_log(s);
 
 	LWLockRelease(&s->append_lock);
 
-	felix_count(FELIX_CTR_RECORDS_PUBLISHED, count);
-	felix_count(FELIX_CTR_BATCHES_APPENDED, 1);
-	felix_count(FELIX_CTR_BYTES_APPENDED, batch->len);
+	felix_count(FELIX_CTR_RECORDS_PUBLISHED, total);
+	felix_count(FELIX_CTR_BATCHES_APPENDED, n);
 
-	/* Durability: acknowledged once the group flush covers the batch. */
-	shard_flush(s, base + count);
+	/* Durability: acknowledged once the group flush covers the batches. */
+	shard_flush(s, base + total);
 	pfree(what);
 	return base;
+}
+
+uint64
+shard_publish(FelixShard *s, StringInfo batch, uint32 count)
+{
+	return shard_publish_batches(s, &batch, &count, 1);
 }
 
 void

@@ -19,6 +19,8 @@
 # Env:     DURATION=20    seconds per pgbench point (publish and batch cases)
 #          QUICK=1        smoke run: 3 s points, 100k records instead of 1M
 #          RECORDS=N      records loaded for the read cases (default 1000000)
+#          ROUNDS=2       rounds per publish/batch point, alternating the order
+#                         of the variants (default 2, 1 when QUICK=1)
 #          SEEK_SECONDS=5 seconds per seek-latency point
 #          FSYNC_TEST=1   run pg_test_fsync for the machine section (default 1,
 #                         0 when QUICK=1)
@@ -44,11 +46,13 @@ if [[ $QUICK == 1 ]]; then
 	RECORDS=${RECORDS:-100000}
 	SEEK_SECONDS=${SEEK_SECONDS:-3}
 	FSYNC_TEST=${FSYNC_TEST:-0}
+	ROUNDS=${ROUNDS:-1}
 else
 	DURATION=${DURATION:-20}
 	RECORDS=${RECORDS:-1000000}
 	SEEK_SECONDS=${SEEK_SECONDS:-5}
 	FSYNC_TEST=${FSYNC_TEST:-1}
+	ROUNDS=${ROUNDS:-2}
 fi
 KEEP=${KEEP:-0}
 CLIENTS_PUBLISH=(1 8 32)
@@ -57,7 +61,7 @@ BATCH_SIZE=1000
 LOAD_CHUNK=10000
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-CMDLINE="DURATION=$DURATION QUICK=$QUICK RECORDS=$RECORDS SEEK_SECONDS=$SEEK_SECONDS FSYNC_TEST=$FSYNC_TEST $0${*:+ $*}"
+CMDLINE="DURATION=$DURATION ROUNDS=$ROUNDS QUICK=$QUICK RECORDS=$RECORDS SEEK_SECONDS=$SEEK_SECONDS FSYNC_TEST=$FSYNC_TEST $0${*:+ $*}"
 STAMP=$(date -u +%Y-%m-%d-%H%M)
 SUFFIX=""
 [[ $QUICK == 1 ]] && SUFFIX="-quick"
@@ -70,6 +74,7 @@ for arg in "$@"; do
 	esac
 done
 
+[[ $ROUNDS =~ ^[0-9]+$ && $ROUNDS -ge 1 && $ROUNDS -le 10 ]] || { echo "run.sh: ROUNDS must be 1..10" >&2; exit 2; }
 [[ $DURATION =~ ^[0-9]+$ && $DURATION -ge 1 ]] || { echo "run.sh: DURATION must be a positive integer" >&2; exit 2; }
 [[ $RECORDS =~ ^[0-9]+$ && $RECORDS -ge $LOAD_CHUNK ]] || { echo "run.sh: RECORDS must be an integer >= $LOAD_CHUNK" >&2; exit 2; }
 (( RECORDS % LOAD_CHUNK == 0 )) || { echo "run.sh: RECORDS must be a multiple of $LOAD_CHUNK" >&2; exit 2; }
@@ -313,10 +318,79 @@ SANITY=()
 
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 
+# measure_point <key> <kind heap|felix> <table/stream> <shards> <script> <clients> <rows per tx>
+# Recreates the target empty, checkpoints, runs one pgbench point with the
+# wait-event sampler, and accumulates into the arrays below (summed over
+# rounds): tps, latency, felix flush counters or WAL syncs, wait samples.
+declare -A T_SUM T_N T_LIST L_SUM D_FSYNC D_REC D_WAIT D_BATCH D_WAL D_ROWS
+measure_point() {
+	local key=$1 kind=$2 target=$3 shards=$4 script=$5 c=$6 per_tx=$7
+	local r0 f0 w0 b0 ws0 r1 f1 w1 b1 ws1 n
+	if [[ $kind == heap ]]; then recreate_heap "$target"; else recreate_stream "$target" "$shards"; fi
+	q -c "CHECKPOINT"
+	r0=$(metric records_published); f0=$(metric fsyncs); w0=$(metric flush_waits); b0=$(metric batches_appended)
+	ws0=$(wal_syncs)
+	sampler_start "$WORK/wait-$key.tmp" "$DURATION"
+	pgbench_run "$key-r$ROUND" "$script" "$c" "$DURATION"
+	sampler_stop
+	cat "$WORK/wait-$key.tmp" >>"$WORK/wait-$key.txt"
+	sleep 1	# let exiting backends flush their pg_stat_wal counters
+	r1=$(metric records_published); f1=$(metric fsyncs); w1=$(metric flush_waits); b1=$(metric batches_appended)
+	ws1=$(wal_syncs)
+	if [[ $kind == heap ]]; then
+		n=$(q -c "SELECT count(*) FROM $target")
+	else
+		n=$(stream_records "$target")
+	fi
+	T_LIST[$key]="${T_LIST[$key]:-}${T_LIST[$key]:+, }${PB_TPS:-error}"
+	if [[ $PB_OK == 1 ]]; then
+		T_SUM[$key]=$(awk -v a="${T_SUM[$key]:-0}" -v b="$PB_TPS" 'BEGIN{print a + b}')
+		L_SUM[$key]=$(awk -v a="${L_SUM[$key]:-0}" -v b="${PB_LAT:-0}" 'BEGIN{print a + b}')
+		T_N[$key]=$(( ${T_N[$key]:-0} + 1 ))
+	fi
+	D_FSYNC[$key]=$(( ${D_FSYNC[$key]:-0} + f1 - f0 ))
+	D_REC[$key]=$(( ${D_REC[$key]:-0} + r1 - r0 ))
+	D_WAIT[$key]=$(( ${D_WAIT[$key]:-0} + w1 - w0 ))
+	D_BATCH[$key]=$(( ${D_BATCH[$key]:-0} + b1 - b0 ))
+	D_WAL[$key]=$(( ${D_WAL[$key]:-0} + ws1 - ws0 ))
+	D_ROWS[$key]=$(( ${D_ROWS[$key]:-0} + n ))
+	if [[ -n ${PB_TX:-} && $n != "$(( PB_TX * per_tx ))" ]]; then
+		SANITY+=("$key round $ROUND: pgbench processed $PB_TX transactions of $per_tx rows but $target holds $n rows/records")
+	fi
+}
+mean_tps() {	# key [multiplier] -> mean tps over the successful rounds, or empty
+	local k=$1 m=${2:-1}
+	[[ ${T_N[$k]:-0} -gt 0 ]] || { echo ""; return; }
+	awk -v s="${T_SUM[$k]}" -v n="${T_N[$k]}" -v m="$m" 'BEGIN{ if (m == 1) printf "%.1f", s / n * m; else printf "%.0f", s / n * m }'
+}
+mean_lat() {
+	local k=$1
+	[[ ${T_N[$k]:-0} -gt 0 ]] || { echo "?"; return; }
+	awk -v s="${L_SUM[$k]}" -v n="${T_N[$k]}" 'BEGIN{printf "%.3f", s / n}'
+}
+flush_line() {	# key kind
+	local k=$1
+	if [[ $2 == heap ]]; then
+		echo "${D_WAL[$k]} WAL syncs for ${D_ROWS[$k]} rows ($(ratio "${D_ROWS[$k]}" "${D_WAL[$k]}") rows/sync)"
+	else
+		echo "${D_FSYNC[$k]} fsyncs for ${D_REC[$k]} records in ${D_BATCH[$k]} batches ($(ratio "${D_REC[$k]}" "${D_FSYNC[$k]}") records/fsync); ${D_WAIT[$k]} flush waits"
+	fi
+}
+# Rounds alternate the order of the variants (A B C, then C B A, ...), so
+# drift in a shared machine's load hits every variant alike.
+order() {	# round, variants... -> variants in this round's order
+	local r=$1; shift
+	if (( r % 2 == 1 )); then echo "$@"; else
+		local out=() i
+		for (( i = $#; i >= 1; i-- )); do out+=("${!i}"); done
+		echo "${out[@]}"
+	fi
+}
+
 # ---------------------------------------------------------------------------
 # Case 1: single-record publish vs heap INSERT
 # ---------------------------------------------------------------------------
-log "case 1: felix_publish vs heap INSERT, ${DURATION}s per point, clients ${CLIENTS_PUBLISH[*]}"
+log "case 1: felix_publish vs heap INSERT, ${DURATION}s per point, $ROUNDS round(s), clients ${CLIENTS_PUBLISH[*]}"
 S_HEAP=$(write_script pub_heap "\\set k random(1, 1000000)
 INSERT INTO bench_heap (key, payload) VALUES ('cust-' || :k, '$PAYLOAD'::jsonb);")
 S_F1=$(write_script pub_felix1 "\\set k random(1, 1000000)
@@ -324,66 +398,49 @@ SELECT felix_publish('bench_pub1', '$PAYLOAD'::jsonb, key => 'cust-' || :k);")
 S_F8=$(write_script pub_felix8 "\\set k random(1, 1000000)
 SELECT felix_publish('bench_pub8', '$PAYLOAD'::jsonb, key => 'cust-' || :k);")
 
-declare -A TPS LAT WAITS FSY
 for c in "${CLIENTS_PUBLISH[@]}"; do
-	for variant in heap felix1 felix8; do
-		case $variant in
-			heap)   recreate_heap bench_heap; script=$S_HEAP ;;
-			felix1) recreate_stream bench_pub1 1; script=$S_F1 ;;
-			felix8) recreate_stream bench_pub8 8; script=$S_F8 ;;
-		esac
-		q -c "CHECKPOINT"
-		r0=$(metric records_published); f0=$(metric fsyncs); w0=$(metric flush_waits); b0=$(metric batches_appended)
-		ws0=$(wal_syncs)
-		sampler_start "$WORK/wait-$variant-$c.txt" "$DURATION"
-		pgbench_run "pub-$variant-c$c" "$script" "$c" "$DURATION"
-		sampler_stop
-		sleep 1	# let exiting backends flush their pg_stat_wal counters
-		r1=$(metric records_published); f1=$(metric fsyncs); w1=$(metric flush_waits); b1=$(metric batches_appended)
-		ws1=$(wal_syncs)
-		TPS[$variant,$c]=$([[ $PB_OK == 1 ]] && echo "$PB_TPS" || echo "")
-		LAT[$variant,$c]=$PB_LAT
-		WAITS[$variant,$c]=$(sampler_summary "$WORK/wait-$variant-$c.txt")
-		if [[ $variant == heap ]]; then
-			n=$(q -c "SELECT count(*) FROM bench_heap")
-			FSY[$variant,$c]="$(( ws1 - ws0 )) WAL syncs, $(ratio "$n" "$(( ws1 - ws0 ))") rows/sync"
-		else
-			stream=bench_pub${variant#felix}
-			n=$(stream_records "$stream")
-			FSY[$variant,$c]="$(( f1 - f0 )) fsyncs, $(ratio "$(( r1 - r0 ))" "$(( f1 - f0 ))") records/fsync, $(( w1 - w0 )) flush waits, $(( b1 - b0 )) batches"
-		fi
-		if [[ -n ${PB_TX:-} && $n != "$PB_TX" ]]; then
-			SANITY+=("case 1 $variant c=$c: pgbench processed $PB_TX transactions but the table holds $n rows/records")
-		fi
+	for (( ROUND = 1; ROUND <= ROUNDS; ROUND++ )); do
+		for variant in $(order "$ROUND" heap felix1 felix8); do
+			case $variant in
+				heap)   measure_point "pub-heap-c$c" heap bench_heap 0 "$S_HEAP" "$c" 1 ;;
+				felix1) measure_point "pub-felix1-c$c" felix bench_pub1 1 "$S_F1" "$c" 1 ;;
+				felix8) measure_point "pub-felix8-c$c" felix bench_pub8 8 "$S_F8" "$c" 1 ;;
+			esac
+		done
 	done
 done
 
 {
 	echo "### 1. Single-record publish: \`felix_publish\` vs heap \`INSERT\` (tps)"
 	echo
-	echo "pgbench -n -M prepared -T $DURATION, -j min(clients, 2); one record per transaction; 100-byte jsonb payload, random key."
+	echo "pgbench -n -M prepared -T $DURATION, -j min(clients, 2); one record per transaction; 100-byte jsonb payload, random key. Mean of $ROUNDS round(s) per point (per-round values in brackets), rounds alternate the order of the three variants."
 	echo
 	echo "| clients | heap INSERT | felix 1 shard | ratio 1-shard/heap | felix 8 shards | ratio 8-shard/heap | target ≥ 1.0 (1 shard) |"
 	echo "| ---: | ---: | ---: | ---: | ---: | ---: | --- |"
 	for c in "${CLIENTS_PUBLISH[@]}"; do
-		r1=$(ratio "${TPS[felix1,$c]}" "${TPS[heap,$c]}")
-		r8=$(ratio "${TPS[felix8,$c]}" "${TPS[heap,$c]}")
-		echo "| $c | ${TPS[heap,$c]:-error} | ${TPS[felix1,$c]:-error} | $r1 | ${TPS[felix8,$c]:-error} | $r8 | $(mark "$r1" 1.0) |"
+		th=$(mean_tps "pub-heap-c$c"); t1=$(mean_tps "pub-felix1-c$c"); t8=$(mean_tps "pub-felix8-c$c")
+		r1=$(ratio "$t1" "$th"); r8=$(ratio "$t8" "$th")
+		echo "| $c | ${th:-error} [${T_LIST[pub-heap-c$c]}] | ${t1:-error} [${T_LIST[pub-felix1-c$c]}] | $r1 | ${t8:-error} [${T_LIST[pub-felix8-c$c]}] | $r8 | $(mark "$r1" 1.0) |"
 	done
 	echo
-	echo "Mean latency (ms): $(for c in "${CLIENTS_PUBLISH[@]}"; do printf 'c=%s heap %s / felix1 %s / felix8 %s; ' "$c" "${LAT[heap,$c]:-?}" "${LAT[felix1,$c]:-?}" "${LAT[felix8,$c]:-?}"; done)"
+	echo "Mean latency (ms):"
+	echo
+	for c in "${CLIENTS_PUBLISH[@]}"; do
+		echo "- $c client(s): heap $(mean_lat "pub-heap-c$c"), felix 1 shard $(mean_lat "pub-felix1-c$c"), felix 8 shards $(mean_lat "pub-felix8-c$c")"
+	done
 	echo
 } >>"$REPORT"
 {
 	echo "### Case 1 diagnostics: flushes and wait events"
 	echo
-	echo "Flushes per point (felix: felix_metrics deltas; heap: pg_stat_wal.wal_sync delta). Wait events: share of 0.5 s samples of active pgbench backends in pg_stat_activity (CPU:running = no wait event)."
+	echo "Flushes summed over the rounds of a point (felix: felix_metrics deltas; heap: pg_stat_wal.wal_sync delta). Wait events: share of 0.5 s samples of active pgbench backends in pg_stat_activity (CPU:running = no wait event)."
 	echo
 	echo "| point | flushes | top wait events |"
 	echo "| --- | --- | --- |"
 	for c in "${CLIENTS_PUBLISH[@]}"; do
 		for variant in heap felix1 felix8; do
-			echo "| $variant c=$c | ${FSY[$variant,$c]} | ${WAITS[$variant,$c]} |"
+			k="pub-$variant-c$c"
+			echo "| $variant c=$c | $(flush_line "$k" "${variant%[18]}") | $(sampler_summary "$WORK/wait-$k.txt") |"
 		done
 	done
 	echo
@@ -403,48 +460,30 @@ q -c "DROP TABLE IF EXISTS bench_src;
 S_BHEAP=$(write_script batch_heap "INSERT INTO bench_heap_batch (key, payload)
 SELECT u.k, u.p FROM bench_src, unnest(bench_src.keys, bench_src.payloads) AS u(k, p);")
 S_BFELIX=$(write_script batch_felix "SELECT count(*) FROM bench_src, felix_publish_batch('bench_batch', bench_src.payloads, bench_src.keys);")
-declare -A BROWS
 for c in "${CLIENTS_BATCH[@]}"; do
-	for variant in heap felix; do
-		case $variant in
-			heap)  recreate_heap bench_heap_batch; script=$S_BHEAP ;;
-			felix) recreate_stream bench_batch 1; script=$S_BFELIX ;;
-		esac
-		q -c "CHECKPOINT"
-		f0=$(metric fsyncs); ws0=$(wal_syncs)
-		sampler_start "$WORK/wait-batch-$variant-$c.txt" "$DURATION"
-		pgbench_run "batch-$variant-c$c" "$script" "$c" "$DURATION"
-		sampler_stop
-		sleep 1
-		f1=$(metric fsyncs); ws1=$(wal_syncs)
-		BROWS[$variant,$c]=$([[ $PB_OK == 1 ]] && awk -v t="$PB_TPS" -v b="$BATCH_SIZE" 'BEGIN{printf "%.0f", t*b}' || echo "")
-		LAT[batch$variant,$c]=$PB_LAT
-		WAITS[batch$variant,$c]=$(sampler_summary "$WORK/wait-batch-$variant-$c.txt")
-		if [[ $variant == heap ]]; then
-			n=$(q -c "SELECT count(*) FROM bench_heap_batch")
-			FSY[batch$variant,$c]="$(( ws1 - ws0 )) WAL syncs"
-		else
-			n=$(stream_records bench_batch)
-			FSY[batch$variant,$c]="$(( f1 - f0 )) fsyncs"
-		fi
-		if [[ -n ${PB_TX:-} && $n != "$(( PB_TX * BATCH_SIZE ))" ]]; then
-			SANITY+=("case 2 $variant c=$c: pgbench processed $PB_TX batches of $BATCH_SIZE but the table holds $n rows/records")
-		fi
+	for (( ROUND = 1; ROUND <= ROUNDS; ROUND++ )); do
+		for variant in $(order "$ROUND" heap felix); do
+			case $variant in
+				heap)  measure_point "batch-heap-c$c" heap bench_heap_batch 0 "$S_BHEAP" "$c" "$BATCH_SIZE" ;;
+				felix) measure_point "batch-felix-c$c" felix bench_batch 1 "$S_BFELIX" "$c" "$BATCH_SIZE" ;;
+			esac
+		done
 	done
 done
 {
 	echo "### 2. Batches: \`felix_publish_batch\` of $BATCH_SIZE records vs \`INSERT ... SELECT\` of the same $BATCH_SIZE rows (rows/s)"
 	echo
-	echo "pgbench -n -M prepared -T $DURATION; one call/statement of $BATCH_SIZE rows per transaction, both reading the same keys[]/payloads[] arrays from a one-row table; felix stream has 1 shard."
+	echo "pgbench -n -M prepared -T $DURATION; one call/statement of $BATCH_SIZE rows per transaction, both reading the same keys[]/payloads[] arrays from a one-row table; felix stream has 1 shard. Mean of $ROUNDS round(s) (per-round transactions/s in brackets)."
 	echo
 	echo "| clients | heap INSERT ... SELECT | felix_publish_batch | ratio felix/heap | target ≥ 3.0 |"
 	echo "| ---: | ---: | ---: | ---: | --- |"
 	for c in "${CLIENTS_BATCH[@]}"; do
-		r=$(ratio "${BROWS[felix,$c]}" "${BROWS[heap,$c]}")
-		echo "| $c | ${BROWS[heap,$c]:-error} | ${BROWS[felix,$c]:-error} | $r | $(mark "$r" 3.0) |"
+		rh=$(mean_tps "batch-heap-c$c" "$BATCH_SIZE"); rf=$(mean_tps "batch-felix-c$c" "$BATCH_SIZE")
+		r=$(ratio "$rf" "$rh")
+		echo "| $c | ${rh:-error} [${T_LIST[batch-heap-c$c]}] | ${rf:-error} [${T_LIST[batch-felix-c$c]}] | $r | $(mark "$r" 3.0) |"
 	done
 	echo
-	echo "Mean latency per $BATCH_SIZE-row call (ms): $(for c in "${CLIENTS_BATCH[@]}"; do printf 'c=%s heap %s / felix %s; ' "$c" "${LAT[batchheap,$c]:-?}" "${LAT[batchfelix,$c]:-?}"; done)"
+	echo "Mean latency per $BATCH_SIZE-row call (ms): $(for c in "${CLIENTS_BATCH[@]}"; do printf '%s client(s): heap %s, felix %s. ' "$c" "$(mean_lat "batch-heap-c$c")" "$(mean_lat "batch-felix-c$c")"; done)"
 	echo
 } >>"$REPORT"
 {
@@ -454,7 +493,8 @@ done
 	echo "| --- | --- | --- |"
 	for c in "${CLIENTS_BATCH[@]}"; do
 		for variant in heap felix; do
-			echo "| batch $variant c=$c | ${FSY[batch$variant,$c]} | ${WAITS[batch$variant,$c]} |"
+			k="batch-$variant-c$c"
+			echo "| batch $variant c=$c | $(flush_line "$k" "$variant") | $(sampler_summary "$WORK/wait-$k.txt") |"
 		done
 	done
 	echo
@@ -628,6 +668,28 @@ if [[ $FSYNC_TEST == 1 ]]; then
 	fi
 	rm -f "$WORK/fsync.test"
 fi
+# Appending + syncing (what a growing segment file does) vs overwriting a
+# preallocated file + syncing (what WAL and pg_test_fsync do): 150-byte
+# O_DSYNC writes with dd, alternated 4 times each, median writes/s.
+APPEND_PROBE="not measured (FSYNC_TEST=0)"
+if [[ $FSYNC_TEST == 1 ]]; then
+	log "append vs overwrite sync probe (about 10 s)"
+	dd_rate() {	# dd args... -> writes/s
+		local secs
+		secs=$(timeout 60 "${AS_PG[@]}" dd if=/dev/zero bs=150 count=2000 "$@" 2>&1 | awk '/copied/{for (i = 1; i <= NF; i++) if ($i == "s," || $i == "s") {print $(i-1); exit}}')
+		awk -v s="${secs:-0}" 'BEGIN{ if (s + 0 > 0) printf "%.0f\n", 2000 / s }'
+	}
+	ap=(); ow=()
+	for (( i = 0; i < 4; i++ )); do
+		rm -f "$WORK/probe.append" "$WORK/probe.over"
+		as_pg dd if=/dev/zero of="$WORK/probe.over" bs=1M count=8 conv=fsync status=none
+		ap+=("$(dd_rate of="$WORK/probe.append" oflag=dsync,append conv=notrunc)")
+		ow+=("$(dd_rate of="$WORK/probe.over" oflag=dsync conv=notrunc)")
+	done
+	rm -f "$WORK/probe.append" "$WORK/probe.over"
+	med() { printf '%s\n' "$@" | grep . | sort -n | awk '{a[NR]=$1} END{ if (NR) print a[int((NR+1)/2)]; else print "?" }'; }
+	APPEND_PROBE="150-byte O_DSYNC writes: appending (file grows) $(med "${ap[@]}")/s vs overwriting a preallocated file $(med "${ow[@]}")/s (dd, median of 4 alternated runs: append ${ap[*]}; overwrite ${ow[*]})"
+fi
 CPU_MODEL=$(awk -F': ' '/^model name/{print $2; exit}' /proc/cpuinfo)
 MEM=$(awk '/^MemTotal/{printf "%.1f GiB", $2/1048576}' /proc/meminfo)
 FS=$(df -T "$BASE" | awk 'NR==2{print $2 " on " $1}')
@@ -641,7 +703,8 @@ FS=$(df -T "$BASE" | awk 'NR==2{print $2 " on " $1}')
 	fi
 	echo "- command: \`$CMDLINE\`"
 	echo "- machine: $(nproc) CPUs ($CPU_MODEL), $MEM RAM, kernel $(uname -r), $FS"
-	echo "- disk: $FSYNC_RATE"
+	echo "- disk: pg_test_fsync $FSYNC_RATE"
+	echo "- disk: $APPEND_PROBE"
 	echo "- load average (1/5/15 min) before: $LOAD_BEFORE, after: $LOAD_AFTER (the machine may be shared)"
 	echo "- felix.so md5 $FELIX_SO; source tree at $GIT_STATE"
 	echo "- PostgreSQL $SERVER_VERSION, felix $FELIX_VERSION; one server: shared_buffers = 256MB, max_connections = 100, fsync = on, synchronous_commit = on, full_page_writes = on, max_wal_size = 8GB, checkpoint_timeout = 30min, CHECKPOINT before every write point"
@@ -654,6 +717,12 @@ FS=$(df -T "$BASE" | awk 'NR==2{print $2 " on " $1}')
 	echo "## Diagnostics"
 	echo
 	cat "$DIAG"
+	echo "### felix_metrics at the end of the run"
+	echo
+	echo "| name | value |"
+	echo "| --- | ---: |"
+	q -F ' | ' -c "SELECT name, value::bigint FROM felix_metrics ORDER BY name" | sed 's/^/| /; s/$/ |/'
+	echo
 	echo "### Sanity checks"
 	echo
 	nc=$(crashes)

@@ -37,6 +37,36 @@ is($check, 't', '20,000 records, each at its seq');
 like($node->safe_psql('postgres', 'EXPLAIN (COSTS OFF) SELECT seq FROM ix WHERE shard = 0 AND seq >= 19950 LIMIT 3'),
 	qr/Custom Scan/i, 'a seek plans as the custom scan');
 
+# On a stream with two large shards, a seek into the second shard must
+# not read the whole first shard: with or without LIMIT, near the start
+# of the shard or not, the planner picks the custom scan on its own.
+$node->safe_psql('postgres',
+	"SELECT felix_create_stream('ix2', shards => 2, payload_type => 'text')");
+$node->safe_psql('postgres', q{
+	DO $$ BEGIN
+		FOR b IN 0..399 LOOP
+			FOR sh IN 0..1 LOOP
+				INSERT INTO ix2 (shard, payload)
+				SELECT sh, format('ix2-%s-', b * 50 + n) || repeat('p', 90) FROM generate_series(0, 49) n;
+				COMMIT;
+			END LOOP;
+		END LOOP;
+	END $$});
+is( $node->safe_psql('postgres',
+		q{SELECT string_agg(shard || ':' || next_seq, ' ' ORDER BY shard) FROM felix_shards WHERE stream = 'ix2'}),
+	'0:20000 1:20000', 'two shards of 20,000 records');
+for my $q (
+	'SELECT seq FROM ix2 WHERE shard = 1 AND seq >= 5 LIMIT 3',
+	'SELECT seq FROM ix2 WHERE shard = 1 AND seq >= 19000',
+	'SELECT seq FROM ix2 WHERE shard = 1 AND seq = 7',
+	'SELECT seq FROM ix2 WHERE shard = 1 AND seq BETWEEN 100 AND 120',
+	'SELECT seq FROM ix2 WHERE shard = 1 LIMIT 10')
+{
+	my $plan = $node->safe_psql('postgres', "EXPLAIN (COSTS OFF) $q");
+	like($plan, qr/Custom Scan \(FelixScan\)/, "the planner seeks for: $q")
+	  or diag($plan);
+}
+
 # Timing of a seek at the end vs one at the start (best of 20).
 sub best_ms
 {

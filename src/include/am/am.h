@@ -27,9 +27,9 @@
 #include "executor/tuptable.h"
 #include "utils/rel.h"
 
-/* Register FelixScan and install the planner, executor and utility hooks
- * (each chaining the previous one).  Called once from _PG_init when felix
- * is preloaded. */
+/* Register FelixScan and install the hooks (set_rel_pathlist and planner
+ * in scan.c, ExecutorStart and ProcessUtility in refuse.c), each chaining
+ * the previous one.  Called once from _PG_init when felix is preloaded. */
 extern void felix_am_init(void);
 
 /* ---- reading a stream (tableam.c) ---- */
@@ -88,7 +88,7 @@ extern void felix_refuse_feature(const char *relname, const char *feature,
 #define FELIX_HINT_RETENTION \
 	"Use retention (felix_create_stream's retention_bytes/retention) or felix_drop_stream."
 #define FELIX_HINT_READ_BY_POSITION \
-	"Read records by position instead: WHERE shard = ... AND seq >= ...."
+	"Address records by position instead, with WHERE shard = ... AND seq >= ..."
 
 /* Hook installers, called by felix_am_init. */
 extern void felix_scan_init(void);

@@ -109,6 +109,20 @@ extern FelixShard *shard_lookup(const FelixShardKey *key);
  */
 extern uint64 shard_publish(FelixShard *s, StringInfo batch, uint32 count);
 
+/*
+ * The same for n batches appended back to back under one hold of the
+ * append lock: they get contiguous seqs and become visible together.
+ */
+extern uint64 shard_publish_batches(FelixShard *s, StringInfo *batches,
+									const uint32 *counts, int n);
+
+/*
+ * Admission alone (conditions 1-3 of the write rule), raising the error a
+ * publish would.  Lets a multi-shard commit find a shard it cannot write
+ * before appending to any of them.
+ */
+extern void shard_admit(FelixShard *s);
+
 /* Snapshot [start_seq, hwm_end): what a reader may see right now. */
 extern void shard_visible(FelixShard *s, uint64 *start_seq, uint64 *hwm_end);
 
