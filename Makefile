@@ -25,12 +25,21 @@ OBJS = \
 	src/api/publish.o \
 	src/api/pending.o \
 	src/api/views.o \
-	src/worker/node.o
+	src/worker/node.o \
+	src/worker/heartbeat.o \
+	src/control/client.o \
+	src/control/nodes.o \
+	src/replication/state.o \
+	src/replication/ship.o \
+	src/replication/report.o \
+	src/replication/append.o
 
-PG_CPPFLAGS = -I$(srcdir)/src/include
+PG_CPPFLAGS = -I$(srcdir)/src/include -I$(libpq_srcdir)
+# libpq: the node agent and replication talk to peers and the control plane.
+SHLIB_LINK_INTERNAL = $(libpq)
 PG_CFLAGS   = -Wall -Wextra -Werror -Wno-unused-parameter -Wno-missing-field-initializers -Wno-sign-compare
 
-REGRESS      = setup api refusals views
+REGRESS      = setup api refusals views control_plane
 REGRESS_OPTS = --temp-instance=./tmp_regress --temp-config=$(srcdir)/test/regress.conf
 
 ISOLATION      = publish_contiguous insert_abort copy_visibility

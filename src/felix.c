@@ -23,7 +23,10 @@
 #include "felix.h"
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "postmaster/postmaster.h"
+#include "replication/ship.h"
 #include "utils/guc.h"
+#include "worker/heartbeat.h"
 #include "worker/node.h"
 
 PG_MODULE_MAGIC;
@@ -38,6 +41,15 @@ int			felix_max_record_bytes = 1024 * 1024;
 int			felix_max_shards_per_stream = 256;
 int			felix_retention_interval = 10000;
 char	   *felix_database = NULL;
+char	   *felix_node_name = NULL;
+char	   *felix_node_conninfo = NULL;
+char	   *felix_control_conninfo = NULL;
+int			felix_lease_duration = 1000;
+int			felix_heartbeat_interval = 200;
+int			felix_lease_margin = 200;
+int			felix_lease_epsilon = 100;
+int			felix_quorum_timeout = 5000;
+int			felix_node_expiry = 1000;
 
 bool		felix_preloaded = false;
 
@@ -85,7 +97,100 @@ define_gucs(void)
 							   NULL,
 							   &felix_database, "postgres",
 							   PGC_POSTMASTER, 0, NULL, NULL, NULL);
+
+	DefineCustomStringVariable("felix.node_name",
+							   "This node's name in the felix cluster.",
+							   "Empty means node_<port>.",
+							   &felix_node_name, "",
+							   PGC_POSTMASTER, 0, NULL, NULL, NULL);
+	DefineCustomStringVariable("felix.node_conninfo",
+							   "How peers and the control plane reach this node (libpq conninfo).",
+							   "Empty means this server's first Unix socket directory and port, "
+							   "database felix.database, user felix_replication.",
+							   &felix_node_conninfo, "",
+							   PGC_POSTMASTER, 0, NULL, NULL, NULL);
+	DefineCustomStringVariable("felix.control_conninfo",
+							   "How to reach the control plane (libpq conninfo).",
+							   "Empty means this node hosts the control plane itself.",
+							   &felix_control_conninfo, "",
+							   PGC_POSTMASTER, 0, NULL, NULL, NULL);
+	DefineCustomIntVariable("felix.lease_duration",
+							"How long a granted lease lasts.",
+							NULL,
+							&felix_lease_duration, 1000, 100, 600000,
+							PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
+	DefineCustomIntVariable("felix.heartbeat_interval",
+							"How often a node heartbeats (and renews its leases).",
+							NULL,
+							&felix_heartbeat_interval, 200, 10, 60000,
+							PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
+	DefineCustomIntVariable("felix.lease_margin",
+							"Extra wait before the control plane grants the next generation.",
+							"Covers clock drift between nodes and the delay of a grant.",
+							&felix_lease_margin, 200, 0, 600000,
+							PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
+	DefineCustomIntVariable("felix.lease_epsilon",
+							"How long before its lease expires a leader stops accepting writes.",
+							NULL,
+							&felix_lease_epsilon, 100, 0, 600000,
+							PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
+	DefineCustomIntVariable("felix.quorum_timeout",
+							"How long a quorum publish waits for a majority.",
+							NULL,
+							&felix_quorum_timeout, 5000, 1, 3600000,
+							PGC_USERSET, GUC_UNIT_MS, NULL, NULL, NULL);
+	DefineCustomIntVariable("felix.node_expiry",
+							"A node whose last heartbeat is older than this is not alive.",
+							NULL,
+							&felix_node_expiry, 1000, 10, 3600000,
+							PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
 	MarkGUCPrefixReserved("felix");
+}
+
+const char *
+felix_node_name_resolved(void)
+{
+	static char name[NAMEDATALEN];
+
+	if (felix_node_name != NULL && felix_node_name[0] != '\0')
+		return felix_node_name;
+	if (name[0] == '\0')
+		snprintf(name, sizeof(name), "node_%d", PostPortNumber);
+	return name;
+}
+
+const char *
+felix_node_conninfo_resolved(void)
+{
+	static char conninfo[1024];
+
+	if (felix_node_conninfo != NULL && felix_node_conninfo[0] != '\0')
+		return felix_node_conninfo;
+	if (conninfo[0] == '\0')
+	{
+		char	   *dirs = pstrdup(Unix_socket_directories ? Unix_socket_directories : "");
+		char	   *comma = strchr(dirs, ',');
+
+		if (comma)
+			*comma = '\0';
+		snprintf(conninfo, sizeof(conninfo),
+				 "host='%s' port=%d dbname='%s' user=felix_replication",
+				 dirs[0] ? dirs : "/var/run/postgresql", PostPortNumber, felix_database);
+		pfree(dirs);
+	}
+	return conninfo;
+}
+
+bool
+felix_cp_embedded(void)
+{
+	return felix_control_conninfo == NULL || felix_control_conninfo[0] == '\0';
+}
+
+const char *
+felix_cp_conninfo_resolved(void)
+{
+	return felix_cp_embedded() ? felix_node_conninfo_resolved() : felix_control_conninfo;
 }
 
 void
@@ -108,6 +213,8 @@ _PG_init(void)
 	pending_init();
 	felix_stream_init();
 	felix_node_worker_register();
+	felix_heartbeat_worker_register();
+	felix_ship_worker_register();
 }
 
 void

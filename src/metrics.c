@@ -27,6 +27,15 @@ const char *const felix_counter_names[FELIX_NUM_COUNTERS] = {
 	[FELIX_CTR_CORRUPTIONS_DETECTED] = "corruptions_detected",
 	[FELIX_CTR_INDEX_REBUILDS] = "index_rebuilds",
 	[FELIX_CTR_SHARDS_RECOVERED] = "shards_recovered",
+	[FELIX_CTR_LEASE_EXPIRIES] = "lease_expiries",
+	[FELIX_CTR_PROMOTIONS] = "promotions",
+	[FELIX_CTR_QUORUM_TIMEOUTS] = "quorum_timeouts",
+	[FELIX_CTR_HEARTBEATS_SENT] = "heartbeats_sent",
+	[FELIX_CTR_HEARTBEATS_FAILED] = "heartbeats_failed",
+	[FELIX_CTR_BYTES_SHIPPED] = "bytes_shipped",
+	[FELIX_CTR_BATCHES_REPLICATED] = "batches_replicated",
+	[FELIX_CTR_REPLICA_REPORTS] = "replica_reports",
+	[FELIX_CTR_REPORT_REQUESTS] = "report_requests",
 };
 
 static pg_atomic_uint64 *felix_counters = NULL;

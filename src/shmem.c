@@ -14,17 +14,21 @@
  */
 #include "postgres.h"
 
+#include "control/nodes.h"
 #include "felix.h"
 #include "metrics.h"
 #include "miscadmin.h"
 #include "storage/ipc.h"
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
+#include "replication/state.h"
 #include "storage/shard.h"
 
 static const FelixShmemEntry felix_shmem_entries[] = {
 	{shard_registry_size, shard_registry_init},
 	{metrics_shmem_size, metrics_shmem_init},
+	{felix_nodes_shmem_size, felix_nodes_shmem_init},
+	{repl_state_shmem_size, repl_state_shmem_init},
 };
 
 static shmem_request_hook_type prev_shmem_request_hook = NULL;

@@ -299,5 +299,7 @@ felix_stream_shard(const FelixStream *stream, int shard)
 	spec.stream_name = stream->name;
 	spec.retention_bytes = stream->retention_bytes;
 	spec.retention_ms = stream->retention_ms;
+	spec.consistency = stream->consistency;
+	spec.replication_factor = stream->replication_factor;
 	return shard_acquire(&spec);
 }

@@ -21,6 +21,7 @@
 #include "api/catalog.h"
 #include "api/publish.h"
 #include "api/stream.h"
+#include "control/client.h"
 #include "access/htup_details.h"
 #include "utils/syscache.h"
 #include "catalog/namespace.h"
@@ -111,11 +112,7 @@ felix_create_stream(PG_FUNCTION_ARGS)
 	char	   *consistency;
 	char	   *payload_type;
 	char	   *storage;
-	Oid			payload_oid;
-	Oid			namespace;
 	Oid			relid;
-	char		dir[MAXPGPATH];
-	StringInfoData sql;
 
 	felix_require_preload();
 	if (PG_ARGISNULL(0) || VARSIZE_ANY_EXHDR(PG_GETARG_TEXT_PP(0)) == 0)
@@ -162,7 +159,7 @@ felix_create_stream(PG_FUNCTION_ARGS)
 		bad_option(name, "consistency", consistency, "consistency must be leader or quorum.");
 
 	payload_type = text_to_cstring(PG_GETARG_TEXT_PP(4));
-	payload_oid = payload_type_oid(name, payload_type);
+	(void) payload_type_oid(name, payload_type);
 
 	storage = text_to_cstring(PG_GETARG_TEXT_PP(5));
 	if (strcmp(storage, "local") != 0 && strcmp(storage, "object") != 0)
@@ -188,13 +185,6 @@ felix_create_stream(PG_FUNCTION_ARGS)
 	}
 
 	/* Not yet available: refused, never silently downgraded. */
-	if (replication_factor > 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("stream \"%s\": replication_factor %d is not supported yet",
-						name, replication_factor),
-				 errdetail("This felix release stores every shard on one node; replicated shards are not implemented yet."),
-				 errhint("Create the stream with replication_factor => 1.")));
 	if (strcmp(storage, "object") == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
@@ -202,29 +192,71 @@ felix_create_stream(PG_FUNCTION_ARGS)
 				 errdetail("This felix release keeps shards in local segment files only."),
 				 errhint("Create the stream with storage => 'local'.")));
 
-	/* Name collisions: with another stream, then with any relation. */
-	namespace = RangeVarGetCreationNamespace(makeRangeVar(NULL, name, -1));
-	SPI_connect();
-	{
-		Oid			argtypes[1] = {TEXTOID};
-		Datum		values[1] = {CStringGetTextDatum(name)};
+	/*
+	 * The control plane places the stream (and refuses it, e.g. when fewer
+	 * nodes are alive than replication_factor asks for) before this node
+	 * creates its table; the other nodes create theirs at their next
+	 * heartbeat.  A name taken here locally is refused before asking.
+	 */
+	felix_stream_check_name_free(name);
+	felix_cp_call_create_stream(name, shards, replication_factor, consistency,
+								payload_type, storage,
+								PG_ARGISNULL(6) ? -1 : PG_GETARG_INT64(6),
+								PG_ARGISNULL(7) ? NULL :
+								DatumGetCString(DirectFunctionCall1(interval_out,
+																	PG_GETARG_DATUM(7))));
+	relid = felix_stream_create_local(name, shards, replication_factor, consistency,
+									  payload_type,
+									  PG_ARGISNULL(6) ? 0 : PG_GETARG_INT64(6),
+									  PG_ARGISNULL(7) ? NULL : PG_GETARG_INTERVAL_P(7));
+	PG_RETURN_OID(relid);
+}
 
-		if (SPI_execute_with_args("SELECT 1 FROM felix.streams WHERE name = $1",
-								  1, argtypes, values, NULL, true, 1) != SPI_OK_SELECT)
-			elog(ERROR, "felix: reading felix.streams failed");
-		if (SPI_processed > 0)
-			ereport(ERROR,
-					(errcode(ERRCODE_DUPLICATE_OBJECT),
-					 errmsg("stream \"%s\" already exists", name),
-					 errhint("Choose another name, or drop the stream with felix_drop_stream('%s').", name)));
-	}
+/* Refuse a name already taken by a stream or relation on this node. */
+void
+felix_stream_check_name_free(const char *name)
+{
+	Oid			namespace = RangeVarGetCreationNamespace(makeRangeVar(NULL, pstrdup(name), -1));
+	Oid			argtypes[1] = {TEXTOID};
+	Datum		values[1];
+
+	values[0] = CStringGetTextDatum(name);
+	SPI_connect();
+	if (SPI_execute_with_args("SELECT 1 FROM felix.streams WHERE name = $1",
+							  1, argtypes, values, NULL, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "felix: reading felix.streams failed");
+	if (SPI_processed > 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_DUPLICATE_OBJECT),
+				 errmsg("stream \"%s\" already exists", name),
+				 errhint("Choose another name, or drop the stream with felix_drop_stream('%s').", name)));
+	SPI_finish();
 	if (OidIsValid(get_relname_relid(name, namespace)))
 		ereport(ERROR,
 				(errcode(ERRCODE_DUPLICATE_TABLE),
 				 errmsg("cannot create stream \"%s\": relation \"%s\" already exists in schema \"%s\"",
 						name, name, get_namespace_name(namespace)),
 				 errhint("Choose another name for the stream, or drop or rename the existing relation.")));
+}
 
+/*
+ * Create the stream's table and catalog row on this node, in the caller's
+ * transaction.  Refuses a name taken by another stream or relation.
+ */
+Oid
+felix_stream_create_local(const char *name, int shards, int replication_factor,
+						  const char *consistency, const char *payload_type,
+						  int64 retention_bytes, Interval *retention)
+{
+	Oid			namespace;
+	Oid			relid;
+	char		dir[MAXPGPATH];
+	StringInfoData sql;
+	Oid			payload_oid = payload_type_oid(name, payload_type);
+
+	felix_stream_check_name_free(name);
+	namespace = RangeVarGetCreationNamespace(makeRangeVar(NULL, pstrdup(name), -1));
+	SPI_connect();
 	initStringInfo(&sql);
 	appendStringInfo(&sql,
 					 "CREATE TABLE %s.%s (shard integer, seq bigint, key text, "
@@ -248,12 +280,12 @@ felix_create_stream(PG_FUNCTION_ARGS)
 		values[3] = Int32GetDatum(replication_factor);
 		values[4] = CStringGetTextDatum(consistency);
 		values[5] = ObjectIdGetDatum(payload_oid);
-		values[6] = CStringGetTextDatum(storage);
-		values[7] = PG_ARGISNULL(6) ? (Datum) 0 : PG_GETARG_DATUM(6);
-		values[8] = PG_ARGISNULL(7) ? (Datum) 0 : PG_GETARG_DATUM(7);
-		if (PG_ARGISNULL(6))
+		values[6] = CStringGetTextDatum("local");
+		values[7] = Int64GetDatum(retention_bytes);
+		values[8] = PointerGetDatum(retention);
+		if (retention_bytes <= 0)
 			nulls[7] = 'n';
-		if (PG_ARGISNULL(7))
+		if (retention == NULL)
 			nulls[8] = 'n';
 		spi_exec_as_catalog_owner("INSERT INTO felix.streams (name, relid, shards, "
 								  "replication_factor, consistency, payload_type, storage, "
@@ -267,7 +299,7 @@ felix_create_stream(PG_FUNCTION_ARGS)
 	felix_stream_dir(MyDatabaseId, relid, dir);
 	log_remove_all(dir);
 
-	PG_RETURN_OID(relid);
+	return relid;
 }
 
 PG_FUNCTION_INFO_V1(felix_drop_stream);
@@ -285,6 +317,9 @@ felix_drop_stream(PG_FUNCTION_ARGS)
 				 errhint("Pass the name of the stream to drop; felix_streams lists them.")));
 	stream = felix_stream_by_name(text_to_cstring(PG_GETARG_TEXT_PP(0)));
 	relid = stream->relid;
+
+	/* The cluster forgets the stream first; then this node drops its table. */
+	felix_cp_call_drop_stream(stream->name);
 
 	/*
 	 * DROP TABLE checks ownership; the drop hook and event trigger take care

@@ -26,7 +26,9 @@
 #include "miscadmin.h"
 #include "storage/shard.h"
 #include "storage/spin.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
+#include "catalog/pg_type.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
 #include "utils/tuplestore.h"
@@ -130,8 +132,8 @@ felix_shard_states(PG_FUNCTION_ARGS)
 
 		for (int sh = 0; sh < copy.shards; sh++)
 		{
-			Datum		values[10];
-			bool		nulls[10] = {0};
+			Datum		values[14];
+			bool		nulls[14] = {0};
 			char	   *error = NULL;
 			FelixShard *s;
 			FelixShardKey key = {MyDatabaseId, copy.relid, sh};
@@ -150,6 +152,8 @@ felix_shard_states(PG_FUNCTION_ARGS)
 				for (int c = 2; c < 8; c++)
 					nulls[c] = true;
 				values[8] = CStringGetTextDatum("closed");
+				for (int c = 10; c < 14; c++)
+					nulls[c] = true;
 			}
 			else
 			{
@@ -157,8 +161,19 @@ felix_shard_states(PG_FUNCTION_ARGS)
 				FelixRole	role;
 				uint64		generation, start, next, hwm, bytes;
 				char		shard_error[FELIX_SHARD_ERROR_LEN];
+				char		leader[NAMEDATALEN];
+				char		reason[FELIX_REASON_LEN];
+				int			nreplicas;
+				Datum		replicas[FELIX_MAX_REPLICAS];
+				int64		expiry;
 
 				SpinLockAcquire(&s->mutex);
+				strlcpy(leader, s->leader, sizeof(leader));
+				strlcpy(reason, s->unplaced_reason, sizeof(reason));
+				nreplicas = s->nreplicas;
+				for (int i = 0; i < nreplicas; i++)
+					replicas[i] = PointerGetDatum(cstring_to_text(s->replicas[i]));
+				expiry = s->role == FELIX_ROLE_LEADER ? s->lease_expiry_ns : 0;
 				phase = s->phase;
 				role = s->role;
 				generation = s->generation;
@@ -190,6 +205,26 @@ felix_shard_states(PG_FUNCTION_ARGS)
 				values[8] = CStringGetTextDatum(phase_name(phase));
 				if (phase == FELIX_SHARD_FAILED)
 					error = pstrdup(shard_error);
+
+				/* Leadership as the control plane last described it. */
+				if (leader[0])
+					values[10] = CStringGetTextDatum(leader);
+				else
+					nulls[10] = true;
+				if (nreplicas > 0)
+					values[11] = PointerGetDatum(construct_array(replicas, nreplicas, TEXTOID,
+																 -1, false, TYPALIGN_INT));
+				else
+					nulls[11] = true;
+				/* Remaining lease by this node's monotonic clock (leaders only). */
+				if (expiry == PG_INT64_MAX || expiry == 0)
+					nulls[12] = true;
+				else
+					values[12] = Int64GetDatum(Max((int64) 0, (expiry - felix_monotonic_ns()) / 1000000));
+				if (reason[0])
+					values[13] = CStringGetTextDatum(reason);
+				else
+					nulls[13] = true;
 			}
 			if (error != NULL)
 				values[9] = CStringGetTextDatum(error);

@@ -23,6 +23,36 @@ extern int	felix_max_shards_per_stream;	/* felix.max_shards_per_stream */
 extern int	felix_retention_interval;	/* felix.retention_check_interval, ms */
 extern char *felix_database;		/* felix.database: where the node worker runs */
 
+/* ---- cluster GUCs (replication) ---- */
+extern char *felix_node_name;		/* felix.node_name; "" = node_<port> */
+extern char *felix_node_conninfo;	/* felix.node_conninfo; "" = derived */
+extern char *felix_control_conninfo;	/* felix.control_conninfo; "" = embedded */
+extern int	felix_lease_duration;	/* ms */
+extern int	felix_heartbeat_interval;	/* ms */
+extern int	felix_lease_margin;		/* ms */
+extern int	felix_lease_epsilon;	/* ms */
+extern int	felix_quorum_timeout;	/* ms */
+extern int	felix_node_expiry;		/* ms */
+
+/* This node's name, conninfo, and whether it hosts the control plane. */
+extern const char *felix_node_name_resolved(void);
+extern const char *felix_node_conninfo_resolved(void);
+extern bool felix_cp_embedded(void);
+/* How to reach the control plane (embedded: this node's own conninfo). */
+extern const char *felix_cp_conninfo_resolved(void);
+
+/* felix's own SQLSTATEs (class 55: object not in prerequisite state) */
+#define FELIX_ERRCODE_QUORUM_TIMEOUT	MAKE_SQLSTATE('5','5','F','0','1')
+#define FELIX_ERRCODE_NOT_LEADER		MAKE_SQLSTATE('5','5','F','0','2')
+#define FELIX_ERRCODE_LEASE_EXPIRED		MAKE_SQLSTATE('5','5','F','0','3')
+
+/* When a publish is acknowledged: durable on the leader, or on a majority. */
+typedef enum FelixConsistency
+{
+	FELIX_CONSISTENCY_LEADER,
+	FELIX_CONSISTENCY_QUORUM
+} FelixConsistency;
+
 /* The maximum bytes one batch may hold; larger INSERT/COPY buffers split. */
 #define FELIX_MAX_BATCH_BYTES	(64 * 1024 * 1024)
 

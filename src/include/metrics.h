@@ -25,6 +25,15 @@ typedef enum FelixCounter
 	FELIX_CTR_CORRUPTIONS_DETECTED,
 	FELIX_CTR_INDEX_REBUILDS,
 	FELIX_CTR_SHARDS_RECOVERED,
+	FELIX_CTR_LEASE_EXPIRIES,		/* a lease this node held ran out */
+	FELIX_CTR_PROMOTIONS,			/* this node took a shard at generation > 1 */
+	FELIX_CTR_QUORUM_TIMEOUTS,		/* quorum publishes that gave up waiting */
+	FELIX_CTR_HEARTBEATS_SENT,		/* heartbeats sent to the control plane */
+	FELIX_CTR_HEARTBEATS_FAILED,	/* heartbeats that got no answer (or no connection) */
+	FELIX_CTR_BYTES_SHIPPED,		/* batch bytes sent to followers */
+	FELIX_CTR_BATCHES_REPLICATED,	/* batches this node stored as a follower */
+	FELIX_CTR_REPLICA_REPORTS,		/* follower rows reported to the control plane */
+	FELIX_CTR_REPORT_REQUESTS,		/* felix.cp_report requests that landed */
 	FELIX_NUM_COUNTERS
 } FelixCounter;
 

@@ -8,8 +8,9 @@
  * A batch is built in two steps because the seq is only known under the
  * shard's append lock: batch_begin/batch_add/batch_seal_body run in the
  * publishing backend without any lock (the body and its CRC are computed
- * there), and batch_stamp, run under the lock, only writes the header's
- * position fields and the header CRC.
+ * there, and the trailer is appended), and batch_stamp, run under the lock,
+ * only writes the header's position fields, the header CRC and the
+ * trailer's copy of that CRC.
  *
  * Checking follows one rule: no length read from disk is used before the
  * header CRC has matched, and no record is decoded before the body CRC has
@@ -89,14 +90,17 @@ batch_add(StringInfo buf, const char *key, int32 key_len,
 }
 
 /*
- * Finish the body: kind, flags, body_len and body_crc.  The count was kept
- * by batch_add (a SEAL body is raw bytes appended by the caller; its count
- * stays zero).
+ * Finish the body: kind, flags, body_len and body_crc, then append the
+ * trailer (its header_crc copy is filled by batch_stamp).  The count was
+ * kept by batch_add (a SEAL body is raw bytes appended by the caller; its
+ * count stays zero).  Called once per batch: everything after the header
+ * is taken as the body.
  */
 void
 batch_seal_body(StringInfo buf, uint16 kind)
 {
 	FelixBatchHeader h;
+	FelixBatchTrailer t;
 	pg_crc32c	crc;
 	Size		body_len;
 
@@ -118,13 +122,22 @@ batch_seal_body(StringInfo buf, uint16 kind)
 	FIN_CRC32C(crc);
 	h.body_crc = crc;
 	memcpy(buf->data, &h, sizeof(h));
+
+	t.magic = FELIX_BATCH_TRAILER_MAGIC;
+	t.header_crc = 0;
+	appendBinaryStringInfo(buf, (const char *) &t, sizeof(t));
 }
 
-/* Fill the position fields, the magic and the header CRC. */
+/*
+ * Fill the position fields, the magic, the header CRC and the trailer's
+ * copy of it.  `batch` is a whole stored batch (batch_seal_body done): the
+ * trailer sits body_len bytes after the header.
+ */
 void
 batch_stamp(char *batch, uint64 base_seq, uint64 generation, TimestampTz ts)
 {
 	FelixBatchHeader h;
+	FelixBatchTrailer t;
 
 	memcpy(&h, batch, sizeof(h));
 	h.magic = FELIX_BATCH_MAGIC;
@@ -133,6 +146,41 @@ batch_stamp(char *batch, uint64 base_seq, uint64 generation, TimestampTz ts)
 	h.timestamp = ts;
 	h.header_crc = batch_header_crc(&h);
 	memcpy(batch, &h, sizeof(h));
+
+	batch_trailer_make(&h, &t);
+	memcpy(batch + HDR_SIZE + h.body_len, &t, sizeof(t));
+}
+
+void
+batch_trailer_make(const FelixBatchHeader *h, FelixBatchTrailer *t)
+{
+	t->magic = FELIX_BATCH_TRAILER_MAGIC;
+	t->header_crc = h->header_crc;
+}
+
+/*
+ * Compare a trailer with its header.  PARTIAL (one field right) is kept
+ * apart from ABSENT (neither) because recovery treats a single damaged
+ * byte of a written trailer as "written", never as "unfinished".
+ */
+FelixTrailerCheck
+batch_trailer_check(const FelixBatchHeader *h, const char *trailer)
+{
+	FelixBatchTrailer t;
+	bool		magic_ok;
+	bool		crc_ok;
+
+	memcpy(&t, trailer, sizeof(t));
+	/* zeros are what unwritten (preallocated) space reads as, never a trailer */
+	if (t.magic == 0 && t.header_crc == 0)
+		return FELIX_TRAILER_ABSENT;
+	magic_ok = (t.magic == FELIX_BATCH_TRAILER_MAGIC);
+	crc_ok = (t.header_crc == h->header_crc);
+	if (magic_ok && crc_ok)
+		return FELIX_TRAILER_OK;
+	if (magic_ok || crc_ok)
+		return FELIX_TRAILER_PARTIAL;
+	return FELIX_TRAILER_ABSENT;
 }
 
 uint32

@@ -373,7 +373,7 @@ segment_walk(FelixSegFile *sf, const char *what, uint64 off, uint64 seq,
 									psprintf("The batch starts at seq %llu where seq %llu was expected.",
 											 (unsigned long long) h.base_seq,
 											 (unsigned long long) seq));
-		batch_len = BATCH_HEADER_SIZE + h.body_len;
+		batch_len = batch_stored_len(&h);
 		if (off + batch_len > file_size)
 			felix_report_corruption(what, sf->path, off,
 									psprintf("The batch claims %llu bytes but the file ends %llu bytes later.",
@@ -389,6 +389,9 @@ segment_walk(FelixSegFile *sf, const char *what, uint64 off, uint64 seq,
 			if (check_bodies && !batch_body_check(&h, p + BATCH_HEADER_SIZE))
 				felix_report_corruption(what, sf->path, off,
 										"The batch body does not match its checksum or its record count.");
+			if (batch_trailer_check(&h, p + batch_len - BATCH_TRAILER_SIZE) != FELIX_TRAILER_OK)
+				felix_report_corruption(what, sf->path, off + batch_len - BATCH_TRAILER_SIZE,
+										"The batch trailer does not match the batch header.");
 			if (crc != NULL)
 				COMP_CRC32C(*crc, p, batch_len);
 		}

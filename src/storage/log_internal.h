@@ -21,7 +21,9 @@
 
 #define SEG_HEADER_SIZE		((uint64) sizeof(FelixSegmentHeader))
 #define BATCH_HEADER_SIZE	((uint64) sizeof(FelixBatchHeader))
-#define SEAL_BATCH_SIZE		(BATCH_HEADER_SIZE + sizeof(uint32))
+#define BATCH_TRAILER_SIZE	((uint64) sizeof(FelixBatchTrailer))
+/* a whole stored seal batch: header, 4-byte body, trailer */
+#define SEAL_BATCH_SIZE		(BATCH_HEADER_SIZE + sizeof(uint32) + BATCH_TRAILER_SIZE)
 #define INDEX_HEADER_SIZE	((uint64) sizeof(FelixIndexHeader))
 
 /* Read sizes: readers stream in 256 kB chunks, whole-file checks in 1 MB. */
@@ -141,9 +143,12 @@ typedef struct FelixWalk
 
 /*
  * Walk batches from (off, seq) to end of file or the seal, checking every
- * header (and body when check_bodies) and seq continuity; any defect is
- * reported as corruption.  Adds index entries to ib and extends *crc over
- * the walked bytes when given.
+ * header (and body when check_bodies; the trailer whenever the batch is
+ * read, i.e. with check_bodies or crc, and for the seal) and seq
+ * continuity; any defect is reported as corruption.  The file must end at
+ * its last batch (sealed segments and freshly truncated ones do): zero
+ * bytes after it are reported as stray bytes.  Adds index entries to ib and
+ * extends *crc over the walked bytes when given.
  */
 extern void segment_walk(FelixSegFile *sf, const char *what, uint64 off,
 						 uint64 seq, bool check_bodies, FelixIndexBuild *ib,

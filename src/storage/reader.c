@@ -10,8 +10,10 @@
  * seeks with that segment's sparse index (checked, see index.c) and then
  * streams forward through large buffered reads — one pread per chunk, not
  * per batch — verifying every batch header and, before any record of it is
- * returned or shipped, its body CRC.  A seal batch (or the end of a file)
- * leads into the segment that begins where the previous one ended.
+ * returned or shipped, its body CRC and its trailer.  A seal batch (or the
+ * end of the data: the end of the file, or the zero bytes of an active
+ * segment's preallocated tail) leads into the segment that begins where the
+ * previous one ended.
  *
  * Locking rule: none.  Readers read only below an end the caller took from
  * the shard's shared state (the high-water mark), and bytes there are never
@@ -170,7 +172,7 @@ struct FelixLogReader
 	bool		in_batch;
 	FelixBatchHeader hdr;
 	FelixBatchIter it;
-	const char *raw;			/* header + body in sf's buffer */
+	const char *raw;			/* header, body, trailer in sf's buffer */
 };
 
 static void
@@ -317,8 +319,8 @@ reader_advance(FelixLogReader *r, uint64 next_base, uint64 at_offset)
 
 /*
  * Position on the next stored RECORDS batch that holds a seq in
- * [from_seq, end_seq): header and body verified, r->hdr/raw set, pos moved
- * past it.  False at the end of the log.
+ * [from_seq, end_seq): header, body and trailer verified, r->hdr/raw set,
+ * pos moved past it.  False at the end of the log.
  */
 static bool
 reader_next_batch(FelixLogReader *r)
@@ -336,19 +338,22 @@ reader_next_batch(FelixLogReader *r)
 		if (r->sf.fd < 0)
 			return false;
 
-		if (!segfile_header(&r->sf, r->pos, &h))
+		if (!segfile_header(&r->sf, r->pos, &h) ||
+			(hc = batch_header_check(&h)) == FELIX_HDR_ZERO)
 		{
 			/*
-			 * The file ends without a seal: this is the active segment and
-			 * the log ends here, unless a segment beginning exactly here
-			 * exists (a roll we have not listed yet).  A caller's end_seq
-			 * beyond the log's end simply ends the read.
+			 * The data ends without a seal (end of file, or the zeros of the
+			 * preallocated tail): this is the active segment and the log
+			 * ends here, unless a segment beginning exactly here exists (a
+			 * roll we have not listed yet).  A caller's end_seq beyond the
+			 * log's end simply ends the read.  Zeros inside a sealed segment
+			 * do not get past reader_advance: the next segment does not
+			 * begin at this seq, which it reports as damage.
 			 */
 			if (!reader_advance(r, r->expect_seq, r->pos))
 				return false;
 			continue;
 		}
-		hc = batch_header_check(&h);
 		if (hc != FELIX_HDR_OK)
 			felix_report_corruption(r->what, r->sf.path, r->pos, felix_header_problem(hc));
 		if (h.base_seq != r->expect_seq)
@@ -356,7 +361,7 @@ reader_next_batch(FelixLogReader *r)
 									psprintf("The batch starts at seq %llu where seq %llu was expected.",
 											 (unsigned long long) h.base_seq,
 											 (unsigned long long) r->expect_seq));
-		len = BATCH_HEADER_SIZE + h.body_len;
+		len = batch_stored_len(&h);
 
 		if (h.kind == FELIX_BATCH_SEAL)
 		{
@@ -381,6 +386,9 @@ reader_next_batch(FelixLogReader *r)
 		if (!batch_body_check(&h, p + BATCH_HEADER_SIZE))
 			felix_report_corruption(r->what, r->sf.path, r->pos,
 									"The batch body does not match its checksum or its record count.");
+		if (batch_trailer_check(&h, p + len - BATCH_TRAILER_SIZE) != FELIX_TRAILER_OK)
+			felix_report_corruption(r->what, r->sf.path, r->pos + len - BATCH_TRAILER_SIZE,
+									"The batch trailer does not match the batch header.");
 		r->hdr = h;
 		r->raw = p;
 		r->pos += len;
@@ -448,8 +456,8 @@ log_reader_close(FelixLogReader *r)
 }
 
 /*
- * Whole stored batches from the one holding from_seq, each verified before
- * it is copied.  A batch is copied when it begins below end_seq (end_seq is
+ * Whole stored batches (header, body, trailer) from the one holding
+ * from_seq, each verified before it is copied.  A batch is copied when it begins below end_seq (end_seq is
  * expected at a batch boundary: written and flushed ends always are).
  * max_bytes bounds the bytes this call appends, except that the first batch
  * is always copied.
@@ -464,7 +472,7 @@ log_read_range(const char *dir, const char *what, uint64 from_seq,
 
 	while (!r->done && reader_next_batch(r))
 	{
-		Size		len = BATCH_HEADER_SIZE + r->hdr.body_len;
+		Size		len = batch_stored_len(&r->hdr);
 
 		if (added > 0 && added + len > max_bytes)
 			break;

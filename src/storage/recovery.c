@@ -10,14 +10,16 @@
  *	   the previous one's seal says it ends (a gap or an overlap is damage);
  *	 - every segment but the last is sealed, and its bytes before the seal
  *	   match the seal's whole-file CRC-32C;
- *	 - the last segment is walked batch by batch (header CRC, body CRC, seq
- *	   continuity), and its end is classified as clean, torn or corrupt;
+ *	 - the last segment is walked batch by batch (header CRC, body CRC,
+ *	   trailer, seq continuity), and its end is classified as clean (the
+ *	   end of the file or a preallocated zero tail), torn or corrupt;
  *	 - each segment's index is validated and rebuilt when missing or wrong.
  *
  * The torn-tail rule is in recover_last_segment(); it is the one place
  * where felix deletes bytes it did not write moments ago, so it errs on the
  * side of refusing: anything that could be an acknowledged batch is
- * reported as corruption and nothing is cut.
+ * reported as corruption and nothing is cut.  Its batch trailers are what
+ * tell a complete batch from an unfinished write.
  *
  * Also here: the corruption report shared by every storage file.
  *
@@ -231,9 +233,10 @@ recover_sealed_segment(const char *dir, const char *what, uint64 base,
 				 errmsg("%s: could not read segment file \"%s\": %m", what, path)));
 	memcpy(&h, seal, sizeof(h));
 	if (batch_header_check(&h) != FELIX_HDR_OK || h.kind != FELIX_BATCH_SEAL ||
-		!batch_body_check(&h, seal + BATCH_HEADER_SIZE))
+		!batch_body_check(&h, seal + BATCH_HEADER_SIZE) ||
+		batch_trailer_check(&h, seal + SEAL_BATCH_SIZE - BATCH_TRAILER_SIZE) != FELIX_TRAILER_OK)
 		felix_report_corruption(what, path, seal_off,
-								"A segment that is followed by another must end with a valid seal batch; this one does not.");
+								"A segment that is followed by another must end with a valid seal batch (header, body and trailer); this one does not.");
 	if (h.base_seq < base)
 		felix_report_corruption(what, path, seal_off,
 								psprintf("The seal says the segment ends at seq %llu, before its base seq %llu.",
@@ -321,52 +324,141 @@ records_fill(const char *body, uint64 len, uint32 count)
 	return off == len;
 }
 
+/* Are bytes [from, to) of the file all zero? */
+static bool
+region_all_zero(FelixSegFile *sf, uint64 from, uint64 to)
+{
+	while (from < to)
+	{
+		Size		span = (Size) Min((uint64) FELIX_VERIFY_CHUNK, to - from);
+		const char *p;
+
+		CHECK_FOR_INTERRUPTS();
+		p = segfile_get(sf, from, span);
+		if (p == NULL)
+			return false;
+		for (Size i = 0; i < span; i++)
+		{
+			if (p[i] != 0)
+				return false;
+		}
+		from += span;
+	}
+	return true;
+}
+
 /*
- * The bytes from `off` to end of file start with a header that failed its
- * check.  Are they nonetheless one complete batch whose header was damaged?
- * Yes when the bytes after the header hash to the body_crc the header
- * claims (that is whatever length field got damaged), or when magic and
- * seq are right, the claimed length reaches end of file exactly and the
- * claimed count of records fills it exactly (the CRC fields got damaged).
+ * First offset in [from, to - len] where the `len` bytes of `pattern`
+ * occur; 0 if nowhere.
+ */
+static uint64
+find_bytes(FelixSegFile *sf, uint64 from, uint64 to, const char *pattern,
+		   Size len)
+{
+	uint64		pos = from;
+
+	while (pos + len <= to)
+	{
+		Size		span = (Size) Min((uint64) FELIX_VERIFY_CHUNK - len, to - pos);
+		const char *p;
+		const char *hit;
+
+		CHECK_FOR_INTERRUPTS();
+		/* read len - 1 bytes beyond the span so a match across it is seen */
+		p = segfile_get(sf, pos, Min((uint64) span + len - 1, to - pos));
+		if (p == NULL)
+			return 0;
+		hit = p;
+		while ((hit = memchr(hit, pattern[0], span - (hit - p))) != NULL)
+		{
+			if (pos + (hit - p) + len > to)
+				return 0;
+			if (memcmp(hit, pattern, len) == 0)
+				return pos + (hit - p);
+			hit++;
+			if (hit >= p + span)
+				break;
+		}
+		pos += span;
+	}
+	return 0;
+}
+
+/*
+ * The header at `off` failed its magic or CRC check (and is not all zero).
+ * Was a complete batch nonetheless written there, and damaged since?  Yes
+ * when any of these holds, because an unfinished write has none of them:
+ *	 1. the trailer at the length the header claims is present: its magic,
+ *		or a copy of the header's header_crc (either: a single flipped byte
+ *		in the trailer must not make a complete batch look unfinished);
+ *	 2. the body of the claimed length hashes to the claimed body CRC (a
+ *		field other than body_len and body_crc was damaged);
+ *	 3. the header's own trailer -- the trailer magic followed by the
+ *		header's header_crc -- appears within a batch's reach after the
+ *		header (body_len was damaged, so the claimed end is wrong);
+ *	 4. magic and seq are right and the claimed count of records fills the
+ *		claimed body exactly (the CRC fields were damaged).
+ * Lengths here come from a header whose CRC failed: each is only a claim,
+ * bounded by the largest batch and the end of the file before it is used.
  */
 static bool
 complete_batch_with_bad_header(FelixSegFile *sf, uint64 off, uint64 size,
 							   uint64 expect_seq)
 {
 	FelixBatchHeader h;
-	uint64		rest = size - off - BATCH_HEADER_SIZE;
-	const char *body;
-	pg_crc32c	crc;
+	const char *p;
+	FelixBatchTrailer own;
+	uint64		reach;
 
 	if (!segfile_header(sf, off, &h))
 		return false;
-	if (rest == 0 || rest > FELIX_MAX_BATCH_BYTES)
-		return false;
-	body = segfile_get(sf, off + BATCH_HEADER_SIZE, rest);
-	if (body == NULL)
-		return false;
-	INIT_CRC32C(crc);
-	COMP_CRC32C(crc, body, rest);
-	FIN_CRC32C(crc);
-	if (crc == h.body_crc)
-		return true;
-	return h.magic == FELIX_BATCH_MAGIC && h.base_seq == expect_seq &&
-		h.body_len == rest && h.kind == FELIX_BATCH_RECORDS &&
-		records_fill(body, rest, h.count);
+
+	/* 1, 2 and 4 need the claimed batch to lie inside the file */
+	if (h.body_len >= sizeof(uint32) && h.body_len <= FELIX_MAX_BATCH_BYTES &&
+		batch_stored_len(&h) <= size - off)
+	{
+		uint64		len = batch_stored_len(&h);
+
+		p = segfile_get(sf, off, len);
+		if (p != NULL)
+		{
+			pg_crc32c	crc;
+
+			if (batch_trailer_check(&h, p + len - BATCH_TRAILER_SIZE) != FELIX_TRAILER_ABSENT)
+				return true;
+			INIT_CRC32C(crc);
+			COMP_CRC32C(crc, p + BATCH_HEADER_SIZE, h.body_len);
+			FIN_CRC32C(crc);
+			if (crc == h.body_crc)
+				return true;
+			if (h.magic == FELIX_BATCH_MAGIC && h.base_seq == expect_seq &&
+				h.kind == FELIX_BATCH_RECORDS &&
+				records_fill(p + BATCH_HEADER_SIZE, h.body_len, h.count))
+				return true;
+		}
+	}
+
+	/* 3: look for the header's own trailer wherever the batch could end */
+	batch_trailer_make(&h, &own);
+	if (own.header_crc == 0)
+		return false;			/* a zero copy would match unwritten space */
+	reach = Min(size, off + BATCH_HEADER_SIZE + FELIX_MAX_BATCH_BYTES + BATCH_TRAILER_SIZE);
+	return find_bytes(sf, off + BATCH_HEADER_SIZE, reach, (const char *) &own,
+					  sizeof(own)) != 0;
 }
 
 /*
- * First offset after `off` where a valid batch header (magic, CRC, fields)
- * starts with a seq not before expect_seq; 0 if none.  Bytes are searched
- * one offset at a time because after damage we do not know where batches
- * begin.
+ * First offset at or after `from` where a valid batch header (magic, CRC,
+ * fields) starts with a seq not before expect_seq; 0 if none.  Bytes are
+ * searched one offset at a time because after damage we do not know where
+ * batches begin.  A preallocated zero tail is skipped at memchr speed.
  */
 static uint64
-find_valid_header_after(FelixSegFile *sf, uint64 off, uint64 size,
+find_valid_header_after(FelixSegFile *sf, uint64 from, uint64 size,
 						uint64 expect_seq)
 {
 	const uint32 magic = FELIX_BATCH_MAGIC;
-	uint64		pos = off + 1;
+	uint64		pos = from;
 
 	while (pos + BATCH_HEADER_SIZE <= size)
 	{
@@ -401,7 +493,8 @@ find_valid_header_after(FelixSegFile *sf, uint64 off, uint64 size,
 
 typedef struct LastInfo
 {
-	uint64		size;			/* after any cut */
+	uint64		size;			/* logical end: after the last batch */
+	uint64		alloc;			/* physical size of the file afterwards */
 	bool		sealed;
 	uint64		next_seq;
 	pg_crc32c	crc;			/* running CRC of [0, size) */
@@ -409,10 +502,16 @@ typedef struct LastInfo
 	uint64		last_generation;	/* 0 if the segment holds no records */
 } LastInfo;
 
-/* Cut the file back to `off`, make that durable, and say so. */
+/*
+ * Repair the end of the last segment and make it durable: write the
+ * trailer `fix` at fix_off (when fix is given), then cut the file at
+ * cut_to (when cut_to is below size).  Logged and counted as a torn tail
+ * when `reason` is given; a zero tail left behind a seal is dropped
+ * quietly.
+ */
 static void
-cut_torn_tail(const char *path, const char *what, uint64 off, uint64 size,
-			  const char *reason)
+repair_tail(const char *path, const char *what, const FelixBatchTrailer *fix,
+			uint64 fix_off, uint64 cut_to, uint64 size, const char *reason)
 {
 	int			fd = OpenTransientFile(path, O_RDWR | PG_BINARY);
 
@@ -420,25 +519,49 @@ cut_torn_tail(const char *path, const char *what, uint64 off, uint64 size,
 		ereport(ERROR,
 				(errcode_for_file_access(),
 				 errmsg("%s: could not open segment file \"%s\": %m", what, path)));
-	pgstat_report_wait_start(WAIT_EVENT_DATA_FILE_TRUNCATE);
-	if (ftruncate(fd, (off_t) off) != 0)
+	if (fix != NULL)
 	{
+		bool		ok;
+
+		pgstat_report_wait_start(WAIT_EVENT_DATA_FILE_WRITE);
+		ok = felix_pwrite_all(fd, fix, sizeof(*fix), fix_off);
 		pgstat_report_wait_end();
-		ereport(ERROR,
-				(errcode_for_file_access(),
-				 errmsg("%s: could not truncate segment file \"%s\" to %llu bytes: %m",
-						what, path, (unsigned long long) off)));
+		if (!ok)
+			ereport(ERROR,
+					(errcode_for_file_access(),
+					 errmsg("%s: could not write the batch trailer at offset %llu of segment file \"%s\": %m",
+							what, (unsigned long long) fix_off, path)));
 	}
-	pgstat_report_wait_end();
+	if (cut_to < size)
+	{
+		pgstat_report_wait_start(WAIT_EVENT_DATA_FILE_TRUNCATE);
+		if (ftruncate(fd, (off_t) cut_to) != 0)
+		{
+			pgstat_report_wait_end();
+			ereport(ERROR,
+					(errcode_for_file_access(),
+					 errmsg("%s: could not truncate segment file \"%s\" to %llu bytes: %m",
+							what, path, (unsigned long long) cut_to)));
+		}
+		pgstat_report_wait_end();
+	}
 	felix_fdatasync(fd, path);
 	CloseTransientFile(fd);
 
+	if (reason == NULL)
+		return;
 	felix_count(FELIX_CTR_TORN_TAILS_REPAIRED, 1);
-	ereport(LOG,
-			(errmsg("%s: repaired torn tail of segment file \"%s\": cut %llu bytes at offset %llu",
-					what, path, (unsigned long long) (size - off),
-					(unsigned long long) off),
-			 errdetail_internal("%s", reason)));
+	if (cut_to < size)
+		ereport(LOG,
+				(errmsg("%s: repaired torn tail of segment file \"%s\": cut %llu bytes at offset %llu",
+						what, path, (unsigned long long) (size - cut_to),
+						(unsigned long long) cut_to),
+				 errdetail_internal("%s", reason)));
+	else
+		ereport(LOG,
+				(errmsg("%s: repaired torn tail of segment file \"%s\": wrote the trailer of the last batch at offset %llu",
+						what, path, (unsigned long long) fix_off),
+				 errdetail_internal("%s", reason)));
 }
 
 /* Rewrite the header of a last segment whose creation was cut short. */
@@ -471,29 +594,64 @@ rewrite_segment_header(const char *path, const char *what, uint64 base,
 /*
  * Walk the last segment batch by batch and decide how it ends.
  *
- * THE TORN-TAIL RULE.  A publish is acknowledged only after fdatasync
- * covered its whole batch, so an acknowledged batch is complete on disk.
- * At the first batch that fails its checks, the bytes from there to the
- * end are a TORN TAIL — an unfinished write nobody was told succeeded —
- * and are cut, when:
- *	 (a) fewer than 48 bytes remain (not even a header was written); or
- *	 (b) the header is all zero bytes and no valid batch header follows
- *		 anywhere later in the file (space the file system had extended but
- *		 the write never reached); or
- *	 (c) the header is valid but its body runs past the end of the file
- *		 (the write stopped part way); or
- *	 (d) the header fails its magic or CRC check, no valid batch header
- *		 follows anywhere later in the file, and the remaining bytes are
- *		 not one complete batch with a damaged header (see
- *		 complete_batch_with_bad_header).
- * Everything else is CORRUPTION and nothing is cut:
- *	 - a complete batch (wholly inside the file) whose body does not match
- *	   its CRC: it may well have been acknowledged;
- *	 - any failing batch followed later in the file by a valid batch: bytes
- *	   after it were written, so it is not the tail that tore;
- *	 - a header that matches its CRC but has impossible fields, or a seq
- *	   that does not continue the previous batch: a writer wrote it that way;
- *	 - a complete batch whose header alone was damaged.
+ * What an append leaves on disk.  A batch (header, body, trailer) is
+ * written front to back with one write, usually into preallocated space
+ * that reads as zeros, and a publish is acknowledged only after fdatasync
+ * covered the whole batch.  So an acknowledged batch is complete on disk,
+ * trailer included; an interrupted write can leave only a prefix of one
+ * batch at the very end of the data, never its trailer; and after the data
+ * the file holds zeros up to its physical end.
+ *
+ * THE RULE.  At the write position (after the last good batch):
+ *	 (a) the end of the file, or fewer than 48 bytes left that are all zero:
+ *		 CLEAN END;
+ *	 (b) a header of all zero bytes: if a valid batch header appears
+ *		 anywhere later in the file, CORRUPTION (bytes after it were
+ *		 written); else if every remaining byte is zero, CLEAN END (the
+ *		 preallocated tail); else TORN (a write whose header never reached
+ *		 the disk);
+ *	 (c) a valid header whose batch (with its trailer) runs past the end of
+ *		 the file: TORN (the write stopped part way);
+ *	 (d) a valid header whose body fails its CRC or record structure: if
+ *		 the trailer is PRESENT (its magic matches, or its header_crc copy
+ *		 does; either suffices, so one flipped trailer byte cannot make a
+ *		 complete batch look unfinished) the batch was completely written:
+ *		 CORRUPTION.  If the trailer is ABSENT (neither matches: zeros or
+ *		 stale bytes) and no valid batch header follows anywhere later:
+ *		 TORN.  Absent with a valid batch later: CORRUPTION;
+ *	 (e) a valid header and body whose trailer is not right: with a valid
+ *		 batch header later, CORRUPTION (the trailer was damaged after the
+ *		 batch was complete).  Otherwise this is the last batch and its
+ *		 records are whole (header and body CRC matched): either the write
+ *		 stopped inside the last 8 bytes (or a truncation stopped between
+ *		 rewriting a header and its trailer, see truncate.c), or a byte of
+ *		 a written trailer flipped.  Either way no record is lost by
+ *		 keeping it: the batch is KEPT and its trailer rewritten (counted
+ *		 as a torn-tail repair), never cut;
+ *	 (f) a header that fails its magic or CRC check (not all zero): if the
+ *		 bytes show a complete batch nonetheless (see
+ *		 complete_batch_with_bad_header: the trailer at the claimed length,
+ *		 the claimed body CRC, the header's own trailer further on, or the
+ *		 records filling the claimed body) CORRUPTION; if a valid batch
+ *		 header follows anywhere later, CORRUPTION; else TORN;
+ *	 (g) fewer than 48 bytes left and not all zero: TORN;
+ *	 (h) a header that matches its CRC but has impossible fields or a seq
+ *		 that does not continue the previous batch, or a valid batch after
+ *		 the seal: CORRUPTION (a writer wrote it that way).
+ * A TORN tail is cut at the write position (the region after it reads as
+ * zeros again; the next append re-extends the file), synced, logged and
+ * counted.  CORRUPTION is reported with ERRCODE_DATA_CORRUPTED naming the
+ * file and offset, and nothing is cut.  A sealed last segment with zeros
+ * after its seal (the server stopped between writing the seal and cutting
+ * the preallocated tail) has the zeros cut.
+ *
+ * Blind spots, both leaning towards refusing rather than cutting: a
+ * complete last batch whose body fails its CRC is reported even though,
+ * after an operating-system crash that wrote the batch's pages out of
+ * order, it could be an unacknowledged write whose trailer page reached the
+ * disk and a body page did not; and a header whose own damage hides every
+ * sign of completeness (its body_len and header_crc both damaged) at the
+ * very end of the data is cut as torn.
  */
 static void
 recover_last_segment(const char *dir, const char *what, uint64 base,
@@ -509,6 +667,10 @@ recover_last_segment(const char *dir, const char *what, uint64 base,
 	bool		sealed = false;
 	uint64		last_gen = 0;
 	const char *torn = NULL;
+	bool		have_fix = false;
+	FelixBatchTrailer fix;
+	uint64		fix_off = 0;
+	uint64		cut_to;
 	FelixSegmentHeader sh;
 
 	felix_segment_path(path, dir, base);
@@ -516,9 +678,10 @@ recover_last_segment(const char *dir, const char *what, uint64 base,
 	size = felix_fd_size(sf.fd, path);
 
 	/*
-	 * The header is written and fsync'd before any batch is appended, so a
-	 * damaged header with nothing after it is an interrupted creation and
-	 * is rewritten; a damaged header with batches after it is corruption.
+	 * The header is written and fsync'd before any batch is appended (and
+	 * before the file is extended), so a damaged header with nothing after
+	 * it is an interrupted creation and is rewritten; a damaged header with
+	 * bytes after it is corruption.
 	 */
 	if (size <= SEG_HEADER_SIZE)
 	{
@@ -558,39 +721,57 @@ recover_last_segment(const char *dir, const char *what, uint64 base,
 	{
 		FelixBatchHeader h;
 		FelixHeaderCheck hc;
+		FelixTrailerCheck tc;
 		uint64		len;
 		uint64		later;
 		const char *p;
 
 		CHECK_FOR_INTERRUPTS();
 
-		/* (a) not even a header's worth of bytes */
+		/* (a), (g): not even a header's worth of bytes */
 		if (size - off < BATCH_HEADER_SIZE)
 		{
-			torn = psprintf("Only %llu bytes follow the last complete batch, fewer than a batch header.",
-							(unsigned long long) (size - off));
+			if (!region_all_zero(&sf, off, size))
+				torn = psprintf("Only %llu bytes follow the last complete batch, fewer than a batch header, and they are not zero.",
+								(unsigned long long) (size - off));
 			break;
 		}
 		(void) segfile_header(&sf, off, &h);
 		hc = batch_header_check(&h);
 
-		if (hc == FELIX_HDR_ZERO || hc == FELIX_HDR_BAD_MAGIC || hc == FELIX_HDR_BAD_CRC)
+		/* (b) */
+		if (hc == FELIX_HDR_ZERO)
 		{
-			if (hc != FELIX_HDR_ZERO &&
-				complete_batch_with_bad_header(&sf, off, size, seq))
+			later = find_valid_header_after(&sf, off + 1, size, seq);
+			if (later != 0)
+				felix_report_corruption(what, path, off,
+										psprintf("%s A valid batch follows at byte offset %llu, so this is damage, not the end of the data.",
+												 felix_header_problem(hc),
+												 (unsigned long long) later));
+			if (!region_all_zero(&sf, off, size))
+				torn = psprintf("%s Non-zero bytes follow it, but nothing valid.",
+								felix_header_problem(hc));
+			break;
+		}
+
+		/* (f) */
+		if (hc == FELIX_HDR_BAD_MAGIC || hc == FELIX_HDR_BAD_CRC)
+		{
+			if (complete_batch_with_bad_header(&sf, off, size, seq))
 				felix_report_corruption(what, path, off,
 										psprintf("%s The bytes after it form a complete batch, so this is damage, not an unfinished write.",
 												 felix_header_problem(hc)));
-			later = find_valid_header_after(&sf, off, size, seq);
+			later = find_valid_header_after(&sf, off + 1, size, seq);
 			if (later != 0)
 				felix_report_corruption(what, path, off,
 										psprintf("%s A valid batch follows at byte offset %llu, so this is damage, not an unfinished write.",
 												 felix_header_problem(hc),
 												 (unsigned long long) later));
-			/* (b) and (d) */
 			torn = psprintf("%s Nothing valid follows it.", felix_header_problem(hc));
 			break;
 		}
+
+		/* (h) */
 		if (hc != FELIX_HDR_OK)
 			felix_report_corruption(what, path, off, felix_header_problem(hc));
 		if (sealed)
@@ -602,8 +783,8 @@ recover_last_segment(const char *dir, const char *what, uint64 base,
 											 (unsigned long long) h.base_seq,
 											 (unsigned long long) seq));
 
-		len = BATCH_HEADER_SIZE + h.body_len;
-		/* (c) the write stopped inside the body */
+		len = batch_stored_len(&h);
+		/* (c) the write stopped inside the batch */
 		if (len > size - off)
 		{
 			torn = psprintf("The batch header is valid but its %llu bytes run %llu bytes past the end of the file.",
@@ -617,9 +798,36 @@ recover_last_segment(const char *dir, const char *what, uint64 base,
 					(errcode_for_file_access(),
 					 errmsg("%s: could not read segment file \"%s\" at offset %llu",
 							what, path, (unsigned long long) off)));
+		tc = batch_trailer_check(&h, p + len - BATCH_TRAILER_SIZE);
+
+		/* (d) */
 		if (!batch_body_check(&h, p + BATCH_HEADER_SIZE))
-			felix_report_corruption(what, path, off,
-									"The batch is complete but its body does not match its checksum or its record count; a complete batch may have been acknowledged, so it is not cut.");
+		{
+			if (tc != FELIX_TRAILER_ABSENT)
+				felix_report_corruption(what, path, off,
+										"The batch is complete (its trailer is present) but its body does not match its checksum or its record count; a complete batch may have been acknowledged, so it is not cut.");
+			later = find_valid_header_after(&sf, off + 1, size, seq);
+			if (later != 0)
+				felix_report_corruption(what, path, off,
+										psprintf("The batch body does not match its checksum or its record count, and a valid batch follows at byte offset %llu, so this is damage, not an unfinished write.",
+												 (unsigned long long) later));
+			torn = "The batch header is valid but its body does not match its checksum and its trailer was never written: the write stopped part way.";
+			break;
+		}
+
+		/* (e) */
+		if (tc != FELIX_TRAILER_OK)
+		{
+			later = find_valid_header_after(&sf, off + len, size,
+											h.kind == FELIX_BATCH_RECORDS ? seq + h.count : seq);
+			if (later != 0)
+				felix_report_corruption(what, path, off + len - BATCH_TRAILER_SIZE,
+										psprintf("The batch trailer does not match the batch header, and a valid batch follows at byte offset %llu.",
+												 (unsigned long long) later));
+			batch_trailer_make(&h, &fix);
+			fix_off = off + len - BATCH_TRAILER_SIZE;
+			have_fix = true;
+		}
 
 		if (h.kind == FELIX_BATCH_SEAL)
 		{
@@ -640,25 +848,46 @@ recover_last_segment(const char *dir, const char *what, uint64 base,
 			last_gen = h.generation;
 			seq += h.count;
 		}
-		COMP_CRC32C(crc, p, len);
+		/* the running CRC covers the bytes as they will be: trailer fixed */
+		if (tc != FELIX_TRAILER_OK)
+		{
+			COMP_CRC32C(crc, p, len - BATCH_TRAILER_SIZE);
+			COMP_CRC32C(crc, &fix, sizeof(fix));
+		}
+		else
+			COMP_CRC32C(crc, p, len);
 		off += len;
 	}
 
-	if (torn != NULL)
+	segfile_close(&sf);
+
+	/*
+	 * Cut a torn tail at the write position, and the zero tail behind a
+	 * seal (a seal is the file's exact end); otherwise the zeros after the
+	 * data stay allocated for the next appends.
+	 */
+	cut_to = (torn != NULL || sealed) ? off : size;
+	if (have_fix || cut_to < size)
 	{
-		segfile_close(&sf);
-		cut_torn_tail(path, what, off, size, torn);
-		size = off;
-		(void) segfile_open(&sf, path, what, FELIX_READ_CHUNK, false);
+		const char *reason = torn;
+
+		if (have_fix)
+			reason = psprintf("The last batch's header and body are whole but its trailer is not (the write stopped before its end, or the trailer was damaged); the batch is kept and its trailer rewritten.%s%s",
+							  torn != NULL ? " " : "", torn != NULL ? torn : "");
+		repair_tail(path, what, have_fix ? &fix : NULL, fix_off, cut_to, size,
+					reason);
+		size = cut_to;
 	}
 	else
 		sync_file(path, what);	/* may have survived only in the page cache */
+	(void) segfile_open(&sf, path, what, FELIX_READ_CHUNK, false);
 
-	check_index(&sf, dir, what, base, sealed ? size - SEAL_BATCH_SIZE : size,
+	check_index(&sf, dir, what, base, sealed ? off - SEAL_BATCH_SIZE : off,
 				&ib, true);
 	segfile_close(&sf);
 
-	li->size = size;
+	li->size = off;
+	li->alloc = size;
 	li->sealed = sealed;
 	li->next_seq = seq;
 	li->crc = crc;
@@ -742,6 +971,7 @@ log_recover(const char *dir, const char *what, FelixLogState *st)
 	st->last_generation = li.last_generation;
 	st->active_base = bases[n - 1];
 	st->active_bytes = li.size;
+	st->alloc_bytes = li.alloc;
 	st->active_crc = li.crc;
 	st->index_mark = li.index_mark;
 	/*

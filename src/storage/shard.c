@@ -24,6 +24,7 @@
 #include "felix.h"
 #include "metrics.h"
 #include "miscadmin.h"
+#include "pgstat.h"
 #include "storage/fd.h"
 #include "storage/shard.h"
 #include "storage/shmem.h"
@@ -35,6 +36,7 @@ typedef struct FelixShardRegistry
 {
 	LWLock		lock;			/* guards the hash and slot allocation */
 	int			tranche_id;
+	Latch	   *shipper_latch;	/* the ship worker's latch, or NULL */
 	int			nslots;
 	FelixShard	slots[FLEXIBLE_ARRAY_MEMBER];
 } FelixShardRegistry;
@@ -78,6 +80,7 @@ shard_registry_init(void)
 	if (!found)
 	{
 		registry->tranche_id = LWLockNewTrancheId();
+		registry->shipper_latch = NULL;
 		registry->nslots = felix_max_shards;
 		LWLockInitialize(&registry->lock, registry->tranche_id);
 		for (int i = 0; i < felix_max_shards; i++)
@@ -181,6 +184,13 @@ shard_allocate(const FelixShardSpec *spec)
 	s->flushed_end = s->hwm_end = s->total_bytes = 0;
 	s->retention_bytes = spec->retention_bytes;
 	s->retention_ms = spec->retention_ms;
+	s->consistency = spec->consistency;
+	s->replication_factor = spec->replication_factor;
+	s->leader[0] = '\0';
+	s->leader_conninfo[0] = '\0';
+	s->nreplicas = 0;
+	s->unplaced_reason[0] = '\0';
+	s->clustered = false;
 	s->error[0] = '\0';
 	memset(&s->log, 0, sizeof(FelixLogState));
 	s->in_use = true;
@@ -256,11 +266,25 @@ shard_report_failed(FelixShard *s)
 			 errhint("Restore the damaged segment from a replica or a backup, then restart the server.")));
 }
 
+static void shard_wait_quorum(FelixShard *s, uint64 generation, uint64 end);
+
+/* Records on this node count as acknowledged once durable here. */
+static bool
+shard_acks_on_flush(FelixShard *s)
+{
+	return s->consistency == FELIX_CONSISTENCY_LEADER || s->replication_factor <= 1;
+}
+
 /*
- * Recover the shard's log and open it as this node's leader.  Called with
- * append_lock held exclusively.  On a single node the shard is led here at
- * the generation its map last recorded (1 for a new shard), with no lease
- * to expire; replication fills these in from the control plane.
+ * Recover the shard's log and open it.  Called with append_lock held
+ * exclusively.  Nobody may write yet: leadership, and the lease that
+ * bounds it, only come from the control plane (shard_apply_assignment),
+ * even on a single node whose control plane is embedded.
+ *
+ * What readers may see after a start: with one copy, everything durable
+ * here (acknowledged or not, it is the only copy); with several, nothing
+ * until a leader says what a majority holds, because the tail of a
+ * replica may be a proposal no majority ever adopted.
  */
 static void
 shard_open_locked(FelixShard *s)
@@ -274,23 +298,13 @@ shard_open_locked(FelixShard *s)
 	shard_dir(s, dir);
 	log_recover(dir, what, &s->log);
 
-	/*
-	 * What survived a crash may still sit in the page cache only; make it
-	 * durable before anything is shown to readers as acknowledged.
-	 */
-	if (s->log.has_active)
-		log_sync(dir, what, s->log.active_base);
-
 	nmap = genmap_load(dir, what, &map);
-	generation = Max((uint64) 1, s->log.last_generation);
+	generation = s->log.last_generation;
 	if (nmap > 0)
 		generation = Max(generation, map[nmap - 1].generation);
 
-	/*
-	 * Record where this leadership's generation begins while the shard is
-	 * still closed to writers: it is the one moment the tail is exactly the
-	 * generation's start.
-	 */
+	/* INTERIM until the node agent lands: lead with no lease, as before. */
+	generation = Max(generation, 1);
 	genmap_note(dir, what, generation, s->log.next_seq);
 
 	shard_mirror_log(s);
@@ -299,7 +313,7 @@ shard_open_locked(FelixShard *s)
 	s->generation = generation;
 	s->lease_expiry_ns = PG_INT64_MAX;
 	s->flushed_end = s->log.next_seq;
-	s->hwm_end = s->log.next_seq;
+	s->hwm_end = s->replication_factor <= 1 ? s->log.next_seq : s->log.start_seq;
 	s->phase = FELIX_SHARD_OPEN;
 	SpinLockRelease(&s->mutex);
 	felix_count(FELIX_CTR_SHARDS_RECOVERED, 1);
@@ -384,41 +398,177 @@ shard_acquire(const FelixShardSpec *spec)
  */
 
 /*
- * Conditions 1-3 of the write rule: this node leads the shard at
- * `generation` (or, at admission, at whatever generation it holds), its
- * lease has not run out by the monotonic clock, and the shard is open.
- * Returns the generation the write will be stamped with.
+ * A libpq conninfo with any password replaced, for messages and views.
  */
-static uint64
-shard_check_writable(FelixShard *s, uint64 expect_generation)
+char *
+felix_mask_conninfo(const char *conninfo)
+{
+	StringInfoData out;
+	const char *p = conninfo;
+
+	initStringInfo(&out);
+	while (*p)
+	{
+		if (pg_strncasecmp(p, "password", 8) == 0)
+		{
+			const char *q = p + 8;
+
+			while (*q == ' ')
+				q++;
+			if (*q == '=')
+			{
+				q++;
+				while (*q == ' ')
+					q++;
+				appendStringInfoString(&out, "password=********");
+				if (*q == '\'')
+				{
+					for (q++; *q && *q != '\''; q++)
+						if (*q == '\\' && q[1])
+							q++;
+					if (*q)
+						q++;
+				}
+				else
+					while (*q && *q != ' ')
+						q++;
+				p = q;
+				continue;
+			}
+		}
+		appendStringInfoChar(&out, *p++);
+	}
+	return out.data;
+}
+
+typedef enum Writable
+{
+	WRITABLE,
+	WRITABLE_NOT_YET,			/* lease or assignment pending for this node */
+	WRITABLE_ELSEWHERE,			/* another node leads */
+	WRITABLE_EXPIRED			/* our lease ran out */
+} Writable;
+
+/*
+ * Conditions 1-3 of the write rule, read once under the spinlock: this node
+ * holds a lease for the shard at `expect_generation` (any, when 0), its
+ * monotonic clock is before expiry - epsilon (the expiry is stored with
+ * epsilon already taken off), and the shard is open at exactly that
+ * generation.
+ */
+static Writable
+shard_writable(FelixShard *s, uint64 expect_generation, uint64 *generation)
 {
 	FelixShardPhase phase;
 	FelixRole	role;
-	uint64		generation;
 	int64		expiry;
+	bool		expired_now = false;
+	Writable	result;
 
 	SpinLockAcquire(&s->mutex);
 	phase = s->phase;
 	role = s->role;
-	generation = s->generation;
+	*generation = s->generation;
 	expiry = s->lease_expiry_ns;
+	if (role == FELIX_ROLE_LEADER && expiry != 0 && expiry != PG_INT64_MAX &&
+		felix_monotonic_ns() >= expiry)
+	{
+		/* The lease lapsed: forget it, so the expiry is counted once. */
+		s->lease_expiry_ns = expiry = 0;
+		expired_now = true;
+	}
 	SpinLockRelease(&s->mutex);
 
+	if (expired_now)
+		felix_count(FELIX_CTR_LEASE_EXPIRIES, 1);
 	if (phase == FELIX_SHARD_FAILED)
 		shard_report_failed(s);
-	if (phase != FELIX_SHARD_OPEN || role != FELIX_ROLE_LEADER ||
-		(expect_generation != 0 && generation != expect_generation))
+
+	if (phase != FELIX_SHARD_OPEN)
+		result = WRITABLE_NOT_YET;
+	else if (role == FELIX_ROLE_LEADER && expiry != 0)
+		result = (expect_generation == 0 || *generation == expect_generation) ?
+			WRITABLE : WRITABLE_ELSEWHERE;
+	else if (role == FELIX_ROLE_LEADER)
+		result = expired_now ? WRITABLE_EXPIRED : WRITABLE_NOT_YET;
+	else if (s->leader[0] == '\0' || felix_is_this_node(s->leader))
+		result = WRITABLE_NOT_YET;
+	else
+		result = WRITABLE_ELSEWHERE;
+	return result;
+}
+
+static void
+shard_refuse_write(FelixShard *s, Writable why, uint64 generation)
+{
+	char		leader[NAMEDATALEN];
+	char		conninfo[FELIX_CONNINFO_LEN];
+	char		reason[FELIX_REASON_LEN];
+
+	SpinLockAcquire(&s->mutex);
+	strlcpy(leader, s->leader, sizeof(leader));
+	strlcpy(conninfo, s->leader_conninfo, sizeof(conninfo));
+	strlcpy(reason, s->unplaced_reason, sizeof(reason));
+	SpinLockRelease(&s->mutex);
+
+	if (why == WRITABLE_EXPIRED)
 		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("stream \"%s\" shard %d is not led by this node",
-						s->stream_name, s->key.shard),
-				 errhint("Publish on the shard's leader; felix_shards shows each shard's role.")));
-	if (expiry != PG_INT64_MAX && felix_monotonic_ns() >= expiry)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				(errcode(FELIX_ERRCODE_LEASE_EXPIRED),
 				 errmsg("stream \"%s\" shard %d: this node's lease for generation " UINT64_FORMAT " has expired",
 						s->stream_name, s->key.shard, generation),
+				 errdetail("The lease was not renewed in time; the control plane may be unreachable."),
 				 errhint("Retry the publish; the shard is served again once a lease is granted.")));
+	if (leader[0] != '\0' && !felix_is_this_node(leader))
+		ereport(ERROR,
+				(errcode(FELIX_ERRCODE_NOT_LEADER),
+				 errmsg("stream \"%s\" shard %d is led by node \"%s\", not by this node",
+						s->stream_name, s->key.shard, leader),
+				 errhint("Publish on the leader: node \"%s\" (%s).",
+						 leader, felix_mask_conninfo(conninfo))));
+	ereport(ERROR,
+			(errcode(FELIX_ERRCODE_NOT_LEADER),
+			 errmsg("stream \"%s\" shard %d has no leader with a lease on this node",
+					s->stream_name, s->key.shard),
+			 reason[0] ? errdetail("%s", reason) : 0,
+			 errhint("felix_shards shows the shard's leader; retry once a lease is granted.")));
+}
+
+/*
+ * Admission: wait (bounded) while this node is about to hold the lease --
+ * just started, or just created the stream -- and refuse at once when
+ * another node leads.  Returns the generation the write is admitted at.
+ */
+static uint64
+shard_admit_write(FelixShard *s)
+{
+	uint64		generation;
+	Writable	w = shard_writable(s, 0, &generation);
+	TimestampTz deadline;
+
+	if (w == WRITABLE)
+		return generation;
+	if (w != WRITABLE_NOT_YET)
+		shard_refuse_write(s, w, generation);
+
+	deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+										   felix_lease_duration + 2 * felix_heartbeat_interval);
+	ConditionVariablePrepareToSleep(&s->hwm_cv);
+	for (;;)
+	{
+		long		left;
+
+		w = shard_writable(s, 0, &generation);
+		if (w != WRITABLE_NOT_YET)
+			break;
+		left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline);
+		if (left <= 0)
+			break;
+		ConditionVariableTimedSleep(&s->hwm_cv, Min(left, felix_heartbeat_interval),
+									PG_WAIT_EXTENSION);
+	}
+	ConditionVariableCancelSleep();
+	if (w != WRITABLE)
+		shard_refuse_write(s, w, generation);
 	return generation;
 }
 
@@ -471,14 +621,17 @@ shard_flush(FelixShard *s, uint64 upto)
 			pfree(what);
 
 			/*
-			 * On a single node the shard is its own majority: what is
-			 * durable here is acknowledged, so the high-water mark moves
-			 * with the flush.
+			 * With leader consistency (or a single copy) what is durable on
+			 * the leader is acknowledged, so the high-water mark moves with
+			 * the flush; a quorum shard's mark moves only in shard_set_hwm.
 			 */
+			if (s->replication_factor > 1)
+				shard_wake_shipper();
 			SpinLockAcquire(&s->mutex);
 			if (target > s->flushed_end)
 				s->flushed_end = target;
-			if (s->flushed_end > s->hwm_end)
+			if (shard_acks_on_flush(s) && s->role == FELIX_ROLE_LEADER &&
+				s->flushed_end > s->hwm_end)
 				s->hwm_end = s->flushed_end;
 			SpinLockRelease(&s->mutex);
 			ConditionVariableBroadcast(&s->hwm_cv);
@@ -492,7 +645,7 @@ shard_flush(FelixShard *s, uint64 upto)
 void
 shard_admit(FelixShard *s)
 {
-	(void) shard_check_writable(s, 0);
+	(void) shard_admit_write(s);
 }
 
 uint64
@@ -516,7 +669,7 @@ shard_publish_batches(FelixShard *s, StringInfo *batches, const uint32 *counts, 
 	Assert(n > 0);
 
 	/* Admission: conditions 1-3, cheap, before queueing for the lock. */
-	generation = shard_check_writable(s, 0);
+	generation = shard_admit_write(s);
 
 	what = shard_what(s);
 	shard_dir(s, dir);
@@ -530,7 +683,16 @@ shard_publish_batches(FelixShard *s, StringInfo *batches, const uint32 *counts, 
 	 * can take arbitrarily long (a slow fsync, a paused process), and a
 	 * lease valid at admission may have lapsed by now.
 	 */
-	shard_check_writable(s, generation);
+	{
+		uint64		now_generation;
+		Writable	w = shard_writable(s, generation, &now_generation);
+
+		if (w != WRITABLE)
+		{
+			LWLockRelease(&s->append_lock);
+			shard_refuse_write(s, w, now_generation);
+		}
+	}
 
 	base = s->log.next_seq;
 	for (int i = 0; i < n; i++)
@@ -551,8 +713,13 @@ shard_publish_batches(FelixShard *s, StringInfo *batches, const uint32 *counts, 
 	felix_count(FELIX_CTR_RECORDS_PUBLISHED, total);
 	felix_count(FELIX_CTR_BATCHES_APPENDED, n);
 
+	if (s->replication_factor > 1)
+		shard_wake_shipper();
+
 	/* Durability: acknowledged once the group flush covers the batches. */
 	shard_flush(s, base + total);
+	if (!shard_acks_on_flush(s))
+		shard_wait_quorum(s, generation, base + total);
 	pfree(what);
 	return base;
 }
@@ -561,6 +728,216 @@ uint64
 shard_publish(FelixShard *s, StringInfo batch, uint32 count)
 {
 	return shard_publish_batches(s, &batch, &count, 1);
+}
+
+/*
+ * Quorum acknowledgement: wait until the high-water mark covers `end`.
+ * The mark moves only after the leader's report of who holds the records
+ * has landed at the control plane (shard_set_hwm), so a client is never
+ * told more than the control plane knows.  Losing the leadership ends the
+ * wait at once: the answer can no longer come from here.
+ */
+static void
+shard_wait_quorum(FelixShard *s, uint64 generation, uint64 end)
+{
+	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+													   felix_quorum_timeout);
+
+	ConditionVariablePrepareToSleep(&s->hwm_cv);
+	for (;;)
+	{
+		uint64		hwm;
+		uint64		now_generation;
+		FelixRole	role;
+		long		left;
+
+		SpinLockAcquire(&s->mutex);
+		hwm = s->hwm_end;
+		now_generation = s->generation;
+		role = s->role;
+		SpinLockRelease(&s->mutex);
+
+		if (hwm >= end)
+			break;
+		if (role != FELIX_ROLE_LEADER || now_generation != generation)
+		{
+			ConditionVariableCancelSleep();
+			ereport(ERROR,
+					(errcode(FELIX_ERRCODE_NOT_LEADER),
+					 errmsg("stream \"%s\" shard %d: leadership moved to generation " UINT64_FORMAT " while waiting for a quorum",
+							s->stream_name, s->key.shard, now_generation),
+					 errdetail("The records up to seq " UINT64_FORMAT " are durable on this node but were not acknowledged by a majority at generation " UINT64_FORMAT ".",
+							   end - 1, generation),
+					 errhint("Read the stream on the new leader to see whether the records survived, and publish again if not.")));
+		}
+		left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline);
+		if (left <= 0)
+		{
+			ConditionVariableCancelSleep();
+			felix_count(FELIX_CTR_QUORUM_TIMEOUTS, 1);
+			ereport(ERROR,
+					(errcode(FELIX_ERRCODE_QUORUM_TIMEOUT),
+					 errmsg("stream \"%s\" shard %d: no quorum within felix.quorum_timeout (%d ms)",
+							s->stream_name, s->key.shard, felix_quorum_timeout),
+					 errdetail("The records up to seq " UINT64_FORMAT " are durable on the leader and may still reach a majority; they are not acknowledged.",
+							   end - 1),
+					 errhint("Check felix_replication for followers that are down or halted.")));
+		}
+		ConditionVariableTimedSleep(&s->hwm_cv, left, PG_WAIT_EXTENSION);
+	}
+	ConditionVariableCancelSleep();
+}
+
+/* ---------------------------------------------------------------------
+ * Leadership from the control plane, and replication hooks
+ * ---------------------------------------------------------------------
+ */
+bool
+felix_is_this_node(const char *node)
+{
+	return node != NULL && strcmp(node, felix_node_name_resolved()) == 0;
+}
+
+int
+shard_slot_index(FelixShard *s)
+{
+	return (int) (s - registry->slots);
+}
+
+void
+shard_apply_assignment(FelixShard *s, const FelixAssignment *a)
+{
+	bool		lead = a->leader[0] != '\0' && felix_is_this_node(a->leader);
+	int64		expiry = 0;
+
+	if (a->lease_granted)
+		expiry = a->sent_at_ns + (a->lease_ms - felix_lease_epsilon) * INT64CONST(1000000);
+
+	LWLockAcquire(&s->append_lock, LW_EXCLUSIVE);
+	if (shard_phase(s) != FELIX_SHARD_OPEN)
+	{
+		LWLockRelease(&s->append_lock);
+		return;
+	}
+
+	SpinLockAcquire(&s->mutex);
+	strlcpy(s->leader, a->leader, NAMEDATALEN);
+	strlcpy(s->leader_conninfo, a->leader_conninfo, FELIX_CONNINFO_LEN);
+	s->nreplicas = Min(a->nreplicas, FELIX_MAX_REPLICAS);
+	for (int i = 0; i < s->nreplicas; i++)
+		strlcpy(s->replicas[i], a->replicas[i], NAMEDATALEN);
+	strlcpy(s->unplaced_reason, a->unplaced_reason, FELIX_REASON_LEN);
+	s->clustered = true;
+	SpinLockRelease(&s->mutex);
+
+	if (a->generation < s->generation)
+	{
+		/* Stale word from the control plane: never lower the generation. */
+	}
+	else if (lead && (a->generation > s->generation || s->role != FELIX_ROLE_LEADER))
+	{
+		char		dir[MAXPGPATH];
+		char	   *what = shard_what(s);
+
+		/*
+		 * Taking the shard at a new generation.  Its start is recorded in
+		 * the generation map before any write of it can exist: under the
+		 * append lock the tail is exactly where the generation begins.
+		 */
+		shard_dir(s, dir);
+		genmap_note(dir, what, a->generation, s->log.next_seq);
+		pfree(what);
+
+		SpinLockAcquire(&s->mutex);
+		s->role = FELIX_ROLE_LEADER;
+		s->generation = a->generation;
+		s->lease_expiry_ns = expiry;
+		if (shard_acks_on_flush(s) && s->flushed_end > s->hwm_end)
+			s->hwm_end = s->flushed_end;
+		SpinLockRelease(&s->mutex);
+		if (a->generation > 1)
+			felix_count(FELIX_CTR_PROMOTIONS, 1);
+	}
+	else if (lead)
+	{
+		/* Renewal at the same generation, anchored at the heartbeat's send. */
+		if (a->lease_granted)
+		{
+			SpinLockAcquire(&s->mutex);
+			if (expiry > s->lease_expiry_ns)
+				s->lease_expiry_ns = expiry;
+			SpinLockRelease(&s->mutex);
+		}
+	}
+	else
+	{
+		SpinLockAcquire(&s->mutex);
+		s->role = FELIX_ROLE_FOLLOWER;
+		s->generation = a->generation;
+		s->lease_expiry_ns = 0;
+		SpinLockRelease(&s->mutex);
+	}
+	LWLockRelease(&s->append_lock);
+	ConditionVariableBroadcast(&s->hwm_cv);
+	if (lead && s->replication_factor > 1)
+		shard_wake_shipper();
+}
+
+void
+shard_set_hwm(FelixShard *s, uint64 generation, uint64 hwm_end)
+{
+	bool		moved = false;
+
+	SpinLockAcquire(&s->mutex);
+	if (s->role == FELIX_ROLE_LEADER && s->generation == generation &&
+		hwm_end > s->hwm_end && hwm_end <= s->flushed_end)
+	{
+		s->hwm_end = hwm_end;
+		moved = true;
+	}
+	SpinLockRelease(&s->mutex);
+	if (moved)
+		ConditionVariableBroadcast(&s->hwm_cv);
+}
+
+void
+shard_lock_append(FelixShard *s)
+{
+	LWLockAcquire(&s->append_lock, LW_EXCLUSIVE);
+}
+
+void
+shard_unlock_append(FelixShard *s)
+{
+	LWLockRelease(&s->append_lock);
+}
+
+void
+shard_after_replicated(FelixShard *s, uint64 leader_hwm_end)
+{
+	shard_mirror_log(s);
+	SpinLockAcquire(&s->mutex);
+	s->flushed_end = s->written_end;
+	if (Min(leader_hwm_end, s->flushed_end) > s->hwm_end)
+		s->hwm_end = Min(leader_hwm_end, s->flushed_end);
+	SpinLockRelease(&s->mutex);
+	ConditionVariableBroadcast(&s->hwm_cv);
+}
+
+void
+shard_set_shipper_latch(Latch *latch)
+{
+	registry_attach();
+	registry->shipper_latch = latch;
+}
+
+void
+shard_wake_shipper(void)
+{
+	Latch	   *latch = registry->shipper_latch;
+
+	if (latch != NULL)
+		SetLatch(latch);
 }
 
 void

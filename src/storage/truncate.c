@@ -16,14 +16,21 @@
  *		recovery accepts).
  *	 2. The segment holding the cut is shortened to the end of the batch
  *		holding the cut (or to the cut itself at a batch boundary) and
- *		synced: everything after that batch is gone.
+ *		synced: everything after that batch is gone, a preallocated zero
+ *		tail included.
  *	 3. A batch straddling the cut keeps its first records: its kept records
  *		are byte for byte the start of its body, so only its 48-byte header
- *		is rewritten (count, body_len, body_crc) and the file shortened to
- *		the end of the kept records.  A stop between the two leaves a valid
- *		shortened batch followed by the rest of the old body, which is not a
- *		batch and has nothing valid after it: recovery's torn-tail rule cuts
- *		exactly that.
+ *		is rewritten (count, body_len, body_crc) and synced, then its new
+ *		8-byte trailer is written right after the kept records and the file
+ *		shortened to that trailer's end, and synced.  The header goes down
+ *		first: a stop after it leaves a valid shortened batch whose trailer
+ *		is not yet written, followed by the rest of the old body, which is
+ *		not a batch and has nothing valid after it; recovery keeps the
+ *		shortened batch (header and body check out), writes its trailer and
+ *		cuts the rest (recovery.c).  The other order could leave the old
+ *		header over a body the new trailer has overwritten while the old
+ *		trailer is still present: a complete-looking batch that fails its
+ *		CRC, which recovery must report as corruption.
  * A cut inside a sealed segment removes its seal: it becomes the active
  * segment again.
  *
@@ -66,11 +73,18 @@ seal_generation(const char *dir, uint64 base)
 	return gen;
 }
 
+/*
+ * Bytes segment `base` counts in total_bytes: the logical end for the
+ * active segment (its preallocated tail is not counted), the file size for
+ * a sealed one (which ends exactly at its seal).
+ */
 static uint64
-file_size_or_zero(const char *path)
+segment_logical_size(const FelixLogState *st, const char *path, uint64 base)
 {
 	struct stat sb;
 
+	if (st->has_active && base == st->active_base)
+		return st->active_bytes;
 	if (stat(path, &sb) != 0)
 		return 0;
 	return (uint64) sb.st_size;
@@ -94,6 +108,7 @@ log_truncate_after(const char *dir, const char *what, FelixLogState *st,
 	uint64		cut_off = 0;
 	bool		straddle = false;
 	FelixBatchHeader keep_hdr;
+	FelixBatchTrailer keep_trailer;
 	uint64		orig_len = 0;
 	int			fd;
 	pg_crc32c	crc;
@@ -141,7 +156,7 @@ log_truncate_after(const char *dir, const char *what, FelixLogState *st,
 
 		CHECK_FOR_INTERRUPTS();
 		felix_segment_path(p, dir, bases[j]);
-		removed_bytes += file_size_or_zero(p);
+		removed_bytes += segment_logical_size(st, p, bases[j]);
 		felix_unlink(p, what);
 		felix_index_path(p, dir, bases[j]);
 		felix_unlink(p, what);
@@ -151,8 +166,8 @@ log_truncate_after(const char *dir, const char *what, FelixLogState *st,
 
 	/* find the batch holding the cut, starting from the index */
 	felix_segment_path(path, dir, base);
+	old_size = segment_logical_size(st, path, base);
 	(void) segfile_open(&sf, path, what, FELIX_READ_CHUNK, false);
-	old_size = felix_fd_size(sf.fd, path);
 	fxidx_seek(&sf, dir, what, base, cut, false, &bseq, &off);
 	for (;;)
 	{
@@ -178,7 +193,7 @@ log_truncate_after(const char *dir, const char *what, FelixLogState *st,
 			felix_report_corruption(what, path, off,
 									psprintf("Expected a batch starting at seq %llu.",
 											 (unsigned long long) bseq));
-		len = BATCH_HEADER_SIZE + h.body_len;
+		len = batch_stored_len(&h);
 		if (bseq + h.count > cut)
 		{
 			/* straddles the cut: keep its first cut - bseq records */
@@ -186,7 +201,7 @@ log_truncate_after(const char *dir, const char *what, FelixLogState *st,
 			FelixBatchIter it;
 			FelixRecord rec;
 			uint32		keep = (uint32) (cut - bseq);
-			pg_crc32c	bcrc;
+			StringInfoData kb;
 
 			if (p == NULL || !batch_body_check(&h, p + BATCH_HEADER_SIZE))
 				felix_report_corruption(what, path, off,
@@ -197,16 +212,20 @@ log_truncate_after(const char *dir, const char *what, FelixLogState *st,
 
 			/*
 			 * The kept records are exactly the body's first it.offset bytes;
-			 * build the shortened header through the normal stamping path.
+			 * build the shortened batch through the normal sealing and
+			 * stamping path, keeping the original's position fields.  Only
+			 * its header and trailer are written to the file.
 			 */
-			keep_hdr = h;
-			keep_hdr.count = keep;
-			keep_hdr.body_len = it.offset;
-			INIT_CRC32C(bcrc);
-			COMP_CRC32C(bcrc, p + BATCH_HEADER_SIZE, it.offset);
-			FIN_CRC32C(bcrc);
-			keep_hdr.body_crc = bcrc;
-			batch_stamp((char *) &keep_hdr, h.base_seq, h.generation, h.timestamp);
+			initStringInfo(&kb);
+			batch_begin(&kb);
+			appendBinaryStringInfo(&kb, p + BATCH_HEADER_SIZE, it.offset);
+			memcpy(kb.data + offsetof(FelixBatchHeader, count), &keep, sizeof(keep));
+			batch_seal_body(&kb, FELIX_BATCH_RECORDS);
+			batch_stamp(kb.data, h.base_seq, h.generation, h.timestamp);
+			memcpy(&keep_hdr, kb.data, sizeof(keep_hdr));
+			memcpy(&keep_trailer, kb.data + kb.len - BATCH_TRAILER_SIZE,
+				   sizeof(keep_trailer));
+			pfree(kb.data);
 			cut_off = off;
 			orig_len = len;
 			straddle = true;
@@ -234,12 +253,21 @@ log_truncate_after(const char *dir, const char *what, FelixLogState *st,
 	pgstat_report_wait_end();
 	felix_fdatasync(fd, path);
 
-	/* 3. shorten a straddling batch in place */
+	/* 3. shorten a straddling batch in place: header first, then trailer */
 	if (straddle)
 	{
-		uint64		new_end = cut_off + BATCH_HEADER_SIZE + keep_hdr.body_len;
+		uint64		new_end = cut_off + batch_stored_len(&keep_hdr);
 
-		if (!felix_pwrite_all(fd, &keep_hdr, sizeof(keep_hdr), cut_off) ||
+		if (!felix_pwrite_all(fd, &keep_hdr, sizeof(keep_hdr), cut_off))
+			ereport(ERROR,
+					(errcode_for_file_access(),
+					 errmsg("%s: could not rewrite the batch at offset %llu of segment file \"%s\": %m",
+							what, (unsigned long long) cut_off, path),
+					 errhint("Restart the server: recovery finishes or undoes this truncation.")));
+		/* the header must be on disk before the trailer (see the file header) */
+		felix_fdatasync(fd, path);
+		if (!felix_pwrite_all(fd, &keep_trailer, sizeof(keep_trailer),
+							  new_end - BATCH_TRAILER_SIZE) ||
 			ftruncate(fd, (off_t) new_end) != 0)
 			ereport(ERROR,
 					(errcode_for_file_access(),
@@ -274,6 +302,7 @@ log_truncate_after(const char *dir, const char *what, FelixLogState *st,
 	st->has_active = true;
 	st->active_base = base;
 	st->active_bytes = w.end_offset;
+	st->alloc_bytes = w.end_offset;	/* the file ends there; re-extended lazily */
 	st->active_crc = crc;
 	st->index_mark = ib.n > 0 ? ib.mark : 0;
 	st->next_seq = cut;

@@ -1,12 +1,15 @@
 # A torn tail -- the end of the last segment left half-written by a crash
 # -- is cut back to the last whole batch when the shard is recovered at
 # startup, and the shard serves: every record before the tear is intact,
-# and the next publish takes the seq after them.
+# and the next publish takes the seq after them.  The zero bytes the
+# active segment is preallocated with after its last batch are the clean
+# end of the data: nothing is cut or reported for them.
 #
 # Tails written by hand while the server is down: the last batch cut in
-# its body, the last batch cut in its header, half of a new batch
-# appended, garbage appended, zeros appended.  The stream rolls small
-# segments so the tear is in the newest of several segment files.
+# its body, the last batch cut in its header, half of a new batch written
+# into the preallocated zeros, garbage written there, zeros appended, the
+# preallocated tail alone.  The stream rolls small segments so the tear is
+# in the newest of several segment files.
 use strict;
 use warnings;
 
@@ -51,19 +54,22 @@ sub check_shard
 
 # Stop, change the newest segment with $mutate, start, and check that the
 # recovered segment ends right after its last whole batch ($lost: records
-# the change destroyed, 0 or 1).
+# the change destroyed, 0 or 1).  With $clean the change left only zeros
+# after the data: nothing may be cut (the file keeps its size) and nothing
+# is counted as repaired.
 sub tear
 {
-	my ($label, $mutate, $lost) = @_;
+	my ($label, $mutate, $lost, $clean) = @_;
 	$node->stop;
 	my @segs = segment_files($dir);
 	my $seg  = $segs[-1];
 	my @b    = record_batches($seg);
-	note(sprintf("%s: %d segment files; newest %s holds %d batches, %d bytes",
-		$label, scalar @segs, $seg =~ s{.*/}{}r, scalar @b, -s $seg));
+	note(sprintf("%s: %d segment files; newest %s holds %d batches, data ends at %d, file %d bytes",
+		$label, scalar @segs, $seg =~ s{.*/}{}r, scalar @b, data_end($seg), -s $seg));
 	my $cut_to = $lost ? $b[-1]{offset} : $b[-1]{offset} + $b[-1]{size};
 	$mutate->($seg, \@b);
-	note("$label: newest segment now " . (-s $seg) . " bytes; whole batches end at $cut_to");
+	my $size = -s $seg;
+	note("$label: newest segment now $size bytes; whole batches end at $cut_to");
 
 	$node->start;
 	# Reading opens (and recovers) the shard even if the node worker has
@@ -71,8 +77,18 @@ sub tear
 	$node->safe_psql('postgres', 'SELECT count(*) FROM torn');
 	my $repaired = metric($node, 'torn_tails_repaired');
 	note("$label: torn_tails_repaired = $repaired, segment " . (-s $seg) . " bytes");
-	is(-s $seg, $cut_to, "$label: the tail was cut back to the last whole batch");
-	cmp_ok($repaired, '>=', 1, "$label: torn_tails_repaired counted it");
+	if ($clean)
+	{
+		is(-s $seg, $size, "$label: nothing was cut");
+		is(data_end($seg), $cut_to, "$label: the data still ends after the last batch");
+		is($repaired, 0, "$label: nothing counted as repaired");
+		is(metric($node, 'corruptions_detected'), 0, "$label: nothing reported as corrupt");
+	}
+	else
+	{
+		is(-s $seg, $cut_to, "$label: the tail was cut back to the last whole batch");
+		cmp_ok($repaired, '>=', 1, "$label: torn_tails_repaired counted it");
+	}
 	$total -= $lost;
 	$total = check_shard($label, $total);
 	return;
@@ -113,10 +129,31 @@ tear(
 		body_crc   => unpack('V', substr($hdr, 44, 4)));
 	is(unpack('H*', $again), unpack('H*', $hdr),
 		'the test builds batch headers exactly as felix does');
+	is( unpack('H*', batch_trailer($hdr)),
+		unpack('H*', substr($data, $b[-1]{offset} + 48 + $b[-1]{body_len}, 8)),
+		'and batch trailers');
 }
 
+# The newest segment is the active one: after its last batch it holds the
+# zeros it was preallocated with.
+{
+	my $seg = (segment_files($dir))[-1];
+	my $end = data_end($seg);
+	cmp_ok(-s $seg, '>', $end,
+		'the active segment is preallocated past its last batch');
+	my $tail = substr(read_file($seg), $end);
+	is($tail =~ tr/\0//c, 0, 'and the preallocated tail is all zeros');
+}
+
+# A restart with nothing but the zero tail after the last batch: the clean
+# end of the data.
+tear('zero-filled preallocated tail', sub { }, 0, 1);
+
+# A new batch, with the next seq and a correct header, written only part
+# way into the preallocated zeros (the file keeps its size): the write
+# stopped, its trailer was never written.
 tear(
-	'half of a new batch appended',
+	'half of a new batch written into the preallocated tail',
 	sub {
 		my ($seg, $b) = @_;
 		my $last = $b->[-1];
@@ -128,12 +165,20 @@ tear(
 			timestamp  => 0,
 			body_len   => length $body,
 			body_crc   => crc32c($body));
-		write_file($seg, $hdr . substr($body, 0, int(length($body) / 2)), 1);
+		write_at($seg, data_end($seg), $hdr . substr($body, 0, int(length($body) / 2)));
 	},
 	0);
 
 tear(
-	'garbage appended',
+	'garbage written into the preallocated tail',
+	sub {
+		my ($seg, $b) = @_;
+		write_at($seg, data_end($seg), 'this is not a felix batch ' x 20);
+	},
+	0);
+
+tear(
+	'garbage appended after the preallocated tail',
 	sub {
 		my ($seg, $b) = @_;
 		write_file($seg, 'this is not a felix batch ' x 20, 1);
@@ -146,7 +191,7 @@ tear(
 		my ($seg, $b) = @_;
 		write_file($seg, "\0" x 8192, 1);
 	},
-	0);
+	0, 1);
 
 # Everything is still there after a clean restart.
 $node->restart;

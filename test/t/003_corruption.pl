@@ -6,8 +6,11 @@
 # Putting the byte back and restarting serves every record again, which
 # shows nothing was dropped.
 #
-# Three places: a batch body in the middle of the active segment, a batch
-# header in the middle of the active segment, and a sealed segment.
+# Places: a batch body in the middle of the active segment, a batch header
+# in the middle of the active segment, the body of the last (acknowledged)
+# batch of the active segment, and a sealed segment.  Finally a flipped
+# byte in the last batch's trailer: its header and body still check out,
+# so its records are served (the trailer is rewritten) and nothing is cut.
 use strict;
 use warnings;
 
@@ -123,12 +126,40 @@ damage('flipped byte in a batch body',
 	$active, $mid->{offset} + 48 + int($mid->{body_len} / 2));
 damage('flipped byte in a batch header',
 	$active, $mid->{offset} + 16);    # base_seq
+# The last batch is complete, trailer and all: a bad body there is damage
+# to an acknowledged batch, not an unfinished write.
+damage('flipped byte in the last batch body',
+	$active, $b[-1]{offset} + 48 + int($b[-1]{body_len} / 2));
 
 my $sealed = $segs[0];
 my @sb     = record_batches($sealed);
 my $smid   = $sb[ int(@sb / 2) ];
 damage('flipped byte in a sealed segment',
 	$sealed, $smid->{offset} + 48 + int($smid->{body_len} / 2));
+
+# A flipped byte in the last batch's trailer (its magic, then its copy of
+# the header CRC): never a cut of that acknowledged batch.
+for my $part ([ 'trailer magic', 1 ], [ 'trailer header-CRC copy', 6 ])
+{
+	my ($what, $at) = @$part;
+	my $label = "flipped byte in the last batch's $what";
+	my @lb    = record_batches($active);
+	my $last  = $lb[-1];
+	my $end   = $last->{offset} + $last->{size};
+	$node->stop;
+	my $before = read_file($active);
+	flip_byte($active, $last->{offset} + 48 + $last->{body_len} + $at);
+	$node->start;
+	all_intact($label);
+	is(metric($node, 'corruptions_detected'), 0, "$label: the batch's records are whole: no corruption");
+	$node->stop;
+	my $after = read_file($active);
+	cmp_ok(length $after, '>=', $end, "$label: the last batch was not cut");
+	is(data_end($active), $end, "$label: the data still ends after the last batch");
+	is(md5_hex(substr($after, 0, $end)), md5_hex(substr($before, 0, $end)),
+		"$label: the trailer was restored, every other byte is unchanged");
+	$node->start;
+}
 
 $node->stop;
 done_testing();

@@ -2,9 +2,11 @@
 #
 # A node with felix preloaded, the directory of a shard's segment log, a
 # reader of the segment format (src/include/storage/format.h is the
-# authority: a 64-byte file header, then batches of a 48-byte header and a
-# body), and a crash that waits until every process of the old server is
-# gone before anyone restarts it.  Every wait here is bounded.
+# authority: a 64-byte file header, then batches of a 48-byte header, a
+# body and an 8-byte trailer; the active segment may end in preallocated
+# zero bytes after its last batch), and a crash that waits until every
+# process of the old server is gone before anyone restarts it.  Every wait
+# here is bounded.
 package FelixTest;
 
 use strict;
@@ -17,14 +19,16 @@ use Test::More;
 use Time::HiRes qw(usleep time);
 
 our @EXPORT = qw(
-  felix_node shard_dir segment_files read_file write_file
-  read_batches record_batches flip_byte crash_node metric
-  psql_error crc32c batch_header
+  felix_node shard_dir segment_files read_file write_file write_at
+  read_batches record_batches data_end flip_byte crash_node metric
+  psql_error crc32c batch_header batch_trailer
 );
 
 use constant SEGMENT_HEADER_BYTES => 64;
 use constant BATCH_HEADER_BYTES   => 48;
+use constant BATCH_TRAILER_BYTES  => 8;
 use constant BATCH_MAGIC          => 0x31425846;
+use constant TRAILER_MAGIC        => 0x45425846;
 use constant BATCH_RECORDS        => 1;
 
 # A started node with felix preloaded and the extension created in the
@@ -87,9 +91,21 @@ sub write_file
 	return;
 }
 
+# Overwrite bytes of a file at an offset (extending it if need be).
+sub write_at
+{
+	my ($file, $offset, $data) = @_;
+	open my $fh, '+<:raw', $file or die "open $file: $!";
+	seek($fh, $offset, 0) or die "seek: $!";
+	print $fh $data;
+	close $fh or die "close $file: $!";
+	return;
+}
+
 # The whole batches of a segment file, in file order: hashes with offset,
-# size, kind, count, base_seq and body_len.  Stops at the first header
-# that is not a batch or whose body runs past the end of the file.
+# size (header, body and trailer), kind, count, base_seq and body_len.
+# Stops at the first header that is not a batch (such as the zeros of a
+# preallocated tail) or whose batch runs past the end of the file.
 sub read_batches
 {
 	my ($file) = @_;
@@ -103,20 +119,31 @@ sub read_batches
 		  = unpack('V V v v V Q< Q< q< V V',
 			substr($data, $off, BATCH_HEADER_BYTES));
 		last unless $magic == BATCH_MAGIC;
-		last if $off + BATCH_HEADER_BYTES + $blen > length $data;
+		last
+		  if $off + BATCH_HEADER_BYTES + $blen + BATCH_TRAILER_BYTES >
+		  length $data;
 		push @batches,
 		  {
 			offset     => $off,
-			size       => BATCH_HEADER_BYTES + $blen,
+			size       => BATCH_HEADER_BYTES + $blen + BATCH_TRAILER_BYTES,
 			kind       => $kind,
 			count      => $count,
 			base_seq   => $base,
 			generation => $gen,
 			body_len   => $blen,
 		  };
-		$off += BATCH_HEADER_BYTES + $blen;
+		$off += BATCH_HEADER_BYTES + $blen + BATCH_TRAILER_BYTES;
 	}
 	return @batches;
+}
+
+# Where the data of a segment file ends: right after its last whole batch
+# (bytes after that are the preallocated zero tail, if any).
+sub data_end
+{
+	my ($file) = @_;
+	my @b = read_batches($file);
+	return @b ? $b[-1]{offset} + $b[-1]{size} : SEGMENT_HEADER_BYTES;
 }
 
 # CRC-32C (Castagnoli, reflected, as PostgreSQL's pg_crc32c computes it).
@@ -144,6 +171,13 @@ sub batch_header
 		$h{kind} // BATCH_RECORDS, 0, $h{count}, $h{base_seq},
 		$h{generation}, $h{timestamp} // 0, $h{body_len}, $h{body_crc} // 0);
 	return pack('V V', BATCH_MAGIC, crc32c($rest)) . $rest;
+}
+
+# The 8-byte trailer that closes the batch whose header is $header.
+sub batch_trailer
+{
+	my ($header) = @_;
+	return pack('V', TRAILER_MAGIC) . substr($header, 4, 4);
 }
 
 # Only the batches that hold records (not seals).

@@ -17,12 +17,6 @@
 #include "storage/shard.h"
 #include "utils/rel.h"
 
-typedef enum FelixConsistency
-{
-	FELIX_CONSISTENCY_LEADER,
-	FELIX_CONSISTENCY_QUORUM
-} FelixConsistency;
-
 typedef enum FelixStorage
 {
 	FELIX_STORAGE_LOCAL,

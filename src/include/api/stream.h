@@ -9,6 +9,24 @@
 #ifndef FELIX_API_STREAM_H
 #define FELIX_API_STREAM_H
 
+#include "datatype/timestamp.h"
+
+/*
+ * Create a stream's table and catalog row on this node, in the caller's
+ * transaction (felix_create_stream, and the node agent for streams created
+ * elsewhere in the cluster).  retention_bytes <= 0 and retention NULL mean
+ * no limit.  Returns the table's OID.
+ */
+extern Oid	felix_stream_create_local(const char *name, int shards,
+									  int replication_factor,
+									  const char *consistency,
+									  const char *payload_type,
+									  int64 retention_bytes,
+									  Interval *retention);
+
+/* Refuse a name already taken by a stream or relation on this node. */
+extern void felix_stream_check_name_free(const char *name);
+
 /* Install the drop hook and transaction callbacks (from _PG_init). */
 extern void felix_stream_init(void);
 

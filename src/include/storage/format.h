@@ -27,7 +27,7 @@
 
 /* ---- segment file: <base_seq %020llu>.seg ---- */
 #define FELIX_SEGMENT_MAGIC		"FELIXSEG"	/* 8 bytes, no terminator */
-#define FELIX_SEGMENT_VERSION	1
+#define FELIX_SEGMENT_VERSION	2	/* 2: batches end with a trailer */
 
 typedef struct FelixSegmentHeader
 {
@@ -43,7 +43,11 @@ typedef struct FelixSegmentHeader
 
 StaticAssertDecl(sizeof(FelixSegmentHeader) == 64, "segment header is 64 bytes");
 
-/* ---- batch: header, then body_len bytes of body ---- */
+/* ---- batch: header, then body_len bytes of body, then the trailer ----
+ * A batch is stored as 48 + body_len + 8 bytes (batch_stored_len).  Batches
+ * follow each other with no padding; the active segment file may hold
+ * preallocated zero bytes after its last batch.
+ */
 #define FELIX_BATCH_MAGIC		0x31425846	/* "FXB1" read as little-endian */
 #define FELIX_BATCH_RECORDS		1	/* body: count encoded records */
 #define FELIX_BATCH_SEAL		2	/* body: uint32 CRC-32C of every byte
@@ -67,6 +71,47 @@ typedef struct FelixBatchHeader
 StaticAssertDecl(sizeof(FelixBatchHeader) == 48, "batch header is 48 bytes");
 
 #define FELIX_BATCH_HEADER_CRC_OFFSET	8
+
+/*
+ * The trailer closes every batch: the batch magic's end-of-batch twin and a
+ * copy of the header's header_crc.  A batch is written front to back in one
+ * write, so the trailer is the last thing of it to exist: a write that was
+ * interrupted never leaves one, and recovery uses its presence to tell a
+ * complete batch that got damaged (corruption) from an unfinished write
+ * (torn tail).  It is not covered by a CRC of its own; its fields are
+ * compared with the header.
+ */
+#define FELIX_BATCH_TRAILER_MAGIC	0x45425846	/* "FXBE" read as little-endian */
+
+typedef struct FelixBatchTrailer
+{
+	uint32		magic;			/* FELIX_BATCH_TRAILER_MAGIC */
+	uint32		header_crc;		/* copy of the header's header_crc */
+} FelixBatchTrailer;
+
+StaticAssertDecl(sizeof(FelixBatchTrailer) == 8, "batch trailer is 8 bytes");
+
+/* Header plus trailer: what a batch stores besides its body. */
+#define FELIX_BATCH_OVERHEAD	(sizeof(FelixBatchHeader) + sizeof(FelixBatchTrailer))
+
+/*
+ * Bytes a batch occupies in a segment (header, body, trailer).  Use it only
+ * on a header whose CRC matched (batch_header_check), or as an explicitly
+ * unverified claim.
+ */
+static inline uint64
+batch_stored_len(const FelixBatchHeader *h)
+{
+	return (uint64) FELIX_BATCH_OVERHEAD + h->body_len;
+}
+
+/* How a trailer compares with its header (batch_trailer_check). */
+typedef enum FelixTrailerCheck
+{
+	FELIX_TRAILER_OK,			/* magic and header_crc copy both match */
+	FELIX_TRAILER_PARTIAL,		/* exactly one of the two matches */
+	FELIX_TRAILER_ABSENT		/* neither matches (zeros, stale bytes) */
+} FelixTrailerCheck;
 
 /*
  * Record encoding inside a RECORDS body, repeated count times, no padding:
@@ -128,10 +173,13 @@ typedef struct FelixRecord
 } FelixRecord;
 
 /* ---- building a batch (format.c) ----
- * batch_begin resets an initialised StringInfo and leaves room for the header; batch_add appends one record;
- * batch_seal_body computes body_len/body_crc (no lock needed); batch_stamp
- * fills base_seq, generation, timestamp and the header CRC (done under the
- * shard's append lock, once the seq is known).
+ * batch_begin resets an initialised StringInfo and leaves room for the
+ * header; batch_add appends one record; batch_seal_body (called once, after
+ * the last batch_add) computes body_len/body_crc and appends the trailer
+ * (no lock needed); batch_stamp fills base_seq, generation, timestamp, the
+ * header CRC and the trailer's copy of it (done under the shard's append
+ * lock, once the seq is known).  After batch_seal_body the buffer holds the
+ * whole stored batch: buf->len == batch_stored_len(header).
  */
 extern void batch_begin(StringInfo buf);
 extern void batch_add(StringInfo buf, const char *key, int32 key_len,
@@ -156,6 +204,11 @@ typedef enum FelixHeaderCheck
 extern FelixHeaderCheck batch_header_check(const FelixBatchHeader *h);
 /* Verify the body against the header's body_crc and record structure. */
 extern bool batch_body_check(const FelixBatchHeader *h, const char *body);
+/* Compare the 8 trailer bytes at `trailer` with the header. */
+extern FelixTrailerCheck batch_trailer_check(const FelixBatchHeader *h,
+											 const char *trailer);
+/* The trailer a header calls for (to write it, or compare with it). */
+extern void batch_trailer_make(const FelixBatchHeader *h, FelixBatchTrailer *t);
 /* Walk the records of a checked body in order. */
 typedef struct FelixBatchIter
 {

@@ -31,6 +31,13 @@
 #include "utils/timestamp.h"
 
 /*
+ * How far ahead of the write position the active segment is allocated.
+ * Small on purpose: a node may hold a thousand shards, each with an active
+ * segment.
+ */
+#define FELIX_PREALLOCATE_BYTES		(1024 * 1024)
+
+/*
  * The log's tail bookkeeping.  Lives inside the shard's shared state;
  * protected by the shard's append lock (see shard.h).
  */
@@ -40,19 +47,28 @@ typedef struct FelixLogState
 	uint64		next_seq;		/* seq the next appended record gets */
 	bool		has_active;		/* an active (unsealed) segment exists */
 	uint64		active_base;	/* base seq of the active segment */
-	uint64		active_bytes;	/* write offset in the active segment */
+	uint64		active_bytes;	/* write offset in the active segment: the
+								 * logical end, the authority on where the
+								 * data ends */
 	pg_crc32c	active_crc;		/* running CRC-32C of those bytes */
 	uint64		index_mark;		/* active_bytes at the last index entry */
-	uint64		total_bytes;	/* bytes across every segment */
+	uint64		total_bytes;	/* logical bytes across every segment (a
+								 * preallocated tail is not counted) */
 	uint32		segments_version;	/* bumped on roll, trim and truncate */
 	uint64		last_generation;	/* generation of the newest batch; 0 if none */
+	uint64		alloc_bytes;	/* physical size of the active segment file:
+								 * >= active_bytes; the bytes in between are
+								 * preallocated zeros */
+	bool		prealloc_off;	/* the file system refused posix_fallocate:
+								 * append without preallocating */
 } FelixLogState;
 
 /*
  * Open the shard's log after a start: create the directory if missing,
  * verify sealed segments by their whole-file checksum, walk the active
- * segment batch by batch, cut a torn tail back to the last valid batch,
- * rebuild missing or wrong index files, and fill *st.
+ * segment batch by batch (zero bytes after its last batch are its
+ * preallocated tail, the clean end of data), cut a torn tail back to the
+ * last valid batch, rebuild missing or wrong index files, and fill *st.
  *
  * Corruption inside the valid region (a checksum mismatch with intact data
  * after it, a bad sealed segment, a gap between segments) is reported with
@@ -63,10 +79,14 @@ extern void log_recover(const char *dir, const char *what, FelixLogState *st);
 
 /*
  * Append one finished batch (built with format.h's batch_* and stamped with
- * base_seq == st->next_seq).  Rolls to a new segment first when the active
- * one would pass felix.segment_bytes (sealing the old one: seal batch,
- * fdatasync, index flushed); extends the sparse index.  Not durable until
- * log_sync covers it.
+ * base_seq == st->next_seq; len == batch_stored_len, trailer included).
+ * Rolls to a new segment first when the active one would pass
+ * felix.segment_bytes (sealing the old one: seal batch, file cut to its
+ * exact end, fdatasync, index flushed); extends the sparse index.  The
+ * active segment file is kept preallocated (posix_fallocate) ahead of the
+ * write position in FELIX_PREALLOCATE_BYTES chunks, so that most appends
+ * write into allocated space and their fdatasync need not commit a size
+ * change.  Not durable until log_sync covers it.
  */
 extern void log_append(const char *dir, const char *what, FelixLogState *st,
 					   const char *batch, Size len);

@@ -26,6 +26,7 @@
 #include "postgres.h"
 #include "felix.h"
 #include "storage/condition_variable.h"
+#include "storage/latch.h"
 #include "storage/log.h"
 #include "storage/lwlock.h"
 #include "storage/s_lock.h"
@@ -44,6 +45,27 @@ typedef enum FelixRole
 } FelixRole;
 
 #define FELIX_SHARD_ERROR_LEN 512
+#define FELIX_MAX_REPLICAS		7
+#define FELIX_CONNINFO_LEN		256
+#define FELIX_REASON_LEN		160
+
+/*
+ * What the control plane says about one shard, as applied by the node
+ * agent after each heartbeat (shard_apply_assignment).
+ */
+typedef struct FelixAssignment
+{
+	uint64		generation;
+	char		leader[NAMEDATALEN];	/* "" while unplaced */
+	char		leader_conninfo[FELIX_CONNINFO_LEN];
+	int			nreplicas;
+	char		replicas[FELIX_MAX_REPLICAS][NAMEDATALEN];
+	bool		lease_granted;	/* this heartbeat granted/renewed our lease */
+	int64		lease_ms;
+	int64		sent_at_ns;		/* felix_monotonic_ns() when the heartbeat
+								 * carrying the grant was sent */
+	char		unplaced_reason[FELIX_REASON_LEN];
+} FelixAssignment;
 
 typedef struct FelixShard
 {
@@ -70,9 +92,18 @@ typedef struct FelixShard
 	uint64		flushed_end;	/* durable on this node (flush_lock) */
 	uint64		hwm_end;		/* readers see [start_seq, hwm_end) */
 	uint64		total_bytes;	/* copy of log.total_bytes */
-	/* (mutex) retention settings from the stream's definition */
+	/* (mutex) settings from the stream's definition */
 	int64		retention_bytes;
 	int64		retention_ms;
+	int			consistency;	/* FelixConsistency */
+	int			replication_factor;
+	/* (mutex) what the control plane last said (written with append_lock) */
+	char		leader[NAMEDATALEN];	/* "" = unknown or unplaced */
+	char		leader_conninfo[FELIX_CONNINFO_LEN];
+	int			nreplicas;
+	char		replicas[FELIX_MAX_REPLICAS][NAMEDATALEN];
+	char		unplaced_reason[FELIX_REASON_LEN];
+	bool		clustered;		/* an assignment has been applied */
 	/* (mutex) why the shard is FAILED */
 	char		error[FELIX_SHARD_ERROR_LEN];
 
@@ -89,6 +120,8 @@ typedef struct FelixShardSpec
 	const char *stream_name;
 	int64		retention_bytes;
 	int64		retention_ms;
+	int			consistency;	/* FelixConsistency */
+	int			replication_factor;
 } FelixShardSpec;
 
 /*
@@ -146,6 +179,46 @@ extern FelixShard *shard_slot(int i);
 /* A stream's table was dropped and that drop committed: forget its
  * shards' slots and remove its files. */
 extern void shard_forget_stream(Oid dboid, Oid relid);
+
+/* ---- replication (issue 3) ---- */
+
+/* Index of the slot in the registry: replication keeps parallel arrays. */
+extern int	shard_slot_index(FelixShard *s);
+
+/* conninfo with any password masked (palloc'd), for messages and views. */
+extern char *felix_mask_conninfo(const char *conninfo);
+
+/* True if `node` names this node. */
+extern bool felix_is_this_node(const char *node);
+
+/*
+ * Apply the control plane's word about the shard: open as leader at a new
+ * generation (its start recorded in the generation map first), renew the
+ * lease, or follow another leader.  Never lowers the generation.
+ */
+extern void shard_apply_assignment(FelixShard *s, const FelixAssignment *a);
+
+/*
+ * Move a quorum shard's high-water mark to hwm_end, if the shard is still
+ * led here at `generation` and it is an advance.  Called only once the
+ * report naming the followers that hold those records has landed at the
+ * control plane.  Wakes quorum waiters.
+ */
+extern void shard_set_hwm(FelixShard *s, uint64 generation, uint64 hwm_end);
+
+/*
+ * Follower side: hold the append lock around a check-and-append of shipped
+ * batches (s->log may be used while held), then publish the new tail.
+ * shard_after_replicated mirrors the log, marks it flushed (the caller
+ * synced it) and moves the hwm to min(leader_hwm_end, flushed).
+ */
+extern void shard_lock_append(FelixShard *s);
+extern void shard_unlock_append(FelixShard *s);
+extern void shard_after_replicated(FelixShard *s, uint64 leader_hwm_end);
+
+/* Wake whoever ships this node's shards (set by the ship worker). */
+extern void shard_wake_shipper(void);
+extern void shard_set_shipper_latch(Latch *latch);
 
 extern Size shard_registry_size(void);
 extern void shard_registry_init(void);

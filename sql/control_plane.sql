@@ -1,0 +1,432 @@
+--
+-- control_plane: the control plane's tables and functions (felix.cp_*),
+-- driven by hand with made-up nodes.  It runs in a database of its own so
+-- that the test server's heartbeat worker, which uses the control plane in
+-- contrib_regression, stays out of it.  Time is moved by backdating rows (a
+-- lease lapses when its grant is pushed an hour into the past, a node dies
+-- when its last heartbeat is), so no step sleeps and nothing depends on the
+-- lease settings.  Errors are followed by their SQLSTATE (\echo).
+--
+CREATE DATABASE felix_cp_regress;
+\c felix_cp_regress
+CREATE EXTENSION felix;
+\set SHOW_CONTEXT never
+
+-- ---------------------------------------------------------------------
+-- Interface: tables and functions other parts of felix code against
+-- ---------------------------------------------------------------------
+SELECT table_name, column_name, data_type, is_nullable
+  FROM information_schema.columns
+ WHERE table_schema = 'felix'
+   AND table_name IN ('nodes', 'cluster_streams', 'assignments', 'replica_reports')
+ ORDER BY table_name, ordinal_position;
+
+SELECT p.proname, pg_get_function_arguments(p.oid) AS arguments,
+       pg_get_function_result(p.oid) AS result, p.prosecdef AS security_definer,
+       p.proconfig
+  FROM pg_proc p
+ WHERE p.pronamespace = 'felix'::regnamespace AND p.proname LIKE 'cp\_%'
+ ORDER BY p.proname;
+
+-- Nodes connect as felix_replication, which may log in and inherits nothing.
+SELECT rolname, rolcanlogin, rolinherit, rolsuper FROM pg_roles
+ WHERE rolname = 'felix_replication';
+
+-- ---------------------------------------------------------------------
+-- Heartbeats register nodes; passwords never show
+-- ---------------------------------------------------------------------
+SELECT count(*) FROM felix.cp_heartbeat('node_a', 'host=/tmp port=1 user=felix_replication password=s3cret');
+SELECT count(*) FROM felix.cp_heartbeat('node_b', 'postgresql://felix_replication:pw@hostb:5432/db?password=x&sslmode=disable');
+SELECT count(*) FROM felix.cp_heartbeat('node_c', 'host=hostc password = ''a b\'' c'' port=3');
+SELECT count(*) FROM felix.cp_heartbeat('node_d', 'host=hostd');
+SELECT name, conninfo, alive, last_heartbeat IS NOT NULL AS seen FROM felix.cp_nodes();
+-- A later heartbeat updates the conninfo, keeps the registration.
+SELECT registered_at AS a_registered FROM felix.nodes WHERE name = 'node_a' \gset
+SELECT count(*) FROM felix.cp_heartbeat('node_a', 'host=hosta port=1 user=felix_replication');
+SELECT conninfo, registered_at = :'a_registered' AS same_registration,
+       last_heartbeat > registered_at AS heartbeat_moved
+  FROM felix.nodes WHERE name = 'node_a';
+SELECT * FROM felix.cp_heartbeat(NULL, 'host=x');
+\echo SQLSTATE :SQLSTATE
+SELECT * FROM felix.cp_heartbeat('', 'host=x');
+\echo SQLSTATE :SQLSTATE
+SELECT * FROM felix.cp_heartbeat('node_x', NULL);
+\echo SQLSTATE :SQLSTATE
+SELECT * FROM felix.cp_heartbeat(repeat('n', 64), 'host=x');
+\echo SQLSTATE :SQLSTATE
+
+-- node_d dies: its last heartbeat is an hour old.
+UPDATE felix.nodes SET last_heartbeat = last_heartbeat - interval '1 hour' WHERE name = 'node_d';
+SELECT name, alive FROM felix.cp_nodes();
+
+-- ---------------------------------------------------------------------
+-- cp_create_stream: refusals, same SQLSTATEs and words as felix_create_stream
+-- ---------------------------------------------------------------------
+SELECT felix.cp_create_stream(NULL);
+\echo SQLSTATE :SQLSTATE
+SELECT felix.cp_create_stream('');
+\echo SQLSTATE :SQLSTATE
+SELECT felix.cp_create_stream(repeat('x', 64));
+\echo SQLSTATE :SQLSTATE
+SELECT felix.cp_create_stream('bad', shards => NULL);
+\echo SQLSTATE :SQLSTATE
+SELECT felix.cp_create_stream('bad', storage => NULL);
+\echo SQLSTATE :SQLSTATE
+SELECT felix.cp_create_stream('bad', shards => 0);
+\echo SQLSTATE :SQLSTATE
+SELECT felix.cp_create_stream('bad', shards => 100000);
+\echo SQLSTATE :SQLSTATE
+SELECT felix.cp_create_stream('bad', replication_factor => 0);
+\echo SQLSTATE :SQLSTATE
+SELECT felix.cp_create_stream('bad', replication_factor => 8);
+\echo SQLSTATE :SQLSTATE
+SELECT felix.cp_create_stream('bad', consistency => 'majority');
+\echo SQLSTATE :SQLSTATE
+SELECT felix.cp_create_stream('bad', payload_type => 'xml');
+\echo SQLSTATE :SQLSTATE
+SELECT felix.cp_create_stream('bad', storage => 'tape');
+\echo SQLSTATE :SQLSTATE
+SELECT felix.cp_create_stream('bad', retention_bytes => 0);
+\echo SQLSTATE :SQLSTATE
+SELECT felix.cp_create_stream('bad', retention => '-1 day');
+\echo SQLSTATE :SQLSTATE
+SELECT felix.cp_create_stream('bad', storage => 'object');
+\echo SQLSTATE :SQLSTATE
+-- Three nodes are alive (node_d is not): a fourth copy has nowhere to go.
+SELECT felix.cp_create_stream('bad', replication_factor => 4);
+\echo SQLSTATE :SQLSTATE
+SELECT count(*) AS streams FROM felix.cluster_streams;
+
+-- ---------------------------------------------------------------------
+-- Placement: the replication_factor alive nodes scoring highest, the
+-- first of them leading generation 1; no lease until the leader's
+-- heartbeat takes it
+-- ---------------------------------------------------------------------
+SELECT count(*) FROM unnest(ARRAY['node_a', 'node_b', 'node_c']) AS n, LATERAL felix.cp_heartbeat(n, 'host=' || n) AS h;
+SELECT felix.cp_create_stream('orders', shards => 4, replication_factor => 3,
+                              consistency => 'quorum', retention => '7 days');
+SELECT felix.cp_create_stream('solo');
+SELECT felix.cp_create_stream('pair', replication_factor => 2, payload_type => 'text',
+                              retention_bytes => 1048576);
+SELECT felix.cp_create_stream('orders');
+\echo SQLSTATE :SQLSTATE
+SELECT name, shards, replication_factor, consistency, payload_type, storage,
+       retention_bytes, retention
+  FROM felix.cluster_streams ORDER BY name;
+SELECT stream, shard, generation, leader, replicas, lease_granted_at IS NULL AS no_lease_yet,
+       unplaced_reason
+  FROM felix.assignments ORDER BY stream, shard;
+-- The replica sets are exactly the top scores among the alive nodes.
+SELECT bool_and(x.replicas = (SELECT array_agg(n ORDER BY felix.cp_score(n, x.stream, x.shard) DESC, n)
+                                FROM (SELECT n FROM unnest(ARRAY['node_a', 'node_b', 'node_c']) AS n
+                                       ORDER BY felix.cp_score(n, x.stream, x.shard) DESC, n
+                                       LIMIT cardinality(x.replicas)) AS top))
+         AS placed_by_score,
+       bool_and(x.leader = x.replicas[1]) AS first_leads,
+       bool_and(NOT 'node_d' = ANY (x.replicas)) AS dead_node_unused
+  FROM felix.assignments x;
+
+-- ---------------------------------------------------------------------
+-- Leases: taken by the leader's heartbeat, renewed while not lapsed,
+-- never renewed once lapsed
+-- ---------------------------------------------------------------------
+SELECT stream, shard, generation, leader, leader_conninfo, replicas, lease_granted, lease_ms > 0 AS has_lease_ms,
+       unplaced_reason, shards, replication_factor, consistency, payload_type, retention_bytes, retention
+  FROM felix.cp_heartbeat('node_b', 'host=hostb');
+SELECT stream, shard, lease_granted FROM felix.cp_heartbeat('node_a', 'host=hosta') WHERE lease_granted;
+SELECT stream, shard, lease_granted FROM felix.cp_heartbeat('node_c', 'host=hostc') WHERE lease_granted;
+SELECT count(*) AS leases_held FROM felix.assignments WHERE lease_granted_at IS NOT NULL;
+
+-- Renewal moves the grant forward.
+SELECT lease_granted_at AS granted FROM felix.assignments WHERE stream = 'orders' AND shard = 0 \gset
+SELECT leader AS orders0_leader FROM felix.assignments WHERE stream = 'orders' AND shard = 0 \gset
+SELECT stream, shard, lease_granted FROM felix.cp_heartbeat(:'orders0_leader', 'host=x')
+ WHERE stream = 'orders' AND shard = 0;
+SELECT lease_granted_at > :'granted' AS renewed FROM felix.assignments WHERE stream = 'orders' AND shard = 0;
+
+-- While every lease is fresh the tick has nothing to do.
+SELECT felix.cp_tick() AS promoted;
+
+-- A lapsed lease is not renewed: the heartbeat says so and leaves the
+-- grant where it was.
+UPDATE felix.assignments SET lease_granted_at = lease_granted_at - interval '1 hour'
+ WHERE stream = 'orders' AND shard = 0
+RETURNING lease_granted_at AS lapsed_grant \gset
+SELECT stream, shard, lease_granted FROM felix.cp_heartbeat(:'orders0_leader', 'host=x')
+ WHERE stream = 'orders' AND shard = 0;
+SELECT lease_granted_at = :'lapsed_grant' AS untouched FROM felix.assignments
+ WHERE stream = 'orders' AND shard = 0;
+
+-- Lapsed but inside the margin: nothing happens yet, although the leader
+-- is alive and would be re-granted (it may still be finishing its lease by
+-- its own clock, so nothing may be granted at the next generation).
+UPDATE felix.assignments x
+   SET lease_granted_at = clock_timestamp()
+                          - (x.lease_ms + (SELECT margin_ms FROM felix.cp_settings()) / 2) * interval '1 ms'
+ WHERE stream = 'orders' AND shard = 0;
+SELECT felix.cp_tick() AS promoted;
+SELECT generation, leader, unplaced_reason FROM felix.assignments WHERE stream = 'orders' AND shard = 0;
+
+-- ---------------------------------------------------------------------
+-- cp_report: compare-and-set on (leader, generation)
+-- ---------------------------------------------------------------------
+SELECT replicas[2] AS f1, replicas[3] AS f2 FROM felix.assignments
+ WHERE stream = 'orders' AND shard = 0 \gset
+-- Not the leader: nothing lands.
+SELECT felix.cp_report(:'f1', jsonb_build_array(
+         jsonb_build_object('stream', 'orders', 'shard', 0, 'generation', 1,
+                            'follower', :'f2', 'acked_end', 10, 'caught_up', true))) AS accepted;
+-- Another generation: nothing lands.
+SELECT felix.cp_report(:'orders0_leader', jsonb_build_array(
+         jsonb_build_object('stream', 'orders', 'shard', 0, 'generation', 2,
+                            'follower', :'f1', 'acked_end', 10, 'caught_up', true))) AS accepted;
+-- A follower outside the replica set, the leader itself, an unknown shard:
+-- not recorded.
+SELECT felix.cp_report(:'orders0_leader', jsonb_build_array(
+         jsonb_build_object('stream', 'orders', 'shard', 0, 'generation', 1,
+                            'follower', 'node_d', 'acked_end', 10, 'caught_up', true),
+         jsonb_build_object('stream', 'orders', 'shard', 0, 'generation', 1,
+                            'follower', :'orders0_leader', 'acked_end', 10, 'caught_up', true),
+         jsonb_build_object('stream', 'orders', 'shard', 9, 'generation', 1,
+                            'follower', :'f1', 'acked_end', 10, 'caught_up', true),
+         jsonb_build_object('stream', 'nope', 'shard', 0, 'generation', 1,
+                            'follower', :'f1', 'acked_end', 10, 'caught_up', true))) AS accepted;
+SELECT count(*) AS reports FROM felix.replica_reports;
+-- Malformed calls are refused whole.
+SELECT felix.cp_report(:'orders0_leader', '{"stream": "orders"}');
+\echo SQLSTATE :SQLSTATE
+SELECT felix.cp_report(:'orders0_leader', jsonb_build_array(
+         jsonb_build_object('stream', 'orders', 'shard', 0, 'generation', 1,
+                            'follower', :'f1', 'acked_end', 10, 'caught_up', true),
+         jsonb_build_object('stream', 'orders', 'shard', -1, 'generation', 1,
+                            'follower', :'f1', 'acked_end', 10, 'caught_up', true)));
+\echo SQLSTATE :SQLSTATE
+SELECT felix.cp_report(NULL, '[]');
+\echo SQLSTATE :SQLSTATE
+SELECT felix.cp_report(:'orders0_leader', '[]') AS accepted;
+SELECT count(*) AS reports FROM felix.replica_reports;
+
+-- ---------------------------------------------------------------------
+-- cp_tick: no report, no promotion.  The leader dies; nobody was reported
+-- caught up, so the shard stays unplaced and says why
+-- ---------------------------------------------------------------------
+UPDATE felix.nodes SET last_heartbeat = last_heartbeat - interval '1 hour'
+ WHERE name = :'orders0_leader';
+UPDATE felix.assignments SET lease_granted_at = lease_granted_at - interval '1 hour'
+ WHERE stream = 'orders' AND shard = 0;
+SELECT felix.cp_tick() AS promoted;
+SELECT generation, leader, unplaced_reason FROM felix.assignments WHERE stream = 'orders' AND shard = 0;
+SELECT unplaced_reason FROM felix.cp_heartbeat(:'f1', 'host=x') WHERE stream = 'orders' AND shard = 0;
+SELECT count(*) FROM felix.cp_heartbeat(:'f2', 'host=x');
+
+-- Reports that do not qualify.  A halted or lagging follower (caught_up
+-- false), a report too old, a follower that is not alive.  Reports can
+-- only come from the current leader, so they are written here as a
+-- superuser would, to pin what the tick accepts.
+INSERT INTO felix.replica_reports
+SELECT 'orders', 0, 1, :'orders0_leader', :'f1', 100, false, clock_timestamp();
+INSERT INTO felix.replica_reports
+SELECT 'orders', 0, 1, :'orders0_leader', :'f2', 100, true, x.lease_granted_at - interval '1 hour'
+  FROM felix.assignments x WHERE x.stream = 'orders' AND x.shard = 0;
+SELECT felix.cp_tick() AS promoted;
+SELECT generation, leader, unplaced_reason FROM felix.assignments WHERE stream = 'orders' AND shard = 0;
+UPDATE felix.replica_reports SET caught_up = true, reported_at = clock_timestamp()
+ WHERE stream = 'orders' AND shard = 0;
+UPDATE felix.nodes SET last_heartbeat = last_heartbeat - interval '1 hour' WHERE name IN (:'f1', :'f2');
+SELECT felix.cp_tick() AS promoted;
+SELECT generation, leader, unplaced_reason FROM felix.assignments WHERE stream = 'orders' AND shard = 0;
+-- A report of another generation never qualifies either.
+SELECT count(*) FROM felix.cp_heartbeat(:'f1', 'host=x');
+SELECT count(*) FROM felix.cp_heartbeat(:'f2', 'host=x');
+UPDATE felix.replica_reports SET generation = 0 WHERE stream = 'orders' AND shard = 0;
+SELECT felix.cp_tick() AS promoted;
+SELECT generation, leader, unplaced_reason FROM felix.assignments WHERE stream = 'orders' AND shard = 0;
+DELETE FROM felix.replica_reports;
+
+-- ---------------------------------------------------------------------
+-- Promotion: the dead leader's reports landed while it led (before its
+-- lease ran out); the follower furthest ahead wins even against a better
+-- score; on equal positions the score decides
+-- ---------------------------------------------------------------------
+UPDATE felix.nodes SET last_heartbeat = clock_timestamp() WHERE name = :'orders0_leader';
+UPDATE felix.assignments SET lease_granted_at = clock_timestamp(), unplaced_reason = NULL
+ WHERE stream = 'orders' AND shard = 0;
+SELECT felix.cp_report(:'orders0_leader', jsonb_build_array(
+         jsonb_build_object('stream', 'orders', 'shard', 0, 'generation', 1,
+                            'follower', :'f1', 'acked_end', 41, 'caught_up', true),
+         jsonb_build_object('stream', 'orders', 'shard', 0, 'generation', 1,
+                            'follower', :'f2', 'acked_end', 42, 'caught_up', true))) AS accepted;
+SELECT stream, shard, generation, leader = :'orders0_leader' AS by_leader, follower, acked_end, caught_up
+  FROM felix.replica_reports ORDER BY follower;
+UPDATE felix.nodes SET last_heartbeat = last_heartbeat - interval '1 hour'
+ WHERE name = :'orders0_leader';
+UPDATE felix.assignments SET lease_granted_at = lease_granted_at - interval '1 hour'
+ WHERE stream = 'orders' AND shard = 0;
+UPDATE felix.replica_reports SET reported_at = reported_at - interval '1 hour'
+ WHERE stream = 'orders' AND shard = 0;
+-- (f2 scores below f1 here: it wins on position alone)
+SELECT felix.cp_score(:'f1', 'orders', 0) > felix.cp_score(:'f2', 'orders', 0) AS f1_scores_higher;
+SELECT count(*) FROM felix.cp_heartbeat(:'f1', 'host=x');
+SELECT count(*) FROM felix.cp_heartbeat(:'f2', 'host=x');
+SELECT felix.cp_tick() AS promoted;
+SELECT generation, leader = :'f2' AS furthest_ahead_leads, replicas, lease_granted_at IS NULL AS no_lease_yet,
+       unplaced_reason
+  FROM felix.assignments WHERE stream = 'orders' AND shard = 0;
+-- The new leader takes the new generation's lease at its heartbeat.
+SELECT generation, lease_granted FROM felix.cp_heartbeat(:'f2', 'host=x') WHERE stream = 'orders' AND shard = 0;
+-- The superseded leader's reports never land again.
+SELECT felix.cp_report(:'orders0_leader', jsonb_build_array(
+         jsonb_build_object('stream', 'orders', 'shard', 0, 'generation', 1,
+                            'follower', :'f1', 'acked_end', 50, 'caught_up', true))) AS accepted;
+SELECT felix.cp_report(:'orders0_leader', jsonb_build_array(
+         jsonb_build_object('stream', 'orders', 'shard', 0, 'generation', 2,
+                            'follower', :'f1', 'acked_end', 50, 'caught_up', true))) AS accepted;
+-- The new leader's land; a follower it leaves out is no longer caught up.
+SELECT felix.cp_report(:'f2', jsonb_build_array(
+         jsonb_build_object('stream', 'orders', 'shard', 0, 'generation', 2,
+                            'follower', :'f1', 'acked_end', 42, 'caught_up', true),
+         jsonb_build_object('stream', 'orders', 'shard', 0, 'generation', 2,
+                            'follower', :'orders0_leader', 'acked_end', 42, 'caught_up', true))) AS accepted;
+SELECT felix.cp_report(:'f2', jsonb_build_array(
+         jsonb_build_object('stream', 'orders', 'shard', 0, 'generation', 2,
+                            'follower', :'f1', 'acked_end', 43, 'caught_up', true))) AS accepted;
+SELECT generation, leader = :'f2' AS by_leader, follower = :'f1' AS is_f1, acked_end, caught_up
+  FROM felix.replica_reports ORDER BY follower = :'f1';
+
+-- Equal positions: the better score wins.  Shard 1's leader dies with
+-- both followers reported level.
+SELECT leader AS o1_leader, replicas[2] AS o1_f1, replicas[3] AS o1_f2
+  FROM felix.assignments WHERE stream = 'orders' AND shard = 1 \gset
+SELECT count(*) FROM felix.cp_heartbeat(:'o1_leader', 'host=x');
+SELECT felix.cp_report(:'o1_leader', jsonb_build_array(
+         jsonb_build_object('stream', 'orders', 'shard', 1, 'generation', 1,
+                            'follower', :'o1_f2', 'acked_end', 7, 'caught_up', true),
+         jsonb_build_object('stream', 'orders', 'shard', 1, 'generation', 1,
+                            'follower', :'o1_f1', 'acked_end', 7, 'caught_up', true))) AS accepted;
+UPDATE felix.nodes SET last_heartbeat = last_heartbeat - interval '1 hour' WHERE name = :'o1_leader';
+UPDATE felix.assignments SET lease_granted_at = lease_granted_at - interval '1 hour'
+ WHERE stream = 'orders' AND shard = 1;
+UPDATE felix.replica_reports SET reported_at = reported_at - interval '1 hour'
+ WHERE stream = 'orders' AND shard = 1;
+SELECT count(*) FROM felix.cp_heartbeat(:'o1_f1', 'host=x');
+SELECT count(*) FROM felix.cp_heartbeat(:'o1_f2', 'host=x');
+SELECT felix.cp_tick() >= 1 AS promoted;
+SELECT generation, leader = :'o1_f1' AS best_score_leads FROM felix.assignments
+ WHERE stream = 'orders' AND shard = 1;
+
+-- ---------------------------------------------------------------------
+-- The last leader, alive again after its lease lapsed, is re-granted at
+-- the next generation (it holds everything its generation wrote)
+-- ---------------------------------------------------------------------
+SELECT leader AS o2_leader FROM felix.assignments WHERE stream = 'orders' AND shard = 2 \gset
+SELECT count(*) FROM felix.cp_heartbeat(:'o2_leader', 'host=x');
+UPDATE felix.assignments SET lease_granted_at = lease_granted_at - interval '1 hour'
+ WHERE stream = 'orders' AND shard = 2;
+SELECT count(*) FROM felix.cp_heartbeat(:'o2_leader', 'host=x');
+SELECT felix.cp_tick() >= 1 AS promoted;
+SELECT generation, leader = :'o2_leader' AS same_leader FROM felix.assignments
+ WHERE stream = 'orders' AND shard = 2;
+
+-- ---------------------------------------------------------------------
+-- A node outside the replica set is never promoted, alive or not
+-- ---------------------------------------------------------------------
+SELECT leader AS p_leader, replicas[2] AS p_follower,
+       (SELECT n FROM unnest(ARRAY['node_a', 'node_b', 'node_c']) AS n
+         WHERE NOT n = ANY (x.replicas)) AS p_outsider
+  FROM felix.assignments x WHERE stream = 'pair' AND shard = 0 \gset
+SELECT count(*) FROM felix.cp_heartbeat(:'p_leader', 'host=x');
+SELECT count(*) FROM felix.cp_heartbeat(:'p_outsider', 'host=x');
+SELECT felix.cp_report(:'p_leader', jsonb_build_array(
+         jsonb_build_object('stream', 'pair', 'shard', 0, 'generation', 1,
+                            'follower', :'p_outsider', 'acked_end', 9, 'caught_up', true))) AS accepted;
+UPDATE felix.nodes SET last_heartbeat = last_heartbeat - interval '1 hour'
+ WHERE name IN (:'p_leader', :'p_follower');
+UPDATE felix.assignments SET lease_granted_at = lease_granted_at - interval '1 hour'
+ WHERE stream = 'pair' AND shard = 0;
+SELECT felix.cp_tick() >= 0 AS ticked;
+SELECT generation, leader = :'p_leader' AS last_leader_kept,
+       replace(replace(unplaced_reason, :'p_leader', '<leader>'), :'p_follower', '<follower>') AS unplaced_reason
+  FROM felix.assignments WHERE stream = 'pair' AND shard = 0;
+
+-- ---------------------------------------------------------------------
+-- replication_factor = 1: the only copy.  Its node dies: unplaced; it
+-- comes back: re-granted at the next generation
+-- ---------------------------------------------------------------------
+SELECT leader AS solo_node FROM felix.assignments WHERE stream = 'solo' \gset
+SELECT count(*) FROM felix.cp_heartbeat(:'solo_node', 'host=x');
+UPDATE felix.nodes SET last_heartbeat = last_heartbeat - interval '1 hour' WHERE name = :'solo_node';
+UPDATE felix.assignments SET lease_granted_at = lease_granted_at - interval '1 hour' WHERE stream = 'solo';
+SELECT felix.cp_tick() >= 0 AS ticked;
+SELECT generation, replace(unplaced_reason, :'solo_node', '<node>') AS unplaced_reason
+  FROM felix.assignments WHERE stream = 'solo';
+SELECT generation, lease_granted, replace(unplaced_reason, :'solo_node', '<node>') AS unplaced_reason
+  FROM felix.cp_heartbeat(:'solo_node', 'host=x') WHERE stream = 'solo';
+SELECT felix.cp_tick() >= 1 AS promoted;
+SELECT generation, leader = :'solo_node' AS same_node, unplaced_reason
+  FROM felix.assignments WHERE stream = 'solo';
+SELECT generation, lease_granted FROM felix.cp_heartbeat(:'solo_node', 'host=x') WHERE stream = 'solo';
+
+-- A generation whose leader never takes its lease: after a lease and a
+-- margin with its leader dead, it too is unplaced (nobody reported).
+UPDATE felix.assignments SET generation = generation + 1, lease_granted_at = NULL,
+       assigned_at = assigned_at - interval '1 hour'
+ WHERE stream = 'solo';
+UPDATE felix.nodes SET last_heartbeat = last_heartbeat - interval '1 hour' WHERE name = :'solo_node';
+SELECT felix.cp_tick() >= 0 AS ticked;
+SELECT generation, replace(unplaced_reason, :'solo_node', '<node>') AS unplaced_reason
+  FROM felix.assignments WHERE stream = 'solo';
+-- ... and its first heartbeat takes the lease it never took.
+SELECT generation, lease_granted, unplaced_reason
+  FROM felix.cp_heartbeat(:'solo_node', 'host=x') WHERE stream = 'solo';
+
+-- ---------------------------------------------------------------------
+-- cp_drop_stream
+-- ---------------------------------------------------------------------
+SELECT felix.cp_drop_stream('orders');
+SELECT (SELECT count(*) FROM felix.cluster_streams WHERE name = 'orders') AS streams,
+       (SELECT count(*) FROM felix.assignments WHERE stream = 'orders') AS assignments,
+       (SELECT count(*) FROM felix.replica_reports WHERE stream = 'orders') AS reports;
+SELECT felix.cp_drop_stream('orders');
+\echo SQLSTATE :SQLSTATE
+SELECT felix.cp_drop_stream(NULL);
+\echo SQLSTATE :SQLSTATE
+SELECT DISTINCT stream FROM felix.cp_heartbeat('node_a', 'host=hosta') ORDER BY 1;
+
+-- ---------------------------------------------------------------------
+-- Privileges: internal functions and tables are not for an ordinary role;
+-- felix_replication may call the cp_* functions and read nothing else
+-- ---------------------------------------------------------------------
+CREATE ROLE regress_cp_ordinary;
+SET ROLE regress_cp_ordinary;
+SELECT * FROM felix.cp_heartbeat('node_z', 'host=z');
+\echo SQLSTATE :SQLSTATE
+SELECT felix.cp_create_stream('z');
+\echo SQLSTATE :SQLSTATE
+SELECT felix.cp_drop_stream('pair');
+\echo SQLSTATE :SQLSTATE
+SELECT felix.cp_report('node_a', '[]');
+\echo SQLSTATE :SQLSTATE
+SELECT felix.cp_tick();
+\echo SQLSTATE :SQLSTATE
+SELECT * FROM felix.cp_nodes();
+\echo SQLSTATE :SQLSTATE
+SELECT * FROM felix.assignments;
+\echo SQLSTATE :SQLSTATE
+SELECT * FROM felix.nodes;
+\echo SQLSTATE :SQLSTATE
+RESET ROLE;
+SET ROLE felix_replication;
+SELECT name, alive FROM felix.cp_nodes() WHERE name = 'node_a';
+SELECT felix.cp_tick() >= 0 AS ticked;
+SELECT * FROM felix.replica_reports;
+\echo SQLSTATE :SQLSTATE
+RESET ROLE;
+SELECT p.proname, has_function_privilege('public', p.oid, 'EXECUTE') AS public_may_execute,
+       has_function_privilege('felix_replication', p.oid, 'EXECUTE') AS replication_may_execute
+  FROM pg_proc p
+ WHERE p.pronamespace = 'felix'::regnamespace AND p.proname LIKE 'cp\_%'
+ ORDER BY p.proname;
+DROP ROLE regress_cp_ordinary;
+
+\c contrib_regression
+DROP DATABASE felix_cp_regress WITH (FORCE);

@@ -1,0 +1,758 @@
+/*-------------------------------------------------------------------------
+ *
+ * client.c
+ *	  felix's libpq client.  Every connection felix makes to the control
+ *	  plane (the heartbeat worker, a backend running felix_create_stream,
+ *	  felix_drop_stream or reading felix_nodes) goes through here, so the
+ *	  rules for talking to a remote server inside a PostgreSQL process are
+ *	  kept in one place:
+ *
+ *	  - nothing blocks inside libpq: the connection is started with
+ *		PQconnectStartParams and driven with PQconnectPoll, queries are sent
+ *		with PQsendQueryParams on a non-blocking connection and collected
+ *		with PQconsumeInput/PQisBusy; every wait is a WaitLatchOrSocket on
+ *		the process latch with WL_EXIT_ON_PM_DEATH, and interrupts are
+ *		serviced (CHECK_FOR_INTERRUPTS) whenever the latch is set, so a
+ *		cancel or a shutdown is never held up by the network;
+ *	  - every wait has a deadline; running out of it reports 08006 and
+ *		leaves the connection unusable (felix_conn_usable says so), so the
+ *		caller reconnects rather than reading a stale answer later.  The
+ *		remote session gets the same deadline as its statement_timeout
+ *		(felix_conn_set_statement_timeout), so a call abandoned here does
+ *		not keep running, or waiting for a lock, over there;
+ *	  - a remote error is re-reported here with its own SQLSTATE, message,
+ *		detail and hint at the level the caller chose: ERROR in a backend (a
+ *		user sees the control plane's 22023 and its hint), LOG in a worker,
+ *		which must carry on.  Nothing here raises FATAL;
+ *	  - each connection holds one external file descriptor of fd.c's
+ *		budget (AcquireExternalFD) for its lifetime.
+ *
+ *	  The heartbeat worker (worker/heartbeat.c) keeps one connection open
+ *	  for the process's life; backends open one per call and close it in
+ *	  PG_FINALLY.  felix.nodes_view(), behind the felix_nodes view, lives
+ *	  here too: it is a control-plane call like the others.
+ *
+ * Locking rule: none.  A connection is private to the process that opened
+ * it; nothing here touches shared memory.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "libpq-fe.h"
+
+#include "control/client.h"
+#include "felix.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "lib/stringinfo.h"
+#include "mb/pg_wchar.h"
+#include "miscadmin.h"
+#include "storage/fd.h"
+#include "storage/latch.h"
+#include "utils/builtins.h"
+#include "utils/timestamp.h"
+#include "utils/tuplestore.h"
+#include "utils/wait_event.h"
+
+#define CP_PURPOSE		"the felix control plane"
+
+/* ---------------------------------------------------------------------
+ * Waiting
+ * ---------------------------------------------------------------------
+ */
+
+/* Milliseconds left until deadline_ns (felix_monotonic_ns), at least 0. */
+static long
+remaining_ms(int64 deadline_ns)
+{
+	int64		now = felix_monotonic_ns();
+
+	if (now >= deadline_ns)
+		return 0;
+	return (long) ((deadline_ns - now + 999999) / 1000000);
+}
+
+/*
+ * Wait until the socket is ready for io_flags, the latch is set or the
+ * deadline passes; interrupts are serviced when the latch was set.
+ * Returns the events that fired (WL_TIMEOUT once the deadline is past).
+ */
+static int
+wait_socket(PGconn *conn, int io_flags, int64 deadline_ns)
+{
+	long		timeout = remaining_ms(deadline_ns);
+	int			rc;
+
+	if (timeout <= 0)
+		return WL_TIMEOUT;
+	rc = WaitLatchOrSocket(MyLatch,
+						   WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH | io_flags,
+						   PQsocket(conn), timeout, PG_WAIT_EXTENSION);
+	if (rc & WL_LATCH_SET)
+	{
+		ResetLatch(MyLatch);
+		CHECK_FOR_INTERRUPTS();
+	}
+	return rc;
+}
+
+/* Remote NOTICEs and WARNINGs are not the user's business: log quietly. */
+static void
+notice_receiver(void *arg, const PGresult *res)
+{
+	const char *msg = PQresultErrorMessage(res);
+
+	ereport(DEBUG1,
+			(errmsg_internal("felix: remote notice: %s", msg ? msg : "")));
+}
+
+/* ---------------------------------------------------------------------
+ * Connections
+ * ---------------------------------------------------------------------
+ */
+
+/* Append value to buf as a conninfo value: quoted when it needs to be. */
+static void
+append_conninfo_value(StringInfo buf, const char *value)
+{
+	bool		plain = value[0] != '\0';
+
+	for (const char *p = value; *p && plain; p++)
+		if (*p == ' ' || *p == '\'' || *p == '\\' || *p == '=' ||
+			*p == '\t' || *p == '\n' || *p == '\r')
+			plain = false;
+	if (plain)
+	{
+		appendStringInfoString(buf, value);
+		return;
+	}
+	appendStringInfoChar(buf, '\'');
+	for (const char *p = value; *p; p++)
+	{
+		if (*p == '\'' || *p == '\\')
+			appendStringInfoChar(buf, '\\');
+		appendStringInfoChar(buf, *p);
+	}
+	appendStringInfoChar(buf, '\'');
+}
+
+char *
+felix_conninfo_mask(const char *conninfo)
+{
+	PQconninfoOption *opts;
+	char	   *err = NULL;
+	StringInfoData buf;
+
+	if (conninfo == NULL)
+		return pstrdup("");
+	opts = PQconninfoParse(conninfo, &err);
+	if (opts == NULL)
+	{
+		if (err)
+			PQfreemem(err);
+		/* Unparsable: show nothing that might be a secret. */
+		return pstrdup("(invalid connection string)");
+	}
+	initStringInfo(&buf);
+	for (PQconninfoOption *o = opts; o->keyword != NULL; o++)
+	{
+		if (o->val == NULL)
+			continue;
+		if (buf.len > 0)
+			appendStringInfoChar(&buf, ' ');
+		appendStringInfo(&buf, "%s=", o->keyword);
+		if (strcmp(o->keyword, "password") == 0)
+			appendStringInfoString(&buf, "********");
+		else
+			append_conninfo_value(&buf, o->val);
+	}
+	PQconninfoFree(opts);
+	return buf.data;
+}
+
+void
+felix_conn_close(PGconn *conn)
+{
+	if (conn == NULL)
+		return;
+	PQfinish(conn);
+	ReleaseExternalFD();
+}
+
+bool
+felix_conn_usable(PGconn *conn)
+{
+	return conn != NULL &&
+		PQstatus(conn) == CONNECTION_OK &&
+		PQtransactionStatus(conn) == PQTRANS_IDLE;
+}
+
+/* Report a failed connection attempt at elevel; conn is already closed. */
+static void
+report_connect_failure(int elevel, const char *purpose, const char *conninfo,
+					   const char *why)
+{
+	ereport(elevel,
+			(errcode(ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION),
+			 errmsg("could not connect to %s", purpose),
+			 errdetail_internal("%s (conninfo \"%s\")", why, felix_conninfo_mask(conninfo)),
+			 errhint("Check that the server this conninfo names is running and that its "
+					 "pg_hba.conf lets this node connect as the conninfo's user.")));
+}
+
+/*
+ * One connection attempt with the given keywords, driven by PQconnectPoll
+ * until it succeeds, fails or deadline_ns passes.  Returns the connection
+ * (non-blocking) or NULL with *why set; holds an external FD only while
+ * it returns a connection.
+ */
+static PGconn *
+connect_one(const char *const *keywords, const char *const *values,
+			int64 deadline_ns, char **why_out)
+{
+	PGconn	   *volatile conn = NULL;
+	char	   *volatile why = NULL;
+
+	if (!AcquireExternalFD())
+	{
+		*why_out = pstrdup("this server has no file descriptor to spare; raise "
+						   "max_files_per_process or the process's \"ulimit -n\"");
+		return NULL;
+	}
+	conn = PQconnectStartParams(keywords, values, 0);
+	if (conn == NULL)
+	{
+		ReleaseExternalFD();
+		*why_out = pstrdup("out of memory");
+		return NULL;
+	}
+
+	PG_TRY();
+	{
+		PostgresPollingStatusType status = PGRES_POLLING_WRITING;
+
+		if (PQstatus(conn) == CONNECTION_BAD)
+			status = PGRES_POLLING_FAILED;
+
+		/* Per PQconnectPoll's contract: first wait until writable. */
+		while (status != PGRES_POLLING_OK && status != PGRES_POLLING_FAILED)
+		{
+			int			io = (status == PGRES_POLLING_READING) ?
+				WL_SOCKET_READABLE : WL_SOCKET_WRITEABLE;
+			int			rc = wait_socket(conn, io, deadline_ns);
+
+			if (rc & io)
+				status = PQconnectPoll(conn);
+			else if (rc & WL_TIMEOUT)
+			{
+				why = pstrdup("timed out connecting");
+				break;
+			}
+		}
+		if (why == NULL && status == PGRES_POLLING_FAILED)
+			why = pchomp(PQerrorMessage(conn));
+		if (why == NULL && PQsetnonblocking(conn, 1) != 0)
+			why = pchomp(PQerrorMessage(conn));
+	}
+	PG_CATCH();
+	{
+		felix_conn_close(conn);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+
+	if (why != NULL)
+	{
+		felix_conn_close(conn);
+		*why_out = why;
+		return NULL;
+	}
+	PQsetNoticeReceiver(conn, notice_receiver, NULL);
+	return conn;
+}
+
+/* Split a comma-separated libpq list ("a,b,,c"); NIL for NULL. */
+static List *
+split_list(const char *value)
+{
+	List	   *items = NIL;
+	const char *p = value;
+
+	if (value == NULL)
+		return NIL;
+	for (;;)
+	{
+		const char *comma = strchr(p, ',');
+
+		if (comma == NULL)
+		{
+			items = lappend(items, pstrdup(p));
+			break;
+		}
+		items = lappend(items, pnstrdup(p, comma - p));
+		p = comma + 1;
+	}
+	return items;
+}
+
+/*
+ * The entry of a libpq host/hostaddr/port list for host i of n: lists of
+ * one entry serve every host; any other length is passed whole, for libpq
+ * to refuse with its own message.
+ */
+static const char *
+list_entry(List *items, const char *whole, int i, int n)
+{
+	if (whole == NULL)
+		return NULL;
+	if (list_length(items) == 1)
+		return whole;
+	if (list_length(items) == n)
+		return (const char *) list_nth(items, i);
+	return whole;
+}
+
+/*
+ * Connect, trying each host of a multi-host conninfo in turn ("host=a,b
+ * target_session_attrs=read-write": the control plane's primary among its
+ * standbys).  libpq would move on to the next host by itself, but only
+ * once a host has refused or failed: a host that silently drops packets
+ * would hold the whole deadline.  So each host gets its own attempt, with
+ * connect_timeout (per host, as in libpq) when set, else an equal share of
+ * what is left of the deadline.
+ */
+PGconn *
+felix_conn_open(const char *conninfo, const char *purpose,
+				const char *application_name, int timeout_ms, int elevel)
+{
+	PQconninfoOption *opts;
+	char	   *err = NULL;
+	int64		deadline = felix_monotonic_ns() + (int64) timeout_ms * 1000000;
+	const char *host = NULL,
+			   *hostaddr = NULL,
+			   *port = NULL;
+	List	   *hosts,
+			   *hostaddrs,
+			   *ports;
+	int			nopts = 0;
+	int			nhosts;
+	int64		per_host_ns = 0;
+	const char **keywords;
+	const char **values;
+	StringInfoData failures;
+
+	opts = PQconninfoParse(conninfo, &err);
+	if (opts == NULL)
+	{
+		char	   *why = err ? pchomp(err) : pstrdup("out of memory");
+
+		if (err)
+			PQfreemem(err);
+		report_connect_failure(elevel, purpose, conninfo,
+							   psprintf("invalid connection string: %s", why));
+		return NULL;
+	}
+
+	for (PQconninfoOption *o = opts; o->keyword != NULL; o++)
+	{
+		if (o->val == NULL)
+			continue;
+		nopts++;
+		if (strcmp(o->keyword, "host") == 0)
+			host = o->val;
+		else if (strcmp(o->keyword, "hostaddr") == 0)
+			hostaddr = o->val;
+		else if (strcmp(o->keyword, "port") == 0)
+			port = o->val;
+		else if (strcmp(o->keyword, "connect_timeout") == 0 && atoi(o->val) > 0)
+			per_host_ns = (int64) Max(atoi(o->val), 2) * INT64CONST(1000000000);
+	}
+	hosts = split_list(host);
+	hostaddrs = split_list(hostaddr);
+	ports = split_list(port);
+	nhosts = Max(1, Max(list_length(hosts), list_length(hostaddrs)));
+
+	/* The user's options, then ours (later keywords win in libpq). */
+	keywords = palloc0(sizeof(char *) * (nopts + 3));
+	values = palloc0(sizeof(char *) * (nopts + 3));
+	initStringInfo(&failures);
+
+	for (int i = 0; i < nhosts; i++)
+	{
+		int			k = 0;
+		int64		now = felix_monotonic_ns();
+		int64		host_deadline;
+		PGconn	   *conn;
+		char	   *why = NULL;
+
+		if (now >= deadline)
+		{
+			appendStringInfo(&failures, "%sno time left to try the remaining %d host%s",
+							 failures.len ? "; " : "", nhosts - i, nhosts - i == 1 ? "" : "s");
+			break;
+		}
+		host_deadline = per_host_ns > 0 ? now + per_host_ns : now + (deadline - now) / (nhosts - i);
+		host_deadline = Min(host_deadline, deadline);
+
+		for (PQconninfoOption *o = opts; o->keyword != NULL; o++)
+		{
+			const char *v = o->val;
+
+			if (v == NULL)
+				continue;
+			if (strcmp(o->keyword, "host") == 0)
+				v = list_entry(hosts, host, i, nhosts);
+			else if (strcmp(o->keyword, "hostaddr") == 0)
+				v = list_entry(hostaddrs, hostaddr, i, nhosts);
+			else if (strcmp(o->keyword, "port") == 0)
+				v = list_entry(ports, port, i, nhosts);
+			keywords[k] = o->keyword;
+			values[k] = v;
+			k++;
+		}
+		keywords[k] = "fallback_application_name";
+		values[k++] = application_name;
+		keywords[k] = "client_encoding";
+		values[k++] = GetDatabaseEncodingName();
+		keywords[k] = NULL;
+		values[k] = NULL;
+
+		conn = connect_one(keywords, values, host_deadline, &why);
+		if (conn != NULL)
+		{
+			PQconninfoFree(opts);
+			return conn;
+		}
+		appendStringInfo(&failures, "%s%s", failures.len ? "; " : "", why);
+	}
+
+	PQconninfoFree(opts);
+	report_connect_failure(elevel, purpose, conninfo, failures.data);
+	return NULL;
+}
+
+/* ---------------------------------------------------------------------
+ * Queries
+ * ---------------------------------------------------------------------
+ */
+
+/* A failure of the connection itself (not an error result): 08006. */
+static void
+report_conn_failure(int elevel, PGconn *conn, const char *call, const char *what)
+{
+	char	   *msg = pchomp(PQerrorMessage(conn));
+
+	ereport(elevel,
+			(errcode(ERRCODE_CONNECTION_FAILURE),
+			 errmsg("remote call to %s failed: %s", call, what),
+			 msg[0] ? errdetail_internal("%s", msg) : 0,
+			 errhint("The call may or may not have taken effect there; it is retried "
+					 "or can be repeated once the server is reachable.")));
+}
+
+/*
+ * Re-report an error result at elevel with the remote SQLSTATE, message,
+ * detail and hint.  The remote context (where in the control plane's
+ * PL/pgSQL it was raised) goes to the log only: a user sees the message
+ * and the call it came from.  Frees res first: an ERROR leaves from here.
+ */
+static void
+report_remote_error(int elevel, PGresult *res, PGconn *conn, const char *call)
+{
+	const char *f_sqlstate = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+	const char *f_primary = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
+	const char *f_detail = PQresultErrorField(res, PG_DIAG_MESSAGE_DETAIL);
+	const char *f_hint = PQresultErrorField(res, PG_DIAG_MESSAGE_HINT);
+	const char *f_context = PQresultErrorField(res, PG_DIAG_CONTEXT);
+	int			code = ERRCODE_CONNECTION_FAILURE;
+	char	   *primary;
+	char	   *detail = f_detail ? pstrdup(f_detail) : NULL;
+	char	   *hint = f_hint ? pstrdup(f_hint) : NULL;
+	char	   *context = f_context ? pstrdup(f_context) : NULL;
+
+	if (f_sqlstate && strlen(f_sqlstate) == 5)
+		code = MAKE_SQLSTATE(f_sqlstate[0], f_sqlstate[1], f_sqlstate[2],
+							 f_sqlstate[3], f_sqlstate[4]);
+	if (f_primary)
+		primary = pstrdup(f_primary);
+	else
+	{
+		const char *m = PQresultErrorMessage(res);
+
+		primary = (m && m[0]) ? pchomp(m) : pchomp(PQerrorMessage(conn));
+		if (primary[0] == '\0')
+			primary = pstrdup("unknown error");
+	}
+	PQclear(res);
+
+	ereport(elevel,
+			(errcode(code),
+			 errmsg_internal("%s", primary),
+			 detail ? errdetail_internal("%s", detail) : 0,
+			 hint ? errhint("%s", hint) : 0,
+			 (context && elevel < ERROR) ? errcontext("%s", context) : 0,
+			 errcontext("remote call to %s", call)));
+}
+
+PGresult *
+felix_conn_exec(PGconn *conn, const char *call, const char *sql,
+				int nparams, const char *const *values, int timeout_ms, int elevel)
+{
+	int64		deadline = felix_monotonic_ns() + (int64) timeout_ms * 1000000;
+	PGresult   *volatile result = NULL;
+	const char *volatile failure = NULL;
+
+	if (!felix_conn_usable(conn))
+	{
+		ereport(elevel,
+				(errcode(ERRCODE_CONNECTION_DOES_NOT_EXIST),
+				 errmsg("no usable connection for the remote call to %s", call),
+				 errhint("Reconnect and repeat the call.")));
+		return NULL;
+	}
+
+	if (!PQsendQueryParams(conn, sql, nparams, NULL, values, NULL, NULL, 0))
+	{
+		report_conn_failure(elevel, conn, call, "could not send the query");
+		return NULL;
+	}
+
+	PG_TRY();
+	{
+		/* Send what libpq buffered; read meanwhile so the peer never stalls. */
+		for (;;)
+		{
+			int			f = PQflush(conn);
+			int			rc;
+
+			if (f == 0)
+				break;
+			if (f < 0)
+			{
+				failure = "could not send the query";
+				break;
+			}
+			rc = wait_socket(conn, WL_SOCKET_READABLE | WL_SOCKET_WRITEABLE, deadline);
+			if (rc & WL_TIMEOUT)
+			{
+				failure = "timed out sending the query";
+				break;
+			}
+			if ((rc & WL_SOCKET_READABLE) && !PQconsumeInput(conn))
+			{
+				failure = "could not read the reply";
+				break;
+			}
+		}
+
+		/* Collect every result; keep the first error, else the last. */
+		while (failure == NULL)
+		{
+			PGresult   *res;
+
+			while (failure == NULL && PQisBusy(conn))
+			{
+				int			rc = wait_socket(conn, WL_SOCKET_READABLE, deadline);
+
+				if (rc & WL_TIMEOUT)
+					failure = "timed out waiting for the reply";
+				else if ((rc & WL_SOCKET_READABLE) && !PQconsumeInput(conn))
+					failure = "could not read the reply";
+			}
+			if (failure != NULL)
+				break;
+			res = PQgetResult(conn);
+			if (res == NULL)
+				break;
+			if (result == NULL ||
+				(PQresultStatus(res) == PGRES_FATAL_ERROR &&
+				 PQresultStatus(result) != PGRES_FATAL_ERROR))
+			{
+				PQclear(result);
+				result = res;
+			}
+			else
+				PQclear(res);
+		}
+	}
+	PG_CATCH();
+	{
+		PQclear(result);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+
+	if (failure != NULL)
+	{
+		PQclear(result);
+		report_conn_failure(elevel, conn, call, failure);
+		return NULL;
+	}
+	if (result == NULL)
+	{
+		report_conn_failure(elevel, conn, call, "no reply to the query");
+		return NULL;
+	}
+	if (PQresultStatus(result) != PGRES_TUPLES_OK &&
+		PQresultStatus(result) != PGRES_COMMAND_OK)
+	{
+		report_remote_error(elevel, result, conn, call);
+		return NULL;
+	}
+	return result;
+}
+
+bool
+felix_conn_set_statement_timeout(PGconn *conn, int timeout_ms, int elevel)
+{
+	char		value[32];
+	const char *values[1] = {value};
+	PGresult   *res;
+
+	snprintf(value, sizeof(value), "%dms", timeout_ms);
+	res = felix_conn_exec(conn, "set_config",
+						  "SELECT pg_catalog.set_config('statement_timeout', $1, false)",
+						  1, values, timeout_ms, elevel);
+	if (res == NULL)
+		return false;
+	PQclear(res);
+	return true;
+}
+
+/* ---------------------------------------------------------------------
+ * Backend calls to the control plane
+ * ---------------------------------------------------------------------
+ */
+
+/* Open, run, close; the control plane's error is raised here. */
+static void
+cp_call(const char *fn, const char *sql, int nparams, const char *const *values)
+{
+	PGconn	   *volatile conn = NULL;
+
+	felix_require_preload();
+	PG_TRY();
+	{
+		PGresult   *res;
+
+		conn = felix_conn_open(felix_cp_conninfo_resolved(), CP_PURPOSE, "felix",
+							   FELIX_CP_CALL_TIMEOUT_MS, ERROR);
+		(void) felix_conn_set_statement_timeout(conn, FELIX_CP_CALL_TIMEOUT_MS, ERROR);
+		res = felix_conn_exec(conn, fn, sql, nparams, values,
+							  FELIX_CP_CALL_TIMEOUT_MS, ERROR);
+		PQclear(res);
+	}
+	PG_FINALLY();
+	{
+		felix_conn_close(conn);
+	}
+	PG_END_TRY();
+}
+
+void
+felix_cp_call_create_stream(const char *name, int shards, int replication_factor,
+							const char *consistency, const char *payload_type,
+							const char *storage, int64 retention_bytes,
+							const char *retention)
+{
+	char		shards_s[16];
+	char		rf_s[16];
+	char		rb_s[32];
+	const char *values[8];
+
+	snprintf(shards_s, sizeof(shards_s), "%d", shards);
+	snprintf(rf_s, sizeof(rf_s), "%d", replication_factor);
+	snprintf(rb_s, sizeof(rb_s), INT64_FORMAT, retention_bytes);
+	values[0] = name;
+	values[1] = shards_s;
+	values[2] = rf_s;
+	values[3] = consistency;
+	values[4] = payload_type;
+	values[5] = storage;
+	values[6] = retention_bytes < 0 ? NULL : rb_s;
+	values[7] = retention;
+	cp_call("felix.cp_create_stream",
+			"SELECT felix.cp_create_stream($1, $2::integer, $3::integer, $4, $5, $6, "
+			"$7::bigint, $8::interval)",
+			8, values);
+}
+
+void
+felix_cp_call_drop_stream(const char *name)
+{
+	const char *values[1] = {name};
+
+	cp_call("felix.cp_drop_stream", "SELECT felix.cp_drop_stream($1)", 1, values);
+}
+
+/* ---------------------------------------------------------------------
+ * felix.nodes_view(): the rows behind the felix_nodes view
+ * ---------------------------------------------------------------------
+ */
+
+/* Microseconds since the Unix epoch to TimestampTz. */
+static TimestampTz
+unix_usec_to_timestamptz(int64 usec)
+{
+	return (TimestampTz) (usec -
+						  ((int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * USECS_PER_DAY));
+}
+
+PG_FUNCTION_INFO_V1(felix_nodes_view);
+Datum
+felix_nodes_view(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	PGconn	   *volatile conn = NULL;
+	PGresult   *volatile res = NULL;
+
+	felix_require_preload();
+	InitMaterializedSRF(fcinfo, 0);
+
+	PG_TRY();
+	{
+		conn = felix_conn_open(felix_cp_conninfo_resolved(), CP_PURPOSE, "felix",
+							   FELIX_CP_CALL_TIMEOUT_MS, ERROR);
+		(void) felix_conn_set_statement_timeout(conn, FELIX_CP_CALL_TIMEOUT_MS, ERROR);
+		/* Epoch microseconds: independent of either side's DateStyle. */
+		res = felix_conn_exec(conn, "felix.cp_nodes",
+							  "SELECT name, conninfo, alive, "
+							  "(extract(epoch FROM last_heartbeat) * 1000000)::bigint "
+							  "FROM felix.cp_nodes() ORDER BY name",
+							  0, NULL, FELIX_CP_CALL_TIMEOUT_MS, ERROR);
+		if (PQnfields(res) != 4)
+			ereport(ERROR,
+					(errcode(ERRCODE_PROTOCOL_VIOLATION),
+					 errmsg("felix.cp_nodes() on the control plane returned %d columns, expected 4",
+							PQnfields(res)),
+					 errhint("The control plane runs another felix version; upgrade both to the same one.")));
+
+		for (int i = 0; i < PQntuples(res); i++)
+		{
+			Datum		values[4];
+			bool		nulls[4] = {false, false, false, false};
+
+			for (int c = 0; c < 4; c++)
+				nulls[c] = PQgetisnull(res, i, c);
+			if (!nulls[0])
+				values[0] = CStringGetTextDatum(PQgetvalue(res, i, 0));
+			if (!nulls[1])
+				values[1] = CStringGetTextDatum(PQgetvalue(res, i, 1));
+			if (!nulls[2])
+				values[2] = BoolGetDatum(PQgetvalue(res, i, 2)[0] == 't');
+			if (!nulls[3])
+				values[3] = TimestampTzGetDatum(
+												unix_usec_to_timestamptz(strtoi64(PQgetvalue(res, i, 3), NULL, 10)));
+			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		}
+	}
+	PG_FINALLY();
+	{
+		PQclear(res);
+		felix_conn_close(conn);
+	}
+	PG_END_TRY();
+
+	return (Datum) 0;
+}

@@ -1,0 +1,76 @@
+/*-------------------------------------------------------------------------
+ *
+ * client.h
+ *	  felix's libpq client, usable from a background worker and from a
+ *	  backend: connect and query with a deadline, waiting on the latch
+ *	  (interrupts serviced, postmaster death noticed), remote errors
+ *	  re-reported with their SQLSTATE, detail and hint at the caller's
+ *	  level.  Also the calls a backend makes to the control plane.
+ *
+ * Locking rule: a connection belongs to the process that opened it; no
+ * shared state.  A caller that may raise an ERROR while holding a
+ * connection closes it in PG_FINALLY (or owns it for the process's life).
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef FELIX_CONTROL_CLIENT_H
+#define FELIX_CONTROL_CLIENT_H
+
+#include "postgres.h"
+
+#include "libpq-fe.h"
+
+/* Deadline for a backend's call to the control plane (connect + query). */
+#define FELIX_CP_CALL_TIMEOUT_MS	10000
+
+/*
+ * Connect to conninfo within timeout_ms.  On failure reports at elevel
+ * (ERROR raises; a lower level logs) naming `purpose`, and returns NULL.
+ * The connection is in non-blocking mode; close it with felix_conn_close.
+ */
+extern PGconn *felix_conn_open(const char *conninfo, const char *purpose,
+							   const char *application_name,
+							   int timeout_ms, int elevel);
+extern void felix_conn_close(PGconn *conn);
+
+/* True if the connection can take another query (idle, not broken). */
+extern bool felix_conn_usable(PGconn *conn);
+
+/*
+ * Run one parameterised statement (text parameters, NULL for SQL NULL) and
+ * wait for its result until timeout_ms; `call` names it in messages.  Returns the PGresult (TUPLES_OK or
+ * COMMAND_OK; PQclear it) or, after reporting at elevel, NULL: a remote
+ * error keeps its SQLSTATE, detail and hint; a timeout or a broken
+ * connection is 08006.  After NULL, check felix_conn_usable.
+ */
+extern PGresult *felix_conn_exec(PGconn *conn, const char *call,
+								 const char *sql, int nparams,
+								 const char *const *values,
+								 int timeout_ms, int elevel);
+
+/*
+ * Make the remote session cancel any statement running longer than
+ * timeout_ms (statement_timeout), so a call this side gave up on does not
+ * keep running there.  false (reported at elevel) if that failed.
+ */
+extern bool felix_conn_set_statement_timeout(PGconn *conn, int timeout_ms, int elevel);
+
+/* A copy of conninfo with any password's value replaced by ********. */
+extern char *felix_conninfo_mask(const char *conninfo);
+
+/*
+ * Backend calls to the control plane (felix_cp_conninfo_resolved()): each
+ * opens a connection, calls the function and closes it; the control
+ * plane's error is raised here with its SQLSTATE, detail and hint.
+ * retention_bytes < 0 and retention == NULL mean "none".
+ */
+extern void felix_cp_call_create_stream(const char *name, int shards,
+										int replication_factor,
+										const char *consistency,
+										const char *payload_type,
+										const char *storage,
+										int64 retention_bytes,
+										const char *retention);
+extern void felix_cp_call_drop_stream(const char *name);
+
+#endif							/* FELIX_CONTROL_CLIENT_H */

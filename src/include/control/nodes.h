@@ -1,0 +1,38 @@
+/*-------------------------------------------------------------------------
+ *
+ * nodes.h
+ *	  The node directory: a small table in shared memory mapping a node's
+ *	  name to the conninfo peers use to reach it, filled by the heartbeat
+ *	  worker from what the control plane returns (each shard's leader and
+ *	  its conninfo, and felix.cp_nodes()), read by whoever needs to reach a peer
+ *	  (the ship worker, hints naming a leader).
+ *
+ * Locking rule: one LWLock over the whole table; writers (the heartbeat
+ * worker) take it exclusive, readers shared, each for a short copy.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef FELIX_CONTROL_NODES_H
+#define FELIX_CONTROL_NODES_H
+
+#include "postgres.h"
+
+/* Most nodes the directory remembers; the least recently seen is evicted. */
+#define FELIX_MAX_NODES		128
+
+/*
+ * Copy the conninfo of node `name` into buf (len bytes, truncated) and
+ * return true; false (buf set to "") when the node is not known here.
+ */
+extern bool felix_node_conninfo_of(const char *name, char *buf, Size len);
+
+/* Record (or refresh) a node's conninfo; its "last seen" becomes now. */
+extern void felix_node_note(const char *name, const char *conninfo);
+
+/* True if the directory has an entry for `name`. */
+extern bool felix_node_known(const char *name);
+
+extern Size felix_nodes_shmem_size(void);
+extern void felix_nodes_shmem_init(void);
+
+#endif							/* FELIX_CONTROL_NODES_H */

@@ -1,0 +1,1267 @@
+/*-------------------------------------------------------------------------
+ *
+ * ship.c
+ *	  The ship worker ("felix ship"): the leader's side of log shipping.
+ *
+ *	  Every pass of its loop it looks at each shard slot.  For a shard led
+ *	  here with replication_factor > 1 it keeps one cursor per follower
+ *	  (state.c) and, for every follower still shipping, sends the whole
+ *	  batches from the cursor's batch towards the written end -- at most
+ *	  FELIX_SHIP_MAX_BYTES per request -- as
+ *	    SELECT status, seq FROM felix.replicate(stream, shard, generation,
+ *	                                            from_seq, leader_hwm_end, batches)
+ *	  over one libpq connection per peer node.  Connections are
+ *	  non-blocking and in pipeline mode, so one peer has requests for many
+ *	  shards in flight and all peers are served at once; the worker waits
+ *	  on its latch (set by publishers after each append) and every socket
+ *	  in one WaitEventSet.  One request per (shard, follower) is in flight
+ *	  at a time, and the cursor moves only on the follower's answer:
+ *	    stored(end)   acked_end = cursor = end
+ *	    gap(tail)     cursor = tail (the follower lacks what came before)
+ *	    conflict(seq) the follower halts: its log differs from ours
+ *	    fenced(tail)  the follower halts: it is at a newer generation
+ *	  A follower that has fallen behind is thereby caught up by its own
+ *	  gap answer, with nothing kept on disk.
+ *
+ *	  A cursor is a belief about one leadership, so a new generation
+ *	  starts every cursor afresh: one record below where the generation
+ *	  began (the generation map), so the first shipment overlaps what the
+ *	  follower already holds and the boundary is compared, not assumed.
+ *
+ *	  Quorum marks and replica reports are report.c's; this file calls
+ *	  report_tick once per pass after the answers it received.
+ *
+ *	  Failures of peers (refused, slow, gone, erroring) are logged once and
+ *	  retried with backoff; they never end the worker.  A local error
+ *	  (reading the log) is caught, logged, and retried on a later pass.
+ *
+ * Locking rule: shard fields are read under the shard's spinlock, follower
+ * state under its entry's spinlock (state.h), never both at once; the log
+ * is read without a lock below the written end taken from shared state
+ * (see log.h).  Connections and in-flight requests are this process's.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "control/nodes.h"
+#include "felix.h"
+#include "libpq-fe.h"
+#include "metrics.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
+#include "replication/report.h"
+#include "replication/ship.h"
+#include "replication/state.h"
+#include "storage/fd.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "storage/log.h"
+#include "storage/shard.h"
+#include "storage/spin.h"
+#include "tcop/tcopprot.h"
+#include "utils/guc.h"
+#include "utils/memutils.h"
+#include "utils/timestamp.h"
+#include "utils/wait_event.h"
+
+/* felix.ship_max_bytes: the most one request carries (whole batches). */
+#define FELIX_SHIP_MAX_BYTES		(1024 * 1024)
+/* Bytes a peer may have in flight before more are held back. */
+#define FELIX_SHIP_PEER_MAX_BYTES	(8 * FELIX_SHIP_MAX_BYTES)
+/* A request unanswered this long means the peer is stuck: reconnect. */
+#define FELIX_SHIP_ANSWER_TIMEOUT_MS	10000
+/* After an error answer, wait this long before shipping to it again. */
+#define FELIX_SHIP_RETRY_MS			500
+/* Close a peer connection nothing has needed for this long. */
+#define FELIX_SHIP_IDLE_CLOSE_MS	60000
+
+#define NS_PER_MS	INT64CONST(1000000)
+
+static const char *const replicate_sql =
+"SELECT status, seq FROM felix.replicate($1, $2, $3, $4, $5, $6)";
+
+/* One request in a peer's pipeline, oldest first. */
+typedef struct ShipRequest
+{
+	int			slot;
+	FelixShardKey key;
+	uint64		generation;
+	int			fidx;			/* follower index in the entry */
+	char		follower[NAMEDATALEN];
+	uint64		from_seq;
+	uint64		sent_end;		/* end of the batches sent */
+	uint64		hwm_sent;		/* leader_hwm_end sent with it */
+	Size		bytes;
+	int64		sent_ns;
+	/* the answer, as it arrives */
+	bool		have_answer;
+	bool		failed;
+	char		status[16];
+	uint64		seq;
+	char		error[FELIX_REPL_ERROR_LEN];
+} ShipRequest;
+
+typedef struct Peer
+{
+	bool		used;
+	char		name[NAMEDATALEN];
+	FelixAsyncConn ac;
+	ShipRequest *reqs;			/* FIFO: [head, nreqs) */
+	int			head;
+	int			nreqs;
+	int			cap;
+	Size		bytes_in_flight;
+	int64		last_needed_ns;
+} Peer;
+
+/* Per slot: what the worker itself remembers besides the shared entry. */
+typedef struct ShipSlot
+{
+	bool		active;
+	FelixShardKey key;
+	uint64		generation;
+	bool		in_flight[FELIX_MAX_REPLICAS];
+	int64		retry_at_ns[FELIX_MAX_REPLICAS];
+	uint64		hwm_sent[FELIX_MAX_REPLICAS];
+	bool		problem_logged;
+} ShipSlot;
+
+/* A shard as the worker sees it this pass (read under its spinlock). */
+typedef struct ShardSnap
+{
+	FelixShardKey key;
+	char		stream_name[NAMEDATALEN];
+	uint64		generation;
+	uint64		start_seq;
+	uint64		written_end;
+	uint64		hwm_end;
+	int			nfollowers;
+	char		followers[FELIX_MAX_REPLICAS][NAMEDATALEN];
+} ShardSnap;
+
+static Peer peers[FELIX_MAX_NODES];
+static ShipSlot *ship_slots = NULL;
+static int	ship_nslots = 0;
+static MemoryContext pass_cxt = NULL;
+static WaitEventSet *wait_set = NULL;
+
+/* ---------------------------------------------------------------------
+ * Non-blocking connections
+ * ---------------------------------------------------------------------
+ */
+void
+async_init(FelixAsyncConn *c, const char *what, bool pipeline)
+{
+	memset(c, 0, sizeof(*c));
+	c->state = FELIX_ASYNC_DOWN;
+	c->pipeline = pipeline;
+	c->backoff_ms = FELIX_SHIP_BACKOFF_MIN_MS;
+	strlcpy(c->what, what, sizeof(c->what));
+}
+
+void
+async_close(FelixAsyncConn *c)
+{
+	if (c->conn != NULL)
+	{
+		PQfinish(c->conn);
+		ReleaseExternalFD();
+		c->conn = NULL;
+	}
+	c->state = FELIX_ASYNC_DOWN;
+	c->want_read = c->want_write = false;
+}
+
+void
+async_fail(FelixAsyncConn *c, const char *problem, int64 now_ns)
+{
+	char		clean[256];
+	int			len;
+
+	/* libpq messages end in a newline; keep messages on one line */
+	strlcpy(clean, problem, sizeof(clean));
+	len = strlen(clean);
+	while (len > 0 && (clean[len - 1] == '\n' || clean[len - 1] == ' '))
+		clean[--len] = '\0';
+
+	if (strcmp(clean, c->problem) != 0)
+	{
+		ereport(WARNING,
+				(errmsg("felix ship: connection to %s failed: %s", c->what, clean),
+				 errhint("Retrying with backoff; check that the node is up and that its conninfo and pg_hba.conf admit this node.")));
+		strlcpy(c->problem, clean, sizeof(c->problem));
+	}
+	async_close(c);
+	c->next_attempt_ns = now_ns + c->backoff_ms * NS_PER_MS;
+	c->backoff_ms = Min(c->backoff_ms * 2, FELIX_SHIP_BACKOFF_MAX_MS);
+}
+
+void
+async_begin(FelixAsyncConn *c, int64 now_ns)
+{
+	const char *keywords[3];
+	const char *values[3];
+
+	if (c->state != FELIX_ASYNC_DOWN || now_ns < c->next_attempt_ns ||
+		c->conninfo[0] == '\0')
+		return;
+
+	/* One long-lived descriptor per connection, within fd.c's budget. */
+	if (!AcquireExternalFD())
+	{
+		async_fail(c, "too many open files for another connection", now_ns);
+		return;
+	}
+	/* the conninfo comes last so that it may override the defaults */
+	keywords[0] = "application_name";
+	values[0] = "felix ship";
+	keywords[1] = "dbname";
+	values[1] = c->conninfo;
+	keywords[2] = NULL;
+	values[2] = NULL;
+	c->conn = PQconnectStartParams(keywords, values, 1);
+	if (c->conn == NULL)
+	{
+		ReleaseExternalFD();
+		async_fail(c, "out of memory", now_ns);
+		return;
+	}
+	if (PQstatus(c->conn) == CONNECTION_BAD)
+	{
+		async_fail(c, PQerrorMessage(c->conn), now_ns);
+		return;
+	}
+	c->state = FELIX_ASYNC_CONNECTING;
+	c->started_ns = now_ns;
+	/* PQconnectStart behaves as if PQconnectPoll had said "writing" */
+	c->want_read = false;
+	c->want_write = true;
+}
+
+void
+async_connect_poll(FelixAsyncConn *c, int64 now_ns)
+{
+	if (c->state != FELIX_ASYNC_CONNECTING)
+		return;
+	switch (PQconnectPoll(c->conn))
+	{
+		case PGRES_POLLING_READING:
+			c->want_read = true;
+			c->want_write = false;
+			break;
+		case PGRES_POLLING_WRITING:
+			c->want_read = false;
+			c->want_write = true;
+			break;
+		case PGRES_POLLING_OK:
+			if (PQsetnonblocking(c->conn, 1) != 0 ||
+				(c->pipeline && PQenterPipelineMode(c->conn) != 1))
+			{
+				async_fail(c, PQerrorMessage(c->conn), now_ns);
+				return;
+			}
+			c->state = FELIX_ASYNC_READY;
+			c->want_read = true;
+			c->want_write = false;
+			c->backoff_ms = FELIX_SHIP_BACKOFF_MIN_MS;
+			if (c->problem[0] != '\0')
+			{
+				ereport(LOG,
+						(errmsg("felix ship: connected to %s again", c->what)));
+				c->problem[0] = '\0';
+			}
+			break;
+		default:
+			async_fail(c, PQerrorMessage(c->conn), now_ns);
+			return;
+	}
+	async_check_timeout(c, now_ns);
+}
+
+void
+async_check_timeout(FelixAsyncConn *c, int64 now_ns)
+{
+	if (c->state == FELIX_ASYNC_CONNECTING &&
+		now_ns - c->started_ns > FELIX_SHIP_CONNECT_TIMEOUT_MS * NS_PER_MS)
+		async_fail(c, psprintf("no connection within %d ms",
+							   FELIX_SHIP_CONNECT_TIMEOUT_MS), now_ns);
+}
+
+bool
+async_flush(FelixAsyncConn *c, int64 now_ns)
+{
+	int			rc;
+
+	if (c->state != FELIX_ASYNC_READY)
+		return false;
+	rc = PQflush(c->conn);
+	if (rc < 0)
+	{
+		async_fail(c, PQerrorMessage(c->conn), now_ns);
+		return false;
+	}
+	c->want_write = (rc == 1);
+	return true;
+}
+
+int64
+async_deadline(FelixAsyncConn *c)
+{
+	switch (c->state)
+	{
+		case FELIX_ASYNC_DOWN:
+			return c->conninfo[0] != '\0' ? c->next_attempt_ns : PG_INT64_MAX;
+		case FELIX_ASYNC_CONNECTING:
+			return c->started_ns + FELIX_SHIP_CONNECT_TIMEOUT_MS * NS_PER_MS;
+		case FELIX_ASYNC_READY:
+			break;
+	}
+	return PG_INT64_MAX;
+}
+
+/* ---------------------------------------------------------------------
+ * Peers
+ * ---------------------------------------------------------------------
+ */
+static bool
+key_equal(const FelixShardKey *a, const FelixShardKey *b)
+{
+	return a->dboid == b->dboid && a->relid == b->relid && a->shard == b->shard;
+}
+
+/* The slot's worker-local state, if it still describes key at generation. */
+static ShipSlot *
+ship_slot_for(int slot, const FelixShardKey *key, uint64 generation)
+{
+	ShipSlot   *ss;
+
+	if (slot < 0 || slot >= ship_nslots)
+		return NULL;
+	ss = &ship_slots[slot];
+	if (!ss->active || ss->generation != generation || !key_equal(&ss->key, key))
+		return NULL;
+	return ss;
+}
+
+/* Forget every request of the peer: the connection they rode is gone. */
+static void
+peer_drop_requests(Peer *p)
+{
+	for (int i = p->head; i < p->nreqs; i++)
+	{
+		ShipRequest *r = &p->reqs[i];
+		ShipSlot   *ss = ship_slot_for(r->slot, &r->key, r->generation);
+
+		if (ss != NULL)
+			ss->in_flight[r->fidx] = false;
+	}
+	p->head = p->nreqs = 0;
+	p->bytes_in_flight = 0;
+}
+
+static void
+peer_fail(Peer *p, const char *problem, int64 now_ns)
+{
+	peer_drop_requests(p);
+	async_fail(&p->ac, problem, now_ns);
+}
+
+static void
+peer_close(Peer *p)
+{
+	peer_drop_requests(p);
+	async_close(&p->ac);
+}
+
+/*
+ * The peer for node `name`, with its conninfo refreshed from the node
+ * directory (a changed conninfo means a new connection).  NULL when the
+ * directory does not know the node yet or every peer slot is taken.
+ */
+static Peer *
+peer_get(const char *name, int64 now_ns)
+{
+	char		conninfo[FELIX_ASYNC_CONNINFO_LEN];
+	Peer	   *p = NULL;
+	Peer	   *free_peer = NULL;
+
+	if (!felix_node_conninfo_of(name, conninfo, sizeof(conninfo)))
+		return NULL;
+	for (int i = 0; i < FELIX_MAX_NODES; i++)
+	{
+		if (peers[i].used && strcmp(peers[i].name, name) == 0)
+		{
+			p = &peers[i];
+			break;
+		}
+		if (!peers[i].used && free_peer == NULL)
+			free_peer = &peers[i];
+	}
+	if (p == NULL)
+	{
+		char		what[NAMEDATALEN + 32];
+
+		if (free_peer == NULL)
+			return NULL;
+		p = free_peer;
+		memset(p, 0, sizeof(Peer));
+		p->used = true;
+		strlcpy(p->name, name, NAMEDATALEN);
+		snprintf(what, sizeof(what), "node \"%s\"", name);
+		async_init(&p->ac, what, true);
+	}
+	if (strcmp(p->ac.conninfo, conninfo) != 0)
+	{
+		if (p->ac.state != FELIX_ASYNC_DOWN)
+			peer_close(p);
+		strlcpy(p->ac.conninfo, conninfo, sizeof(p->ac.conninfo));
+		p->ac.next_attempt_ns = 0;
+		p->ac.backoff_ms = FELIX_SHIP_BACKOFF_MIN_MS;
+	}
+	p->last_needed_ns = now_ns;
+	async_begin(&p->ac, now_ns);
+	return p;
+}
+
+static ShipRequest *
+peer_push(Peer *p)
+{
+	if (p->head > 0 && p->head == p->nreqs)
+		p->head = p->nreqs = 0;
+	if (p->nreqs == p->cap)
+	{
+		if (p->head > 0)
+		{
+			memmove(p->reqs, p->reqs + p->head,
+					(p->nreqs - p->head) * sizeof(ShipRequest));
+			p->nreqs -= p->head;
+			p->head = 0;
+		}
+		if (p->nreqs == p->cap)
+		{
+			p->cap = p->cap == 0 ? 16 : p->cap * 2;
+			p->reqs = p->reqs == NULL ?
+				MemoryContextAlloc(TopMemoryContext, p->cap * sizeof(ShipRequest)) :
+				repalloc(p->reqs, p->cap * sizeof(ShipRequest));
+		}
+	}
+	memset(&p->reqs[p->nreqs], 0, sizeof(ShipRequest));
+	return &p->reqs[p->nreqs++];
+}
+
+/* ---------------------------------------------------------------------
+ * Local reads, each inside a transaction so that an error is contained
+ * ---------------------------------------------------------------------
+ */
+
+/*
+ * Run fn(arg) inside a transaction; on error, log nothing, put the
+ * message into err and abort, leaving the worker ready for the next call.
+ */
+static bool
+ship_local(void (*fn) (void *), void *arg, char *err, Size errlen)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	volatile bool ok = true;
+
+	if (!IsTransactionState())
+		StartTransactionCommand();
+	MemoryContextSwitchTo(cxt);
+	PG_TRY();
+	{
+		fn(arg);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		HOLD_INTERRUPTS();
+		MemoryContextSwitchTo(cxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		AbortOutOfAnyTransaction();
+		MemoryContextSwitchTo(cxt);
+		strlcpy(err, edata->message, errlen);
+		FreeErrorData(edata);
+		RESUME_INTERRUPTS();
+		ok = false;
+	}
+	PG_END_TRY();
+	return ok;
+}
+
+typedef struct FreshCursorArg
+{
+	const char *dir;
+	const char *what;
+	uint64		generation;
+	uint64		cursor;
+} FreshCursorArg;
+
+/*
+ * Where shipping starts at a generation: the batch holding the record just
+ * below the generation's first (from the generation map), so the first
+ * shipment overlaps what the follower should already hold; 0 without an
+ * entry for the generation (slow, not wrong: the whole log is compared).
+ */
+static void
+fresh_cursor_fn(void *varg)
+{
+	FreshCursorArg *a = (FreshCursorArg *) varg;
+	FelixGenEntry *entries;
+	int			n = genmap_load(a->dir, a->what, &entries);
+
+	a->cursor = 0;
+	for (int i = n - 1; i >= 0; i--)
+	{
+		if (entries[i].generation == a->generation)
+		{
+			a->cursor = entries[i].first_seq > 0 ? entries[i].first_seq - 1 : 0;
+			break;
+		}
+	}
+	pfree(entries);
+}
+
+typedef struct ReadArg
+{
+	const char *dir;
+	const char *what;
+	uint64		from;
+	uint64		end;
+	StringInfo	out;
+	uint64		next;
+} ReadArg;
+
+static void
+read_fn(void *varg)
+{
+	ReadArg    *a = (ReadArg *) varg;
+
+	a->next = log_read_range(a->dir, a->what, a->from, a->end,
+							 FELIX_SHIP_MAX_BYTES, a->out);
+}
+
+/* ---------------------------------------------------------------------
+ * Shipping
+ * ---------------------------------------------------------------------
+ */
+
+/* Read the shard under its spinlock; false unless it is led here with followers. */
+static bool
+shard_snapshot(FelixShard *s, ShardSnap *snap)
+{
+	bool		lead;
+	int			nreplicas;
+	char		replicas[FELIX_MAX_REPLICAS][NAMEDATALEN];
+
+	if (!s->in_use)
+		return false;
+	SpinLockAcquire(&s->mutex);
+	lead = s->in_use && s->phase == FELIX_SHARD_OPEN &&
+		s->role == FELIX_ROLE_LEADER && s->replication_factor > 1 &&
+		s->clustered;
+	snap->key = s->key;
+	strlcpy(snap->stream_name, s->stream_name, NAMEDATALEN);
+	snap->generation = s->generation;
+	snap->start_seq = s->start_seq;
+	snap->written_end = s->written_end;
+	snap->hwm_end = s->hwm_end;
+	nreplicas = Min(s->nreplicas, FELIX_MAX_REPLICAS);
+	memcpy(replicas, s->replicas, sizeof(replicas));
+	SpinLockRelease(&s->mutex);
+	if (!lead)
+		return false;
+
+	snap->nfollowers = 0;
+	for (int i = 0; i < nreplicas; i++)
+	{
+		if (replicas[i][0] == '\0' || felix_is_this_node(replicas[i]))
+			continue;
+		strlcpy(snap->followers[snap->nfollowers++], replicas[i], NAMEDATALEN);
+	}
+	return snap->nfollowers > 0;
+}
+
+static bool
+same_followers(const FelixReplShard *e, const ShardSnap *snap)
+{
+	if (e->nfollowers != snap->nfollowers)
+		return false;
+	for (int i = 0; i < e->nfollowers; i++)
+		if (strcmp(e->followers[i].name, snap->followers[i]) != 0)
+			return false;
+	return true;
+}
+
+static void
+follower_note_error(int slot, int fidx, FelixFollower *f, const char *msg,
+					const ShardSnap *snap)
+{
+	if (strcmp(f->last_error, msg) != 0)
+		ereport(WARNING,
+				(errmsg("felix ship: stream \"%s\" shard %d: shipping to follower \"%s\" failed: %s",
+						snap->stream_name, snap->key.shard, f->name, msg),
+				 errhint("The leader retries; felix_replication shows the follower's state.")));
+	strlcpy(f->last_error, msg, sizeof(f->last_error));
+	repl_state_put_follower(slot, fidx, f);
+}
+
+/* Send one follower of one shard what it lacks, if anything and if possible. */
+static void
+ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
+			  FelixFollower *f, int64 now_ns)
+{
+	Peer	   *p;
+	StringInfoData buf;
+	ReadArg		ra;
+	char		err[FELIX_REPL_ERROR_LEN];
+	char		dir[MAXPGPATH];
+	char	   *what;
+	uint64		from_seq;
+	uint64		sent_end;
+	uint64		hwm_param;
+	char		shard_s[16],
+				gen_s[24],
+				from_s[24],
+				hwm_s[24];
+	const char *values[6];
+	int			lengths[6];
+	int			formats[6] = {0, 0, 0, 0, 0, 1};
+	Oid			types[6] = {TEXTOID, INT4OID, INT8OID, INT8OID, INT8OID, BYTEAOID};
+	ShipRequest *r;
+
+	if (f->state != FELIX_FOLLOWER_SHIPPING || ss->in_flight[fidx] ||
+		now_ns < ss->retry_at_ns[fidx])
+		return;
+
+	/*
+	 * Work to do: records it lacks, a high-water mark it has not heard, or
+	 * no answer yet at this generation (its position is unknown: even an
+	 * empty shipment tells us where it stands).
+	 */
+	if (!(f->cursor < snap->written_end || snap->hwm_end > ss->hwm_sent[fidx] ||
+		  !f->answered))
+		return;
+
+	p = peer_get(f->name, now_ns);
+	if (p == NULL)
+	{
+		follower_note_error(slot, fidx, f,
+							"no conninfo is known for this node yet (the node directory learns it from the control plane)",
+							snap);
+		ss->retry_at_ns[fidx] = now_ns + FELIX_SHIP_RETRY_MS * NS_PER_MS;
+		return;
+	}
+	if (p->ac.state != FELIX_ASYNC_READY)
+	{
+		/* the connection's trouble was logged once; show it on the follower */
+		if (p->ac.problem[0] != '\0' && strcmp(f->last_error, p->ac.problem) != 0)
+		{
+			strlcpy(f->last_error, p->ac.problem, sizeof(f->last_error));
+			repl_state_put_follower(slot, fidx, f);
+		}
+		return;
+	}
+	if (p->bytes_in_flight >= FELIX_SHIP_PEER_MAX_BYTES)
+		return;
+
+	felix_shard_dir(&snap->key, dir);
+	what = psprintf("stream \"%s\" shard %d", snap->stream_name, snap->key.shard);
+	initStringInfo(&buf);
+	from_seq = sent_end = f->cursor;
+	if (f->cursor < snap->written_end)
+	{
+		ra.dir = dir;
+		ra.what = what;
+		ra.from = f->cursor;
+		ra.end = snap->written_end;
+		ra.out = &buf;
+		if (!ship_local(read_fn, &ra, err, sizeof(err)))
+		{
+			follower_note_error(slot, fidx, f, err, snap);
+			ss->retry_at_ns[fidx] = now_ns + FELIX_SHIP_RETRY_MS * NS_PER_MS;
+			return;
+		}
+		if (buf.len >= (int) sizeof(FelixBatchHeader))
+		{
+			FelixBatchHeader h;
+
+			memcpy(&h, buf.data, sizeof(h));
+			from_seq = h.base_seq;
+			sent_end = ra.next;
+		}
+	}
+
+	/*
+	 * The follower may show its readers only what a majority holds and
+	 * what this shipment lets it check: records of its own above the
+	 * shipped end may be another leadership's proposals.
+	 */
+	hwm_param = Min(snap->hwm_end, sent_end);
+
+	snprintf(shard_s, sizeof(shard_s), "%d", snap->key.shard);
+	snprintf(gen_s, sizeof(gen_s), UINT64_FORMAT, snap->generation);
+	snprintf(from_s, sizeof(from_s), UINT64_FORMAT, from_seq);
+	snprintf(hwm_s, sizeof(hwm_s), UINT64_FORMAT, hwm_param);
+	values[0] = snap->stream_name;
+	values[1] = shard_s;
+	values[2] = gen_s;
+	values[3] = from_s;
+	values[4] = hwm_s;
+	values[5] = buf.data;
+	for (int i = 0; i < 5; i++)
+		lengths[i] = 0;
+	lengths[5] = buf.len;
+
+	if (PQsendQueryParams(p->ac.conn, replicate_sql, 6, types, values, lengths,
+						  formats, 0) != 1 ||
+		PQpipelineSync(p->ac.conn) != 1)
+	{
+		peer_fail(p, PQerrorMessage(p->ac.conn), now_ns);
+		return;
+	}
+
+	r = peer_push(p);
+	r->slot = slot;
+	r->key = snap->key;
+	r->generation = snap->generation;
+	r->fidx = fidx;
+	strlcpy(r->follower, f->name, NAMEDATALEN);
+	r->from_seq = from_seq;
+	r->sent_end = sent_end;
+	r->hwm_sent = hwm_param;
+	r->bytes = buf.len;
+	r->sent_ns = now_ns;
+	p->bytes_in_flight += buf.len;
+	ss->in_flight[fidx] = true;
+	felix_count(FELIX_CTR_BYTES_SHIPPED, buf.len);
+
+	(void) async_flush(&p->ac, now_ns);
+	if (p->ac.state != FELIX_ASYNC_READY)
+		peer_drop_requests(p);
+}
+
+/* One pass over every slot: keep entries in step with the shards, ship. */
+static void
+ship_scan(int64 now_ns)
+{
+	ShardSnap	snap;
+	FelixReplShard *e = palloc(sizeof(FelixReplShard));
+	int			nslots = Min(shard_count_slots(), ship_nslots);
+
+	for (int slot = 0; slot < nslots; slot++)
+	{
+		FelixShard *s = shard_slot(slot);
+		ShipSlot   *ss = &ship_slots[slot];
+
+		CHECK_FOR_INTERRUPTS();
+		if (!shard_snapshot(s, &snap))
+		{
+			if (ss->active)
+			{
+				repl_state_clear(slot);
+				memset(ss, 0, sizeof(ShipSlot));
+			}
+			continue;
+		}
+
+		repl_state_copy(slot, e);
+		if (!e->valid || !key_equal(&e->key, &snap.key) ||
+			e->generation != snap.generation || !same_followers(e, &snap) ||
+			!ss->active || ss->generation != snap.generation ||
+			!key_equal(&ss->key, &snap.key))
+		{
+			FreshCursorArg fa;
+			char		dir[MAXPGPATH];
+			char		err[FELIX_REPL_ERROR_LEN];
+
+			felix_shard_dir(&snap.key, dir);
+			fa.dir = dir;
+			fa.what = psprintf("stream \"%s\" shard %d", snap.stream_name, snap.key.shard);
+			fa.generation = snap.generation;
+			if (!ship_local(fresh_cursor_fn, &fa, err, sizeof(err)))
+			{
+				if (!ss->problem_logged)
+					ereport(WARNING,
+							(errmsg("felix ship: %s: cannot read the generation map to start shipping: %s",
+									fa.what, err),
+							 errhint("Shipping starts once the map can be read; check the shard's files.")));
+				ss->problem_logged = true;
+				continue;
+			}
+			repl_state_reset(slot, &snap.key, snap.stream_name, snap.generation,
+							 snap.followers, snap.nfollowers, fa.cursor);
+			memset(ss, 0, sizeof(ShipSlot));
+			ss->active = true;
+			ss->key = snap.key;
+			ss->generation = snap.generation;
+			repl_state_copy(slot, e);
+		}
+
+		for (int fidx = 0; fidx < e->nfollowers; fidx++)
+		{
+			FelixFollower f = e->followers[fidx];
+
+			ship_follower(slot, ss, &snap, fidx, &f, now_ns);
+		}
+	}
+	pfree(e);
+}
+
+/* Apply a finished request's answer to its follower's entry. */
+static void
+apply_answer(ShipRequest *r, int64 now_ns)
+{
+	ShipSlot   *ss = ship_slot_for(r->slot, &r->key, r->generation);
+	FelixReplShard *e;
+	FelixFollower f;
+	ShardSnap	snap;
+
+	if (ss == NULL)
+		return;					/* the shard moved on since it was sent */
+	ss->in_flight[r->fidx] = false;
+
+	e = palloc(sizeof(FelixReplShard));
+	repl_state_copy(r->slot, e);
+	if (!e->valid || e->generation != r->generation || !key_equal(&e->key, &r->key) ||
+		r->fidx >= e->nfollowers || strcmp(e->followers[r->fidx].name, r->follower) != 0)
+	{
+		pfree(e);
+		return;
+	}
+	f = e->followers[r->fidx];
+	memset(&snap, 0, sizeof(snap));
+	snap.key = e->key;
+	strlcpy(snap.stream_name, e->stream_name, NAMEDATALEN);
+	pfree(e);
+
+	if (r->failed || !r->have_answer)
+	{
+		follower_note_error(r->slot, r->fidx, &f,
+							r->failed ? r->error : "the follower returned no answer", &snap);
+		ss->retry_at_ns[r->fidx] = now_ns + FELIX_SHIP_RETRY_MS * NS_PER_MS;
+		return;
+	}
+
+	f.last_answer_at = GetCurrentTimestamp();
+	if (strcmp(r->status, "stored") == 0)
+	{
+		/* durable there up to the end of what we sent */
+		f.acked_end = r->seq;
+		f.cursor = r->seq;
+		f.answered = true;
+		f.last_error[0] = '\0';
+		ss->hwm_sent[r->fidx] = r->hwm_sent;
+	}
+	else if (strcmp(r->status, "gap") == 0)
+	{
+		uint64		start_seq;
+		FelixShard *s = shard_slot(r->slot);
+
+		SpinLockAcquire(&s->mutex);
+		start_seq = s->start_seq;
+		SpinLockRelease(&s->mutex);
+		f.cursor = r->seq;
+		if (r->seq < start_seq)
+		{
+			/* what it lacks is gone from here too: only a rebuild helps */
+			f.state = FELIX_FOLLOWER_HALTED_BEHIND;
+			snprintf(f.last_error, sizeof(f.last_error),
+					 "its log ends at seq " UINT64_FORMAT ", before this leader's oldest record " UINT64_FORMAT,
+					 r->seq, start_seq);
+			ereport(WARNING,
+					(errmsg("felix ship: stream \"%s\" shard %d: follower \"%s\" halted at generation " UINT64_FORMAT ": %s",
+							snap.stream_name, snap.key.shard, f.name, r->generation, f.last_error),
+					 errhint("Retention removed records the follower still needs; the follower must be rebuilt from the leader.")));
+		}
+		else
+			f.last_error[0] = '\0';
+	}
+	else if (strcmp(r->status, "conflict") == 0)
+	{
+		f.state = FELIX_FOLLOWER_HALTED_CONFLICT;
+		snprintf(f.last_error, sizeof(f.last_error),
+				 "its log differs from this leader's at the batch starting at seq " UINT64_FORMAT,
+				 r->seq);
+		ereport(WARNING,
+				(errmsg("felix ship: stream \"%s\" shard %d: follower \"%s\" halted at generation " UINT64_FORMAT ": %s",
+						snap.stream_name, snap.key.shard, f.name, r->generation, f.last_error),
+				 errdetail("The two logs disagree about records both hold; retrying cannot converge."),
+				 errhint("The follower is out of every quorum until it is rebuilt; felix_replication lists it.")));
+	}
+	else if (strcmp(r->status, "fenced") == 0)
+	{
+		f.state = FELIX_FOLLOWER_HALTED_FENCED;
+		snprintf(f.last_error, sizeof(f.last_error),
+				 "it is at a newer generation than " UINT64_FORMAT " (its log ends at seq " UINT64_FORMAT ")",
+				 r->generation, r->seq);
+		ereport(WARNING,
+				(errmsg("felix ship: stream \"%s\" shard %d: follower \"%s\" halted at generation " UINT64_FORMAT ": %s",
+						snap.stream_name, snap.key.shard, f.name, r->generation, f.last_error),
+				 errdetail("This node is no longer the shard's leader; it will learn so from the control plane."),
+				 errhint("Nothing to do: the next heartbeat hands the shard to its new leader.")));
+	}
+	else
+	{
+		follower_note_error(r->slot, r->fidx, &f,
+							psprintf("unexpected answer \"%s\"", r->status), &snap);
+		ss->retry_at_ns[r->fidx] = now_ns + FELIX_SHIP_RETRY_MS * NS_PER_MS;
+		return;
+	}
+	repl_state_put_follower(r->slot, r->fidx, &f);
+}
+
+/* Keep the first result of the head request. */
+static void
+take_result(ShipRequest *r, PGresult *res)
+{
+	switch (PQresultStatus(res))
+	{
+		case PGRES_TUPLES_OK:
+			if (PQntuples(res) == 1 && PQnfields(res) == 2 &&
+				!PQgetisnull(res, 0, 0) && !PQgetisnull(res, 0, 1))
+			{
+				strlcpy(r->status, PQgetvalue(res, 0, 0), sizeof(r->status));
+				r->seq = strtou64(PQgetvalue(res, 0, 1), NULL, 10);
+				r->have_answer = true;
+			}
+			else
+			{
+				r->failed = true;
+				strlcpy(r->error, "malformed answer", sizeof(r->error));
+			}
+			break;
+		case PGRES_PIPELINE_ABORTED:
+			r->failed = true;
+			strlcpy(r->error, "the request was aborted with its pipeline", sizeof(r->error));
+			break;
+		default:
+			{
+				const char *msg = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
+				const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+				int			len;
+
+				if (msg == NULL || msg[0] == '\0')
+					msg = PQresultErrorMessage(res);
+				r->failed = true;
+				snprintf(r->error, sizeof(r->error), "%s%s%s",
+						 msg && msg[0] ? msg : PQresStatus(PQresultStatus(res)),
+						 state ? " SQLSTATE " : "", state ? state : "");
+				len = strlen(r->error);
+				while (len > 0 && r->error[len - 1] == '\n')
+					r->error[--len] = '\0';
+			}
+			break;
+	}
+}
+
+/* Read what the peer sent and finish every request whose answer is whole. */
+static void
+peer_read(Peer *p, int64 now_ns)
+{
+	int			nulls = 0;
+
+	if (!PQconsumeInput(p->ac.conn))
+	{
+		peer_fail(p, PQerrorMessage(p->ac.conn), now_ns);
+		return;
+	}
+	while (p->head < p->nreqs && !PQisBusy(p->ac.conn))
+	{
+		ShipRequest *r = &p->reqs[p->head];
+		PGresult   *res = PQgetResult(p->ac.conn);
+
+		if (res == NULL)
+		{
+			/* end of one query's results; its sync follows */
+			if (++nulls > 1)
+				break;
+			continue;
+		}
+		nulls = 0;
+		if (PQresultStatus(res) == PGRES_PIPELINE_SYNC)
+		{
+			PQclear(res);
+			p->bytes_in_flight -= Min(p->bytes_in_flight, r->bytes);
+			p->head++;
+			apply_answer(r, now_ns);
+			continue;
+		}
+		if (!r->have_answer && !r->failed)
+			take_result(r, res);
+		PQclear(res);
+	}
+	if (p->head == p->nreqs)
+		p->head = p->nreqs = 0;
+	if (PQstatus(p->ac.conn) == CONNECTION_BAD)
+		peer_fail(p, PQerrorMessage(p->ac.conn), now_ns);
+}
+
+/* Time-outs of connections and of answers; idle peers closed. */
+static void
+peers_check(int64 now_ns)
+{
+	for (int i = 0; i < FELIX_MAX_NODES; i++)
+	{
+		Peer	   *p = &peers[i];
+
+		if (!p->used)
+			continue;
+		if (p->ac.state == FELIX_ASYNC_CONNECTING)
+			async_check_timeout(&p->ac, now_ns);
+		else if (p->ac.state == FELIX_ASYNC_READY && p->head < p->nreqs &&
+				 now_ns - p->reqs[p->head].sent_ns > FELIX_SHIP_ANSWER_TIMEOUT_MS * NS_PER_MS)
+			peer_fail(p, psprintf("no answer within %d ms", FELIX_SHIP_ANSWER_TIMEOUT_MS), now_ns);
+		else if (p->ac.state == FELIX_ASYNC_READY && p->head == p->nreqs &&
+				 now_ns - p->last_needed_ns > FELIX_SHIP_IDLE_CLOSE_MS * NS_PER_MS)
+		{
+			peer_close(p);
+			p->used = false;
+		}
+		else if (p->ac.state == FELIX_ASYNC_DOWN &&
+				 now_ns - p->last_needed_ns > FELIX_SHIP_IDLE_CLOSE_MS * NS_PER_MS)
+			p->used = false;
+	}
+}
+
+static void
+close_everything(int64 now_ns)
+{
+	for (int i = 0; i < FELIX_MAX_NODES; i++)
+		if (peers[i].used)
+			peer_close(&peers[i]);
+	report_close("the ship worker is recovering from an error", now_ns);
+}
+
+/* ---------------------------------------------------------------------
+ * The worker
+ * ---------------------------------------------------------------------
+ */
+void
+felix_ship_worker_register(void)
+{
+	BackgroundWorker worker;
+
+	memset(&worker, 0, sizeof(worker));
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker.bgw_restart_time = 1;
+	strlcpy(worker.bgw_library_name, "felix", BGW_MAXLEN);
+	strlcpy(worker.bgw_function_name, "felix_ship_worker_main", BGW_MAXLEN);
+	strlcpy(worker.bgw_name, "felix ship", BGW_MAXLEN);
+	strlcpy(worker.bgw_type, "felix ship", BGW_MAXLEN);
+	RegisterBackgroundWorker(&worker);
+}
+
+static void
+ship_worker_exit(int code, Datum arg)
+{
+	shard_set_shipper_latch(NULL);
+	for (int i = 0; i < FELIX_MAX_NODES; i++)
+		if (peers[i].used && peers[i].ac.conn != NULL)
+		{
+			PQfinish(peers[i].ac.conn);
+			peers[i].ac.conn = NULL;
+		}
+	report_close("the ship worker is exiting", felix_monotonic_ns());
+}
+
+static void
+add_conn_events(FelixAsyncConn *c, void *tag)
+{
+	uint32		events = 0;
+
+	if (c->conn == NULL || c->state == FELIX_ASYNC_DOWN ||
+		PQsocket(c->conn) == PGINVALID_SOCKET)
+		return;
+	if (c->state == FELIX_ASYNC_READY)
+		events = WL_SOCKET_READABLE | (c->want_write ? WL_SOCKET_WRITEABLE : 0);
+	else
+		events = (c->want_read ? WL_SOCKET_READABLE : 0) |
+			(c->want_write ? WL_SOCKET_WRITEABLE : 0);
+	if (events != 0)
+		AddWaitEventToSet(wait_set, events, PQsocket(c->conn), NULL, tag);
+}
+
+/* Milliseconds until the earliest deadline, capped by the heartbeat. */
+static long
+wait_timeout(int64 now_ns)
+{
+	int64		deadline = now_ns + (int64) felix_heartbeat_interval * NS_PER_MS;
+
+	for (int i = 0; i < FELIX_MAX_NODES; i++)
+	{
+		Peer	   *p = &peers[i];
+
+		if (!p->used)
+			continue;
+		deadline = Min(deadline, async_deadline(&p->ac));
+		if (p->head < p->nreqs)
+			deadline = Min(deadline, p->reqs[p->head].sent_ns +
+						   FELIX_SHIP_ANSWER_TIMEOUT_MS * NS_PER_MS);
+	}
+	for (int slot = 0; slot < ship_nslots; slot++)
+	{
+		ShipSlot   *ss = &ship_slots[slot];
+
+		if (!ss->active)
+			continue;
+		for (int f = 0; f < FELIX_MAX_REPLICAS; f++)
+			if (ss->retry_at_ns[f] > now_ns)
+				deadline = Min(deadline, ss->retry_at_ns[f]);
+	}
+	deadline = Min(deadline, report_deadline(now_ns));
+	if (deadline <= now_ns)
+		return 0;
+	return (long) ((deadline - now_ns + NS_PER_MS - 1) / NS_PER_MS);
+}
+
+void
+felix_ship_worker_main(Datum arg)
+{
+	sigjmp_buf	local_sigjmp_buf;
+	MemoryContext worker_cxt;
+	volatile bool first = true;
+
+	pqsignal(SIGHUP, SignalHandlerForConfigReload);
+	pqsignal(SIGTERM, die);
+	BackgroundWorkerUnblockSignals();
+	BackgroundWorkerInitializeConnection(felix_database, NULL, 0);
+
+	worker_cxt = AllocSetContextCreate(TopMemoryContext, "felix ship",
+									   ALLOCSET_DEFAULT_SIZES);
+	pass_cxt = AllocSetContextCreate(worker_cxt, "felix ship pass",
+									 ALLOCSET_DEFAULT_SIZES);
+	ship_nslots = felix_max_shards;
+	ship_slots = MemoryContextAllocZero(worker_cxt, sizeof(ShipSlot) * ship_nslots);
+	memset(peers, 0, sizeof(peers));
+	report_init();
+
+	before_shmem_exit(ship_worker_exit, (Datum) 0);
+	shard_set_shipper_latch(MyLatch);
+	ereport(LOG,
+			(errmsg("felix ship worker started as node \"%s\"", felix_node_name_resolved())));
+
+	/*
+	 * A local error escaping a pass (shared state, memory) is logged and
+	 * the pass retried after a pause, with every connection started
+	 * afresh: never a reason to leave the worker down.
+	 */
+	if (sigsetjmp(local_sigjmp_buf, 1) != 0)
+	{
+		error_context_stack = NULL;
+		HOLD_INTERRUPTS();
+		EmitErrorReport();
+		AbortOutOfAnyTransaction();
+		if (wait_set != NULL)
+		{
+			FreeWaitEventSet(wait_set);
+			wait_set = NULL;
+		}
+		MemoryContextSwitchTo(worker_cxt);
+		FlushErrorState();
+		MemoryContextReset(pass_cxt);
+		close_everything(felix_monotonic_ns());
+		memset(ship_slots, 0, sizeof(ShipSlot) * ship_nslots);
+		RESUME_INTERRUPTS();
+		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 1000, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+	}
+	PG_exception_stack = &local_sigjmp_buf;
+
+	for (;;)
+	{
+		int64		now_ns;
+		long		timeout;
+		WaitEvent	events[FELIX_MAX_NODES + 3];
+		int			nevents = 0;
+		int			npeers = 0;
+
+		MemoryContextSwitchTo(pass_cxt);
+		MemoryContextReset(pass_cxt);
+
+		if (!first)
+		{
+			now_ns = felix_monotonic_ns();
+			timeout = wait_timeout(now_ns);
+
+			for (int i = 0; i < FELIX_MAX_NODES; i++)
+				if (peers[i].used && peers[i].ac.conn != NULL)
+					npeers++;
+			wait_set = CreateWaitEventSet(pass_cxt, npeers + 3);
+			AddWaitEventToSet(wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
+			AddWaitEventToSet(wait_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
+			for (int i = 0; i < FELIX_MAX_NODES; i++)
+				if (peers[i].used)
+					add_conn_events(&peers[i].ac, &peers[i]);
+			add_conn_events(report_conn(), report_conn());
+
+			pgstat_report_activity(STATE_IDLE, NULL);
+			nevents = WaitEventSetWait(wait_set, timeout, events, lengthof(events),
+									   PG_WAIT_EXTENSION);
+			FreeWaitEventSet(wait_set);
+			wait_set = NULL;
+		}
+		first = false;
+
+		CHECK_FOR_INTERRUPTS();
+		if (ConfigReloadPending)
+		{
+			ConfigReloadPending = false;
+			ProcessConfigFile(PGC_SIGHUP);
+		}
+
+		now_ns = felix_monotonic_ns();
+		for (int i = 0; i < nevents; i++)
+		{
+			WaitEvent  *ev = &events[i];
+
+			if (ev->events & WL_LATCH_SET)
+			{
+				ResetLatch(MyLatch);
+				continue;
+			}
+			if (ev->user_data == NULL)
+				continue;
+			if (ev->user_data == (void *) report_conn())
+			{
+				report_on_event(now_ns, ev->events);
+				continue;
+			}
+			{
+				Peer	   *p = (Peer *) ev->user_data;
+
+				if (p->ac.state == FELIX_ASYNC_CONNECTING)
+					async_connect_poll(&p->ac, now_ns);
+				else if (p->ac.state == FELIX_ASYNC_READY)
+				{
+					if (ev->events & WL_SOCKET_WRITEABLE)
+					{
+						if (!async_flush(&p->ac, now_ns))
+						{
+							peer_drop_requests(p);
+							continue;
+						}
+					}
+					if (ev->events & WL_SOCKET_READABLE)
+						peer_read(p, now_ns);
+				}
+			}
+		}
+
+		pgstat_report_activity(STATE_RUNNING, "felix: shipping to followers");
+		peers_check(now_ns);
+		report_check(now_ns);	/* time-outs of the control-plane request */
+		ship_scan(now_ns);
+		report_tick(felix_monotonic_ns());
+		if (IsTransactionState())
+			CommitTransactionCommand();
+	}
+}

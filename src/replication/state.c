@@ -1,0 +1,270 @@
+/*-------------------------------------------------------------------------
+ *
+ * state.c
+ *	  The leader's per-follower replication state in shared memory, an
+ *	  array parallel to the shard slots (see state.h), and what reads it:
+ *	  the felix_replication view (felix.replication_view) and the
+ *	  replication gauges of felix_metrics.
+ *
+ *	  Only the ship worker writes an entry (ship.c: cursors and answers);
+ *	  report.c reads it to compute quorum marks and replica reports.  An
+ *	  entry describes one shard at one generation: when the shard's
+ *	  generation changes, or its slot is given to another shard, the worker
+ *	  resets it, because a cursor from an earlier leadership says nothing
+ *	  about what a follower holds now.
+ *
+ * Locking rule: each entry's spinlock guards all of its fields; it is held
+ * only for plain copies in and out.  Shard fields are read under the
+ * shard's own spinlock, never while holding an entry's.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "felix.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "metrics.h"
+#include "miscadmin.h"
+#include "replication/state.h"
+#include "storage/shard.h"
+#include "storage/shmem.h"
+#include "storage/spin.h"
+#include "utils/builtins.h"
+#include "utils/tuplestore.h"
+
+static FelixReplShard *repl_entries = NULL;
+
+Size
+repl_state_shmem_size(void)
+{
+	return MAXALIGN(mul_size(sizeof(FelixReplShard), felix_max_shards));
+}
+
+void
+repl_state_shmem_init(void)
+{
+	bool		found;
+
+	repl_entries = ShmemInitStruct("felix replication state",
+								   repl_state_shmem_size(), &found);
+	if (!found)
+	{
+		for (int i = 0; i < felix_max_shards; i++)
+		{
+			memset(&repl_entries[i], 0, sizeof(FelixReplShard));
+			SpinLockInit(&repl_entries[i].mutex);
+		}
+	}
+}
+
+FelixReplShard *
+repl_state_entry(int slot)
+{
+	felix_require_preload();
+	Assert(slot >= 0 && slot < felix_max_shards);
+	return &repl_entries[slot];
+}
+
+void
+repl_state_copy(int slot, FelixReplShard *out)
+{
+	FelixReplShard *e = repl_state_entry(slot);
+
+	SpinLockAcquire(&e->mutex);
+	memcpy(out, e, sizeof(FelixReplShard));
+	SpinLockRelease(&e->mutex);
+}
+
+void
+repl_state_reset(int slot, const FelixShardKey *key, const char *stream_name,
+				 uint64 generation, char (*followers)[NAMEDATALEN],
+				 int nfollowers, uint64 fresh_cursor)
+{
+	FelixReplShard *e = repl_state_entry(slot);
+	FelixReplShard fresh;
+
+	/* Build outside the spinlock; copy in under it. */
+	memset(&fresh, 0, sizeof(fresh));
+	fresh.valid = true;
+	fresh.key = *key;
+	strlcpy(fresh.stream_name, stream_name, NAMEDATALEN);
+	fresh.generation = generation;
+	fresh.nfollowers = Min(nfollowers, FELIX_MAX_REPLICAS);
+	for (int i = 0; i < fresh.nfollowers; i++)
+	{
+		FelixFollower *f = &fresh.followers[i];
+
+		strlcpy(f->name, followers[i], NAMEDATALEN);
+		f->cursor = fresh_cursor;
+		f->acked_end = 0;
+		f->answered = false;
+		f->state = FELIX_FOLLOWER_SHIPPING;
+		f->last_answer_at = 0;
+		f->last_error[0] = '\0';
+	}
+
+	SpinLockAcquire(&e->mutex);
+	memcpy((char *) e + offsetof(FelixReplShard, valid),
+		   (char *) &fresh + offsetof(FelixReplShard, valid),
+		   sizeof(FelixReplShard) - offsetof(FelixReplShard, valid));
+	SpinLockRelease(&e->mutex);
+}
+
+void
+repl_state_clear(int slot)
+{
+	FelixReplShard *e = repl_state_entry(slot);
+
+	SpinLockAcquire(&e->mutex);
+	e->valid = false;
+	e->nfollowers = 0;
+	SpinLockRelease(&e->mutex);
+}
+
+void
+repl_state_put_follower(int slot, int i, const FelixFollower *f)
+{
+	FelixReplShard *e = repl_state_entry(slot);
+
+	Assert(i >= 0 && i < FELIX_MAX_REPLICAS);
+	SpinLockAcquire(&e->mutex);
+	e->followers[i] = *f;
+	SpinLockRelease(&e->mutex);
+}
+
+const char *
+felix_follower_state_name(FelixFollowerState st)
+{
+	switch (st)
+	{
+		case FELIX_FOLLOWER_SHIPPING:
+			return "shipping";
+		case FELIX_FOLLOWER_HALTED_CONFLICT:
+			return "halted_conflict";
+		case FELIX_FOLLOWER_HALTED_FENCED:
+			return "halted_fenced";
+		case FELIX_FOLLOWER_HALTED_BEHIND:
+			return "halted_behind";
+	}
+	return "unknown";
+}
+
+/*
+ * What the leader knows of the shard in `slot` right now, if it still
+ * leads it at the entry's generation.  False when the entry is stale.
+ */
+static bool
+leader_position(int slot, const FelixReplShard *e, uint64 *written_end)
+{
+	FelixShard *s = shard_slot(slot);
+	bool		ok;
+
+	SpinLockAcquire(&s->mutex);
+	ok = s->in_use && s->role == FELIX_ROLE_LEADER &&
+		s->generation == e->generation &&
+		s->key.dboid == e->key.dboid && s->key.relid == e->key.relid &&
+		s->key.shard == e->key.shard;
+	*written_end = s->written_end;
+	SpinLockRelease(&s->mutex);
+	return ok;
+}
+
+void
+felix_replication_gauges(uint64 *lag_records, uint64 *halted_followers,
+						 double *reports_per_request)
+{
+	int			nslots;
+	uint64		lag = 0;
+	uint64		halted = 0;
+	uint64		requests;
+	FelixReplShard *e = palloc(sizeof(FelixReplShard));
+
+	nslots = shard_count_slots();
+	for (int i = 0; i < nslots; i++)
+	{
+		uint64		written_end;
+		uint64		slowest = PG_UINT64_MAX;
+
+		repl_state_copy(i, e);
+		if (!e->valid || !leader_position(i, e, &written_end))
+			continue;
+		for (int f = 0; f < e->nfollowers; f++)
+		{
+			if (e->followers[f].state != FELIX_FOLLOWER_SHIPPING)
+			{
+				halted++;
+				continue;
+			}
+			slowest = Min(slowest, e->followers[f].acked_end);
+		}
+		if (slowest != PG_UINT64_MAX && written_end > slowest)
+			lag += written_end - slowest;
+	}
+	pfree(e);
+
+	*lag_records = lag;
+	*halted_followers = halted;
+	requests = felix_counter_value(FELIX_CTR_REPORT_REQUESTS);
+	*reports_per_request = requests == 0 ? 0.0 :
+		(double) felix_counter_value(FELIX_CTR_REPLICA_REPORTS) / (double) requests;
+}
+
+/*
+ * felix.replication_view(): on the leader, one row per follower of every
+ * shard of this database led here with replication_factor > 1.
+ */
+PG_FUNCTION_INFO_V1(felix_replication_view);
+Datum
+felix_replication_view(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	FelixReplShard *e;
+	int			nslots;
+
+	felix_require_preload();
+	InitMaterializedSRF(fcinfo, 0);
+
+	e = palloc(sizeof(FelixReplShard));
+	nslots = shard_count_slots();
+	for (int i = 0; i < nslots; i++)
+	{
+		uint64		written_end;
+
+		repl_state_copy(i, e);
+		if (!e->valid || e->key.dboid != MyDatabaseId ||
+			!leader_position(i, e, &written_end))
+			continue;
+
+		for (int f = 0; f < e->nfollowers; f++)
+		{
+			FelixFollower *fl = &e->followers[f];
+			Datum		values[9];
+			bool		nulls[9];
+
+			memset(nulls, 0, sizeof(nulls));
+			values[0] = CStringGetTextDatum(e->stream_name);
+			values[1] = Int32GetDatum(e->key.shard);
+			values[2] = Int64GetDatum((int64) e->generation);
+			values[3] = CStringGetTextDatum(fl->name);
+			if (fl->answered && fl->acked_end > 0)
+				values[4] = Int64GetDatum((int64) fl->acked_end - 1);
+			else
+				nulls[4] = true;
+			values[5] = Int64GetDatum(written_end > fl->acked_end ?
+									  (int64) (written_end - fl->acked_end) : 0);
+			values[6] = CStringGetTextDatum(felix_follower_state_name(fl->state));
+			if (fl->last_answer_at != 0)
+				values[7] = TimestampTzGetDatum(fl->last_answer_at);
+			else
+				nulls[7] = true;
+			if (fl->last_error[0] != '\0')
+				values[8] = CStringGetTextDatum(fl->last_error);
+			else
+				nulls[8] = true;
+			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		}
+	}
+	pfree(e);
+	return (Datum) 0;
+}
