@@ -104,7 +104,8 @@ SELECT felix_create_stream('bad', replication_factor => 0);
 \echo SQLSTATE :SQLSTATE
 SELECT felix_create_stream('bad', replication_factor => -2);
 \echo SQLSTATE :SQLSTATE
--- Not available yet: refused, never silently downgraded.
+-- A replicated stream needs replication_factor alive nodes; this server
+-- is a cluster of one, so the control plane refuses it.
 SELECT felix_create_stream('bad', replication_factor => 3);
 \echo SQLSTATE :SQLSTATE
 SELECT felix_create_stream('bad', replication_factor => 2, consistency => 'quorum');

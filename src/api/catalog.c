@@ -135,7 +135,8 @@ catalog_fetch(const char *column, Datum value, Oid type)
 				   "FROM felix.streams WHERE %s = $1", column);
 	streams_relid = get_relname_relid("streams", get_namespace_oid("felix", false));
 	SPI_connect();
-	if (SPI_execute_with_args(sql, 1, argtypes, values, NULL, true, 1) != SPI_OK_SELECT)
+	/* Not read-only: see rows this transaction wrote (a stream it just created). */
+	if (SPI_execute_with_args(sql, 1, argtypes, values, NULL, false, 1) != SPI_OK_SELECT)
 		elog(ERROR, "felix: reading felix.streams failed");
 	if (SPI_processed == 1)
 	{

@@ -6,8 +6,9 @@
  *	  row in felix.streams; its shards' files appear on first use and are
  *	  removed when a drop of its table commits, whichever way the table was
  *	  dropped (felix_drop_stream, DROP TABLE, DROP SCHEMA ... CASCADE): an
- *	  object-access hook notes the drop, the commit callback removes the
- *	  files, an abort forgets the note.
+ *	  object-access hook notes the drop, the pre-commit callback tells the
+ *	  control plane, the commit callback removes the files, an abort
+ *	  forgets the note.
  *
  * Locking rule: backend-local bookkeeping; catalog changes run through
  * SPI in the caller's transaction; file removal happens after commit,
@@ -22,10 +23,13 @@
 #include "api/publish.h"
 #include "api/stream.h"
 #include "control/client.h"
+#include "worker/heartbeat.h"
 #include "access/htup_details.h"
 #include "utils/syscache.h"
 #include "catalog/namespace.h"
 #include "catalog/objectaccess.h"
+#include "commands/dbcommands.h"
+#include "commands/extension.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
@@ -121,6 +125,19 @@ felix_create_stream(PG_FUNCTION_ARGS)
 				 errmsg("a stream name must not be NULL or empty"),
 				 errhint("Pass the stream's name as the first argument.")));
 	name = text_to_cstring(PG_GETARG_TEXT_PP(0));
+
+	/*
+	 * Stream names are cluster-wide and the node agent serves one database:
+	 * streams live in felix.database on every node.
+	 */
+	if (strcmp(get_database_name(MyDatabaseId), felix_database) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("cannot create stream \"%s\" in database \"%s\"",
+						name, get_database_name(MyDatabaseId)),
+				 errdetail("felix streams live in the database named by felix.database, \"%s\".",
+						   felix_database),
+				 errhint("Connect to database \"%s\" to create the stream.", felix_database)));
 	if (strlen(name) >= NAMEDATALEN)
 		ereport(ERROR,
 				(errcode(ERRCODE_NAME_TOO_LONG),
@@ -209,6 +226,7 @@ felix_create_stream(PG_FUNCTION_ARGS)
 									  payload_type,
 									  PG_ARGISNULL(6) ? 0 : PG_GETARG_INT64(6),
 									  PG_ARGISNULL(7) ? NULL : PG_GETARG_INTERVAL_P(7));
+	felix_heartbeat_apply_stream(name);
 	PG_RETURN_OID(relid);
 }
 
@@ -318,9 +336,6 @@ felix_drop_stream(PG_FUNCTION_ARGS)
 	stream = felix_stream_by_name(text_to_cstring(PG_GETARG_TEXT_PP(0)));
 	relid = stream->relid;
 
-	/* The cluster forgets the stream first; then this node drops its table. */
-	felix_cp_call_drop_stream(stream->name);
-
 	/*
 	 * DROP TABLE checks ownership; the drop hook and event trigger take care
 	 * of the catalog row and, at commit, the files.
@@ -342,6 +357,7 @@ felix_drop_stream(PG_FUNCTION_ARGS)
 typedef struct DroppedStream
 {
 	Oid			relid;
+	char		name[NAMEDATALEN];	/* the stream's name: its table's */
 	SubTransactionId subid;
 } DroppedStream;
 
@@ -362,6 +378,7 @@ stream_object_access(ObjectAccessType access, Oid classId, Oid objectId,
 		DroppedStream *d = palloc(sizeof(DroppedStream));
 
 		d->relid = objectId;
+		strlcpy(d->name, get_rel_name(objectId), NAMEDATALEN);
 		d->subid = GetCurrentSubTransactionId();
 		dropped = lappend(dropped, d);
 		MemoryContextSwitchTo(old);
@@ -375,6 +392,21 @@ stream_xact_callback(XactEvent event, void *arg)
 
 	switch (event)
 	{
+		case XACT_EVENT_PRE_COMMIT:
+
+			/*
+			 * The control plane forgets the dropped streams before this
+			 * transaction commits: if it cannot be told, the drop fails and
+			 * nothing is lost; a rolled-back drop never reached it.  When
+			 * the extension itself is being dropped there is no cluster
+			 * catalog left to tell (and an embedded one is ours to drop).
+			 */
+			if (dropped != NIL && OidIsValid(get_extension_oid("felix", true)))
+			{
+				foreach(lc, dropped)
+					felix_cp_call_drop_stream(((DroppedStream *) lfirst(lc))->name);
+			}
+			break;
 		case XACT_EVENT_COMMIT:
 			foreach(lc, dropped)
 				shard_forget_stream(MyDatabaseId, ((DroppedStream *) lfirst(lc))->relid);

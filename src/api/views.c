@@ -23,6 +23,7 @@
 #include "fmgr.h"
 #include "funcapi.h"
 #include "metrics.h"
+#include "replication/state.h"
 #include "miscadmin.h"
 #include "storage/shard.h"
 #include "storage/spin.h"
@@ -217,7 +218,7 @@ felix_shard_states(PG_FUNCTION_ARGS)
 				else
 					nulls[11] = true;
 				/* Remaining lease by this node's monotonic clock (leaders only). */
-				if (expiry == PG_INT64_MAX || expiry == 0)
+				if (expiry == 0)
 					nulls[12] = true;
 				else
 					values[12] = Int64GetDatum(Max((int64) 0, (expiry - felix_monotonic_ns()) / 1000000));
@@ -279,6 +280,25 @@ felix_metrics(PG_FUNCTION_ARGS)
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 		values[0] = CStringGetTextDatum("shards_failed");
 		values[1] = Float8GetDatum(failed);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	{
+		Datum		values[2];
+		bool		nulls[2] = {false, false};
+		uint64		lag;
+		uint64		halted;
+		double		per_request;
+
+		/* The leader loss window and replication health, see replication.md. */
+		felix_replication_gauges(&lag, &halted, &per_request);
+		values[0] = CStringGetTextDatum("replication_lag_records");
+		values[1] = Float8GetDatum((double) lag);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		values[0] = CStringGetTextDatum("halted_followers");
+		values[1] = Float8GetDatum((double) halted);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		values[0] = CStringGetTextDatum("replica_reports_per_request");
+		values[1] = Float8GetDatum(per_request);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	return (Datum) 0;

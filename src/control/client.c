@@ -86,6 +86,9 @@ wait_socket(PGconn *conn, int io_flags, int64 deadline_ns)
 
 	if (timeout <= 0)
 		return WL_TIMEOUT;
+	/* No socket (a broken connection): let libpq say so at once. */
+	if (PQsocket(conn) == PGINVALID_SOCKET)
+		return io_flags;
 	rc = WaitLatchOrSocket(MyLatch,
 						   WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH | io_flags,
 						   PQsocket(conn), timeout, PG_WAIT_EXTENSION);
@@ -246,7 +249,11 @@ connect_one(const char *const *keywords, const char *const *values,
 				status = PQconnectPoll(conn);
 			else if (rc & WL_TIMEOUT)
 			{
-				why = pstrdup("timed out connecting");
+				const char *h = PQhost(conn);
+
+				why = psprintf("timed out connecting to %s%s%s",
+							   h && h[0] ? "\"" : "", h && h[0] ? h : "the server",
+							   h && h[0] ? "\"" : "");
 				break;
 			}
 		}
@@ -625,9 +632,20 @@ felix_conn_set_statement_timeout(PGconn *conn, int timeout_ms, int elevel)
  * ---------------------------------------------------------------------
  */
 
-/* Open, run, close; the control plane's error is raised here. */
+/*
+ * Open, run, close; the control plane's error is raised here.  With
+ * register_first, this node heartbeats (registers) on the same connection
+ * before the call: a placement counts only alive nodes, and the node
+ * asking is certainly alive even when its heartbeat worker has not yet
+ * registered it (just after CREATE EXTENSION or a restart).  That
+ * heartbeat's answer is not applied here; a lease it renews is one this
+ * node does not use until its own worker's next heartbeat renews it again,
+ * so the node only ever believes in less lease than the control plane
+ * granted, which is the safe side.
+ */
 static void
-cp_call(const char *fn, const char *sql, int nparams, const char *const *values)
+cp_call(const char *fn, const char *sql, int nparams, const char *const *values,
+		bool register_first)
 {
 	PGconn	   *volatile conn = NULL;
 
@@ -639,6 +657,15 @@ cp_call(const char *fn, const char *sql, int nparams, const char *const *values)
 		conn = felix_conn_open(felix_cp_conninfo_resolved(), CP_PURPOSE, "felix",
 							   FELIX_CP_CALL_TIMEOUT_MS, ERROR);
 		(void) felix_conn_set_statement_timeout(conn, FELIX_CP_CALL_TIMEOUT_MS, ERROR);
+		if (register_first)
+		{
+			const char *me[2] = {felix_node_name_resolved(), felix_node_conninfo_resolved()};
+
+			res = felix_conn_exec(conn, "felix.cp_heartbeat",
+								  "SELECT count(*) FROM felix.cp_heartbeat($1, $2)",
+								  2, me, FELIX_CP_CALL_TIMEOUT_MS, ERROR);
+			PQclear(res);
+		}
 		res = felix_conn_exec(conn, fn, sql, nparams, values,
 							  FELIX_CP_CALL_TIMEOUT_MS, ERROR);
 		PQclear(res);
@@ -675,7 +702,7 @@ felix_cp_call_create_stream(const char *name, int shards, int replication_factor
 	cp_call("felix.cp_create_stream",
 			"SELECT felix.cp_create_stream($1, $2::integer, $3::integer, $4, $5, $6, "
 			"$7::bigint, $8::interval)",
-			8, values);
+			8, values, true);
 }
 
 void
@@ -683,7 +710,7 @@ felix_cp_call_drop_stream(const char *name)
 {
 	const char *values[1] = {name};
 
-	cp_call("felix.cp_drop_stream", "SELECT felix.cp_drop_stream($1)", 1, values);
+	cp_call("felix.cp_drop_stream", "SELECT felix.cp_drop_stream($1, true)", 1, values, false);
 }
 
 /* ---------------------------------------------------------------------
@@ -742,8 +769,11 @@ felix_nodes_view(PG_FUNCTION_ARGS)
 			if (!nulls[2])
 				values[2] = BoolGetDatum(PQgetvalue(res, i, 2)[0] == 't');
 			if (!nulls[3])
-				values[3] = TimestampTzGetDatum(
-												unix_usec_to_timestamptz(strtoi64(PQgetvalue(res, i, 3), NULL, 10)));
+			{
+				int64		usec = strtoi64(PQgetvalue(res, i, 3), NULL, 10);
+
+				values[3] = TimestampTzGetDatum(unix_usec_to_timestamptz(usec));
+			}
 			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 		}
 	}

@@ -14,8 +14,10 @@
  *
  *	  Before a mark moves, the control plane is told who holds what: a
  *	  report row per follower {stream, shard, generation, follower,
- *	  acked_end, caught_up = acked_end >= the leader's written end}, the
- *	  written end read after the acknowledgements it is compared with.
+ *	  acked_end, caught_up}, caught_up meaning that the follower holds every
+ *	  acknowledged record: acked_end >= the high-water mark the report
+ *	  justifies (the new quorum mark, or the leader's flushed mark), read
+ *	  after the acknowledgements it is compared with.
  *	  Only once that report has landed -- felix.cp_report answered and
  *	  accepted every row -- does shard_set_hwm release the publishers.  A
  *	  report that did not land leaves every mark it carried where it was:
@@ -237,17 +239,23 @@ consider_slot(int slot, FelixReplShard *e, StringInfo json, int *nrows,
 	int			consistency;
 	int			rf;
 	int			nreplicas;
-	uint64		written_end;
 	uint64		flushed_end;
 	uint64		hwm_end;
 	int64		lease_expiry_ns;
 	bool		quorum;
 	uint64		mark = 0;
+	uint64		caught_up_at;
 	bool		due;
 	PendingShard ps;
 	uint64		acks[FELIX_MAX_REPLICAS + 1];
 	int			nacks = 0;
 
+	/* a shard not shipped from here has nothing to report (a cheap peek) */
+	if (!repl_state_entry(slot)->valid)
+	{
+		rs->active = false;
+		return;
+	}
 	/* acknowledgements first ... */
 	repl_state_copy(slot, e);
 	if (!e->valid)
@@ -263,7 +271,6 @@ consider_slot(int slot, FelixReplShard *e, StringInfo json, int *nrows,
 	consistency = s->consistency;
 	rf = s->replication_factor;
 	nreplicas = s->nreplicas;
-	written_end = s->written_end;
 	flushed_end = s->flushed_end;
 	hwm_end = s->hwm_end;
 	lease_expiry_ns = s->lease_expiry_ns;
@@ -297,7 +304,6 @@ consider_slot(int slot, FelixReplShard *e, StringInfo json, int *nrows,
 		if (f->state == FELIX_FOLLOWER_SHIPPING)
 		{
 			row->acked_end = f->acked_end;
-			row->caught_up = f->acked_end >= written_end;
 			acks[nacks++] = f->acked_end;
 		}
 		else
@@ -328,6 +334,24 @@ consider_slot(int slot, FelixReplShard *e, StringInfo json, int *nrows,
 	}
 
 	/*
+	 * Caught up: holds every record acknowledged at the moment this report
+	 * lands -- everything below the high-water mark it justifies (quorum)
+	 * or below the leader's flushed mark (leader), read after the
+	 * acknowledgements.  Records above it were acknowledged to nobody: a
+	 * follower missing only those loses nothing a client was promised by
+	 * being promoted, and under a steady stream of publishes the leader's
+	 * written end is almost never level with any follower.
+	 */
+	caught_up_at = Max(hwm_end, mark);
+	for (int i = 0; i < ps.nfollowers; i++)
+	{
+		Reported   *row = &ps.rows[i];
+
+		if (row->present && e->followers[i].state == FELIX_FOLLOWER_SHIPPING)
+			row->caught_up = row->acked_end >= caught_up_at;
+	}
+
+	/*
 	 * Also due right after each lease renewal: the control plane promotes
 	 * only on reports made after the lease it last granted, so the freshest
 	 * report must follow the freshest grant as closely as possible.
@@ -342,8 +366,7 @@ consider_slot(int slot, FelixReplShard *e, StringInfo json, int *nrows,
 		Reported   *b = &rs->last[i];
 
 		if (a->present != b->present || a->caught_up != b->caught_up ||
-			strcmp(a->name, b->name) != 0 ||
-			(quorum && a->acked_end != b->acked_end))
+			strcmp(a->name, b->name) != 0)
 			due = true;
 	}
 	if (!due)

@@ -183,8 +183,11 @@ async_fail(FelixAsyncConn *c, const char *problem, int64 now_ns)
 	char		clean[256];
 	int			len;
 
-	/* libpq messages end in a newline; keep messages on one line */
+	/* libpq messages span lines; keep ours on one */
 	strlcpy(clean, problem, sizeof(clean));
+	for (char *q = clean; *q; q++)
+		if (*q == '\n' || *q == '\t')
+			*q = ' ';
 	len = strlen(clean);
 	while (len > 0 && (clean[len - 1] == '\n' || clean[len - 1] == ' '))
 		clean[--len] = '\0';
@@ -601,9 +604,9 @@ same_followers(const FelixReplShard *e, const ShardSnap *snap)
 
 static void
 follower_note_error(int slot, int fidx, FelixFollower *f, const char *msg,
-					const ShardSnap *snap)
+					const ShardSnap *snap, bool quiet)
 {
-	if (strcmp(f->last_error, msg) != 0)
+	if (!quiet && strcmp(f->last_error, msg) != 0)
 		ereport(WARNING,
 				(errmsg("felix ship: stream \"%s\" shard %d: shipping to follower \"%s\" failed: %s",
 						snap->stream_name, snap->key.shard, f->name, msg),
@@ -654,7 +657,7 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 	{
 		follower_note_error(slot, fidx, f,
 							"no conninfo is known for this node yet (the node directory learns it from the control plane)",
-							snap);
+							snap, true);
 		ss->retry_at_ns[fidx] = now_ns + FELIX_SHIP_RETRY_MS * NS_PER_MS;
 		return;
 	}
@@ -684,7 +687,7 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 		ra.out = &buf;
 		if (!ship_local(read_fn, &ra, err, sizeof(err)))
 		{
-			follower_note_error(slot, fidx, f, err, snap);
+			follower_note_error(slot, fidx, f, err, snap, false);
 			ss->retry_at_ns[fidx] = now_ns + FELIX_SHIP_RETRY_MS * NS_PER_MS;
 			return;
 		}
@@ -741,6 +744,9 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 	p->bytes_in_flight += buf.len;
 	ss->in_flight[fidx] = true;
 	felix_count(FELIX_CTR_BYTES_SHIPPED, buf.len);
+	/* libpq holds its own copy now */
+	pfree(buf.data);
+	pfree(what);
 
 	(void) async_flush(&p->ac, now_ns);
 	if (p->ac.state != FELIX_ASYNC_READY)
@@ -844,7 +850,8 @@ apply_answer(ShipRequest *r, int64 now_ns)
 	if (r->failed || !r->have_answer)
 	{
 		follower_note_error(r->slot, r->fidx, &f,
-							r->failed ? r->error : "the follower returned no answer", &snap);
+							r->failed ? r->error : "the follower returned no answer", &snap,
+							false);
 		ss->retry_at_ns[r->fidx] = now_ns + FELIX_SHIP_RETRY_MS * NS_PER_MS;
 		return;
 	}
@@ -910,7 +917,7 @@ apply_answer(ShipRequest *r, int64 now_ns)
 	else
 	{
 		follower_note_error(r->slot, r->fidx, &f,
-							psprintf("unexpected answer \"%s\"", r->status), &snap);
+							psprintf("unexpected answer \"%s\"", r->status), &snap, false);
 		ss->retry_at_ns[r->fidx] = now_ns + FELIX_SHIP_RETRY_MS * NS_PER_MS;
 		return;
 	}
@@ -1018,15 +1025,18 @@ peers_check(int64 now_ns)
 		else if (p->ac.state == FELIX_ASYNC_READY && p->head < p->nreqs &&
 				 now_ns - p->reqs[p->head].sent_ns > FELIX_SHIP_ANSWER_TIMEOUT_MS * NS_PER_MS)
 			peer_fail(p, psprintf("no answer within %d ms", FELIX_SHIP_ANSWER_TIMEOUT_MS), now_ns);
-		else if (p->ac.state == FELIX_ASYNC_READY && p->head == p->nreqs &&
+		else if ((p->ac.state == FELIX_ASYNC_DOWN ||
+				  (p->ac.state == FELIX_ASYNC_READY && p->head == p->nreqs)) &&
 				 now_ns - p->last_needed_ns > FELIX_SHIP_IDLE_CLOSE_MS * NS_PER_MS)
 		{
+			/* no shard has needed this node for a while: let it go */
 			peer_close(p);
+			if (p->reqs != NULL)
+				pfree(p->reqs);
+			p->reqs = NULL;
+			p->cap = 0;
 			p->used = false;
 		}
-		else if (p->ac.state == FELIX_ASYNC_DOWN &&
-				 now_ns - p->last_needed_ns > FELIX_SHIP_IDLE_CLOSE_MS * NS_PER_MS)
-			p->used = false;
 	}
 }
 

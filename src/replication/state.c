@@ -186,6 +186,8 @@ felix_replication_gauges(uint64 *lag_records, uint64 *halted_followers,
 		uint64		written_end;
 		uint64		slowest = PG_UINT64_MAX;
 
+		if (!repl_entries[i].valid)
+			continue;			/* a cheap peek; the copy below decides */
 		repl_state_copy(i, e);
 		if (!e->valid || !leader_position(i, e, &written_end))
 			continue;

@@ -486,8 +486,10 @@ $$;
 
 -- ---------------------------------------------------------------------
 -- felix.cp_drop_stream: forget a stream, its assignments and reports.
+-- missing_ok: a node dropping a table the control plane never knew (or
+-- already forgot) is not an error.
 -- ---------------------------------------------------------------------
-CREATE FUNCTION felix.cp_drop_stream(name text) RETURNS void
+CREATE FUNCTION felix.cp_drop_stream(name text, missing_ok boolean DEFAULT false) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     IF cp_drop_stream.name IS NULL THEN
@@ -499,7 +501,7 @@ BEGIN
     PERFORM 1 FROM felix.assignments x
       WHERE x.stream = cp_drop_stream.name ORDER BY x.stream, x.shard FOR UPDATE;
     DELETE FROM felix.cluster_streams cs WHERE cs.name = cp_drop_stream.name;
-    IF NOT FOUND THEN
+    IF NOT FOUND AND NOT cp_drop_stream.missing_ok THEN
         RAISE EXCEPTION 'stream "%" does not exist', cp_drop_stream.name
             USING ERRCODE = 'undefined_table',
                   HINT = 'The control plane knows no stream of that name; felix_streams lists the existing ones.';
@@ -682,9 +684,12 @@ BEGIN
         -- record of its generation, so it counts as furthest ahead.  Any
         -- other must be in the replica set, alive, and reported caught up
         -- (bound zero) by this generation's leader, in a report no older than
-        -- node_expiry + heartbeat_interval at the moment a successor became
-        -- allowed: after the lease lapsed the leader wrote nothing, so the
-        -- report does not age while the tick catches up.  A halted follower
+        -- node_expiry + heartbeat_interval at the moment the lease lapsed:
+        -- after that the leader wrote nothing, so the report does not age
+        -- while the tick catches up.  (Measured from the lapse rather than
+        -- from the end of the margin, so a leader that died between a
+        -- renewal and the report following it is still covered by the
+        -- report before.)  A halted follower
         -- is never reported caught up.  Furthest ahead first; score only
         -- breaks ties.
         SELECT c.node, c.is_leader, c.acked_end INTO cand
@@ -697,7 +702,8 @@ BEGIN
                  WHERE rr.stream = a.stream AND rr.shard = a.shard
                    AND rr.generation = a.generation AND rr.leader = a.leader
                    AND rr.caught_up
-                   AND rr.reported_at > promotable - window_
+                   AND rr.reported_at > coalesce(a.lease_granted_at + a.lease_ms * interval '1 millisecond',
+                                                 promotable) - window_
                    AND rr.follower = ANY (a.replicas) AND rr.follower <> a.leader
                    AND n.last_heartbeat >= t - expiry) AS c
          ORDER BY c.is_leader DESC, c.acked_end DESC,
@@ -791,12 +797,12 @@ REVOKE ALL ON FUNCTION felix.cp_settings(), felix.cp_score(text, text, integer),
     felix.cp_mask_conninfo(text), felix.cp_report_unnamed(text, integer, text[]),
     felix.cp_heartbeat(text, text),
     felix.cp_create_stream(text, integer, integer, text, text, text, bigint, interval),
-    felix.cp_drop_stream(text), felix.cp_report(text, jsonb), felix.cp_tick(),
+    felix.cp_drop_stream(text, boolean), felix.cp_report(text, jsonb), felix.cp_tick(),
     felix.cp_nodes()
     FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION felix.cp_heartbeat(text, text),
     felix.cp_create_stream(text, integer, integer, text, text, text, bigint, interval),
-    felix.cp_drop_stream(text), felix.cp_report(text, jsonb), felix.cp_tick(),
+    felix.cp_drop_stream(text, boolean), felix.cp_report(text, jsonb), felix.cp_tick(),
     felix.cp_nodes()
     TO felix_replication;
 -- END control plane

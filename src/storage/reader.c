@@ -457,8 +457,9 @@ log_reader_close(FelixLogReader *r)
 
 /*
  * Whole stored batches (header, body, trailer) from the one holding
- * from_seq, each verified before it is copied.  A batch is copied when it begins below end_seq (end_seq is
- * expected at a batch boundary: written and flushed ends always are).
+ * from_seq, each verified before it is copied.  A batch is copied when it
+ * begins below end_seq (end_seq is expected at a batch boundary: written
+ * and flushed ends always are).
  * max_bytes bounds the bytes this call appends, except that the first batch
  * is always copied.
  */

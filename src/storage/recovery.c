@@ -827,6 +827,13 @@ recover_last_segment(const char *dir, const char *what, uint64 base,
 			batch_trailer_make(&h, &fix);
 			fix_off = off + len - BATCH_TRAILER_SIZE;
 			have_fix = true;
+			/* the search moved the buffer: read the batch again */
+			p = segfile_get(&sf, off, len);
+			if (p == NULL)
+				ereport(ERROR,
+						(errcode_for_file_access(),
+						 errmsg("%s: could not read segment file \"%s\" at offset %llu",
+								what, path, (unsigned long long) off)));
 		}
 
 		if (h.kind == FELIX_BATCH_SEAL)

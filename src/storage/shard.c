@@ -27,6 +27,7 @@
 #include "pgstat.h"
 #include "storage/fd.h"
 #include "storage/shard.h"
+#include "control/client.h"
 #include "storage/shmem.h"
 #include "storage/spin.h"
 #include "utils/hsearch.h"
@@ -303,15 +304,11 @@ shard_open_locked(FelixShard *s)
 	if (nmap > 0)
 		generation = Max(generation, map[nmap - 1].generation);
 
-	/* INTERIM until the node agent lands: lead with no lease, as before. */
-	generation = Max(generation, 1);
-	genmap_note(dir, what, generation, s->log.next_seq);
-
 	shard_mirror_log(s);
 	SpinLockAcquire(&s->mutex);
-	s->role = FELIX_ROLE_LEADER;
+	s->role = FELIX_ROLE_FOLLOWER;
 	s->generation = generation;
-	s->lease_expiry_ns = PG_INT64_MAX;
+	s->lease_expiry_ns = 0;
 	s->flushed_end = s->log.next_seq;
 	s->hwm_end = s->replication_factor <= 1 ? s->log.next_seq : s->log.start_seq;
 	s->phase = FELIX_SHARD_OPEN;
@@ -397,50 +394,6 @@ shard_acquire(const FelixShardSpec *spec)
  * ---------------------------------------------------------------------
  */
 
-/*
- * A libpq conninfo with any password replaced, for messages and views.
- */
-char *
-felix_mask_conninfo(const char *conninfo)
-{
-	StringInfoData out;
-	const char *p = conninfo;
-
-	initStringInfo(&out);
-	while (*p)
-	{
-		if (pg_strncasecmp(p, "password", 8) == 0)
-		{
-			const char *q = p + 8;
-
-			while (*q == ' ')
-				q++;
-			if (*q == '=')
-			{
-				q++;
-				while (*q == ' ')
-					q++;
-				appendStringInfoString(&out, "password=********");
-				if (*q == '\'')
-				{
-					for (q++; *q && *q != '\''; q++)
-						if (*q == '\\' && q[1])
-							q++;
-					if (*q)
-						q++;
-				}
-				else
-					while (*q && *q != ' ')
-						q++;
-				p = q;
-				continue;
-			}
-		}
-		appendStringInfoChar(&out, *p++);
-	}
-	return out.data;
-}
-
 typedef enum Writable
 {
 	WRITABLE,
@@ -470,7 +423,7 @@ shard_writable(FelixShard *s, uint64 expect_generation, uint64 *generation)
 	role = s->role;
 	*generation = s->generation;
 	expiry = s->lease_expiry_ns;
-	if (role == FELIX_ROLE_LEADER && expiry != 0 && expiry != PG_INT64_MAX &&
+	if (role == FELIX_ROLE_LEADER && expiry != 0 &&
 		felix_monotonic_ns() >= expiry)
 	{
 		/* The lease lapsed: forget it, so the expiry is counted once. */
@@ -524,7 +477,7 @@ shard_refuse_write(FelixShard *s, Writable why, uint64 generation)
 				 errmsg("stream \"%s\" shard %d is led by node \"%s\", not by this node",
 						s->stream_name, s->key.shard, leader),
 				 errhint("Publish on the leader: node \"%s\" (%s).",
-						 leader, felix_mask_conninfo(conninfo))));
+						 leader, felix_conninfo_mask(conninfo))));
 	ereport(ERROR,
 			(errcode(FELIX_ERRCODE_NOT_LEADER),
 			 errmsg("stream \"%s\" shard %d has no leader with a lease on this node",
@@ -623,10 +576,9 @@ shard_flush(FelixShard *s, uint64 upto)
 			/*
 			 * With leader consistency (or a single copy) what is durable on
 			 * the leader is acknowledged, so the high-water mark moves with
-			 * the flush; a quorum shard's mark moves only in shard_set_hwm.
+			 * the flush; a quorum shard's mark moves only in shard_set_hwm,
+			 * once the shipper has seen the new flushed end.
 			 */
-			if (s->replication_factor > 1)
-				shard_wake_shipper();
 			SpinLockAcquire(&s->mutex);
 			if (target > s->flushed_end)
 				s->flushed_end = target;
@@ -634,6 +586,8 @@ shard_flush(FelixShard *s, uint64 upto)
 				s->flushed_end > s->hwm_end)
 				s->hwm_end = s->flushed_end;
 			SpinLockRelease(&s->mutex);
+			if (s->replication_factor > 1)
+				shard_wake_shipper();
 			ConditionVariableBroadcast(&s->hwm_cv);
 		}
 		LWLockRelease(&s->flush_lock);

@@ -608,6 +608,53 @@ apply_row_guts(HbRow *r)
 	shard_apply_assignment(s, &r->a);
 }
 
+/*
+ * The creating backend's half of felix_create_stream: one heartbeat of its
+ * own, whose rows for the new stream are applied at once, so the stream is
+ * led (and, on this node, writable) when the call returns rather than at
+ * the worker's next heartbeat.  The lease is anchored at this heartbeat's
+ * send time, exactly as the worker anchors its own; the worker's later
+ * renewals only ever extend it.
+ */
+static void
+apply_stream_guts(PGconn *conn, const char *stream)
+{
+	const char *me[2] = {felix_node_name_resolved(), felix_node_conninfo_resolved()};
+	PGresult   *res;
+	HbRow	   *rows;
+	int			nrows;
+	bool		unknown;
+	int64		t_send;
+
+	(void) felix_conn_set_statement_timeout(conn, FELIX_CP_CALL_TIMEOUT_MS, ERROR);
+	t_send = felix_monotonic_ns();
+	res = felix_conn_exec(conn, "felix.cp_heartbeat", HB_SQL, 2, me,
+						  FELIX_CP_CALL_TIMEOUT_MS, ERROR);
+	rows = read_rows(res, t_send, &nrows, &unknown);
+	PQclear(res);
+	for (int i = 0; i < nrows; i++)
+		if (strcmp(rows[i].stream, stream) == 0)
+			apply_row_guts(&rows[i]);
+}
+
+void
+felix_heartbeat_apply_stream(const char *stream)
+{
+	PGconn	   *conn = felix_conn_open(felix_cp_conninfo_resolved(),
+									   "the felix control plane", "felix",
+									   FELIX_CP_CALL_TIMEOUT_MS, ERROR);
+
+	PG_TRY();
+	{
+		apply_stream_guts(conn, stream);
+	}
+	PG_FINALLY();
+	{
+		felix_conn_close(conn);
+	}
+	PG_END_TRY();
+}
+
 /* Create a stream the control plane lists (inside a subtransaction). */
 static void
 create_stream_guts(HbRow *r)

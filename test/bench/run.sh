@@ -196,6 +196,17 @@ as_pg "$PGBIN/pg_ctl" -D "$DATA" -l "$WORK/server.log" -w -t 60 start >/dev/null
 	{ tail -40 "$WORK/server.log" >&2 || true; die "server did not start"; }
 SERVER_STARTED=1
 q -c "CREATE EXTENSION felix" || { tail -20 "$WORK/server.log" >&2; die "CREATE EXTENSION felix failed"; }
+# The node worker must have announced this node before a stream can be
+# created (felix refuses with "no node is alive" until then): retry a
+# probe stream for up to 60 s.
+for (( i = 0; ; i++ )); do
+	if q -c "SELECT felix_create_stream('bench_probe')" >/dev/null 2>"$WORK/probe.err"; then
+		q -c "SELECT felix_drop_stream('bench_probe')" >/dev/null
+		break
+	fi
+	(( i < 60 )) || { cat "$WORK/probe.err" >&2; die "felix_create_stream still fails after 60 s"; }
+	sleep 1
+done
 SERVER_VERSION=$(q -c "SHOW server_version")
 FELIX_SO="$(md5sum "$PKGLIB/felix.so" | cut -c1-12), installed $(date -u -r "$PKGLIB/felix.so" '+%Y-%m-%d %H:%M:%S UTC')"
 GIT_STATE=$(git -C "$SCRIPT_DIR" log -1 --format='%h %cs' 2>/dev/null || echo "no commit")
@@ -222,6 +233,7 @@ write_script() {	# name, content -> path (readable by the server user)
 # Wait (bounded) until the server accepts connections again, e.g. after a
 # backend crash made the postmaster reinitialise.
 wait_ready() {
+	local i
 	for (( i = 0; i < 120; i++ )); do
 		if as_pg "$PGBIN/psql" -X -q -At -c "SELECT 1" >/dev/null 2>&1; then return 0; fi
 		sleep 1
@@ -299,9 +311,30 @@ mark() {	# value target(>=) -> met/MISSED
 	awk -v v="${1:-}" -v t="$2" 'BEGIN { if (v == "" || v == "n/a") print "n/a"; else if (v + 0 >= t + 0) print "met"; else print "**MISSED**" }'
 }
 
-recreate_stream() {	# name shards
-	q -c "SELECT felix_drop_stream('$1') FROM felix_streams WHERE stream = '$1'" >/dev/null
-	q -c "SELECT felix_create_stream('$1', shards => $2)" >/dev/null
+# create_stream <name> <shards>: felix_create_stream, retried (bounded).  If
+# the call fails but the stream exists afterwards (felix's node agent can
+# create a stream's table from the control plane's catalog at the same
+# moment), the stream is used and the failure recorded as a warning.
+create_stream() {
+	local name=$1 shards=$2 err i
+	for (( i = 0; i < 5; i++ )); do
+		if q -c "SELECT felix_create_stream('$name', shards => $shards)" >/dev/null 2>"$WORK/create.err"; then
+			return 0
+		fi
+		err=$(grep -m1 'ERROR' "$WORK/create.err" || head -1 "$WORK/create.err")
+		sleep 1
+		if [[ $(q -c "SELECT count(*) FROM felix_shards WHERE stream = '$name'" 2>/dev/null) == "$shards" ]]; then
+			WARNINGS+=("felix_create_stream('$name', shards => $shards) failed with \"$err\", yet the stream existed a second later; it was used")
+			return 0
+		fi
+		WARNINGS+=("felix_create_stream('$name', shards => $shards) failed with \"$err\"; retrying")
+	done
+	die "felix_create_stream('$name') keeps failing; see $WORK/create.err"
+}
+drop_stream() {	# name; failures are warnings (the point is already measured)
+	if ! q -c "SELECT felix_drop_stream('$1')" >/dev/null 2>"$WORK/drop.err"; then
+		WARNINGS+=("felix_drop_stream('$1') failed: $(grep -m1 'ERROR' "$WORK/drop.err" || head -1 "$WORK/drop.err")")
+	fi
 }
 recreate_heap() {	# name
 	q -c "DROP TABLE IF EXISTS $1;
@@ -315,6 +348,7 @@ DIAG=$WORK/diag.md
 : >"$REPORT"
 : >"$DIAG"
 SANITY=()
+WARNINGS=()
 
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 
@@ -326,7 +360,18 @@ declare -A T_SUM T_N T_LIST L_SUM D_FSYNC D_REC D_WAIT D_BATCH D_WAL D_ROWS
 measure_point() {
 	local key=$1 kind=$2 target=$3 shards=$4 script=$5 c=$6 per_tx=$7
 	local r0 f0 w0 b0 ws0 r1 f1 w1 b1 ws1 n
-	if [[ $kind == heap ]]; then recreate_heap "$target"; else recreate_stream "$target" "$shards"; fi
+	# Each felix point gets a stream of its own (name suffixed with the
+	# point and round), dropped after the point; heap points recreate
+	# their table.
+	if [[ $kind == heap ]]; then
+		recreate_heap "$target"
+	else
+		target="${target}_c${c}_r${ROUND}"
+		create_stream "$target" "$shards"
+	fi
+	sed "s/@STREAM@/$target/g" "$script" >"$WORK/point.sql"
+	chmod 644 "$WORK/point.sql"
+	script=$WORK/point.sql
 	q -c "CHECKPOINT"
 	r0=$(metric records_published); f0=$(metric fsyncs); w0=$(metric flush_waits); b0=$(metric batches_appended)
 	ws0=$(wal_syncs)
@@ -357,6 +402,7 @@ measure_point() {
 	if [[ -n ${PB_TX:-} && $n != "$(( PB_TX * per_tx ))" ]]; then
 		SANITY+=("$key round $ROUND: pgbench processed $PB_TX transactions of $per_tx rows but $target holds $n rows/records")
 	fi
+	[[ $kind == heap ]] || drop_stream "$target"
 }
 mean_tps() {	# key [multiplier] -> mean tps over the successful rounds, or empty
 	local k=$1 m=${2:-1}
@@ -394,9 +440,9 @@ log "case 1: felix_publish vs heap INSERT, ${DURATION}s per point, $ROUNDS round
 S_HEAP=$(write_script pub_heap "\\set k random(1, 1000000)
 INSERT INTO bench_heap (key, payload) VALUES ('cust-' || :k, '$PAYLOAD'::jsonb);")
 S_F1=$(write_script pub_felix1 "\\set k random(1, 1000000)
-SELECT felix_publish('bench_pub1', '$PAYLOAD'::jsonb, key => 'cust-' || :k);")
+SELECT felix_publish('@STREAM@', '$PAYLOAD'::jsonb, key => 'cust-' || :k);")
 S_F8=$(write_script pub_felix8 "\\set k random(1, 1000000)
-SELECT felix_publish('bench_pub8', '$PAYLOAD'::jsonb, key => 'cust-' || :k);")
+SELECT felix_publish('@STREAM@', '$PAYLOAD'::jsonb, key => 'cust-' || :k);")
 
 for c in "${CLIENTS_PUBLISH[@]}"; do
 	for (( ROUND = 1; ROUND <= ROUNDS; ROUND++ )); do
@@ -459,7 +505,7 @@ q -c "DROP TABLE IF EXISTS bench_src;
       ANALYZE bench_src;"
 S_BHEAP=$(write_script batch_heap "INSERT INTO bench_heap_batch (key, payload)
 SELECT u.k, u.p FROM bench_src, unnest(bench_src.keys, bench_src.payloads) AS u(k, p);")
-S_BFELIX=$(write_script batch_felix "SELECT count(*) FROM bench_src, felix_publish_batch('bench_batch', bench_src.payloads, bench_src.keys);")
+S_BFELIX=$(write_script batch_felix "SELECT count(*) FROM bench_src, felix_publish_batch('@STREAM@', bench_src.payloads, bench_src.keys);")
 for c in "${CLIENTS_BATCH[@]}"; do
 	for (( ROUND = 1; ROUND <= ROUNDS; ROUND++ )); do
 		for variant in $(order "$ROUND" heap felix); do
@@ -504,7 +550,7 @@ done
 # Load RECORDS records into a 1-shard stream (cases 3 and 4)
 # ---------------------------------------------------------------------------
 log "loading $RECORDS records into stream bench_read (batches of $LOAD_CHUNK)"
-recreate_stream bench_read 1
+create_stream bench_read 1
 LOAD_T0=$(date +%s.%N)
 q -c "DO \$\$
 DECLARE
@@ -723,6 +769,12 @@ FS=$(df -T "$BASE" | awk 'NR==2{print $2 " on " $1}')
 	echo "| --- | ---: |"
 	q -F ' | ' -c "SELECT name, value::bigint FROM felix_metrics ORDER BY name" | sed 's/^/| /; s/$/ |/'
 	echo
+	if (( ${#WARNINGS[@]} > 0 )); then
+		echo "### Warnings"
+		echo
+		for w in "${WARNINGS[@]}"; do echo "- $w"; done
+		echo
+	fi
 	echo "### Sanity checks"
 	echo
 	nc=$(crashes)
@@ -731,6 +783,12 @@ FS=$(df -T "$BASE" | awk 'NR==2{print $2 " on " $1}')
 		echo "All passed: every acknowledged publish/batch is counted in the stream (felix_shards) and heap table; the seek returns seq $SEEK_AT..$(( SEEK_AT + 99 )) with matching payload ids; the heap copy of the full felix scan has $RECORDS rows."
 	else
 		for s in "${SANITY[@]}"; do echo "- **FAILED**: $s"; done
+		echo
+		echo "First distinct ERROR/FATAL/PANIC lines of the server log:"
+		echo
+		echo '```'
+		grep -E 'ERROR|FATAL|PANIC|TRAP|terminated by signal' "$WORK/server.log" | sed -E 's/^[0-9-]+ [0-9:.]+ [A-Z]+ \[[0-9]+\] //' | awk '!seen[$0]++' | head -20
+		echo '```'
 	fi
 	echo
 } >"$WORK/final.md"

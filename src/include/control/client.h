@@ -24,9 +24,11 @@
 #define FELIX_CP_CALL_TIMEOUT_MS	10000
 
 /*
- * Connect to conninfo within timeout_ms.  On failure reports at elevel
- * (ERROR raises; a lower level logs) naming `purpose`, and returns NULL.
- * The connection is in non-blocking mode; close it with felix_conn_close.
+ * Connect to conninfo within timeout_ms; with several hosts (host=a,b),
+ * each is tried in turn with its own share of the time (or libpq's
+ * connect_timeout, per host).  On failure reports at elevel (ERROR raises;
+ * a lower level logs) naming `purpose`, and returns NULL.  The connection
+ * is in non-blocking mode; close it with felix_conn_close.
  */
 extern PGconn *felix_conn_open(const char *conninfo, const char *purpose,
 							   const char *application_name,
@@ -62,7 +64,10 @@ extern char *felix_conninfo_mask(const char *conninfo);
  * Backend calls to the control plane (felix_cp_conninfo_resolved()): each
  * opens a connection, calls the function and closes it; the control
  * plane's error is raised here with its SQLSTATE, detail and hint.
- * retention_bytes < 0 and retention == NULL mean "none".
+ * retention_bytes < 0 and retention == NULL mean "none".  Creating first
+ * registers this node (a heartbeat on the same connection), so a stream
+ * can be created the moment the extension exists, before the heartbeat
+ * worker's first beat.
  */
 extern void felix_cp_call_create_stream(const char *name, int shards,
 										int replication_factor,

@@ -108,10 +108,10 @@ extern bool log_reader_next(FelixLogReader *r, FelixRecord *rec);
 extern void log_reader_close(FelixLogReader *r);
 
 /*
- * Append to `out` whole batches (header and body, as stored) starting with
- * the batch that holds from_seq, stopping before end_seq or before out
- * would pass max_bytes (at least one batch is always returned when any
- * record lies in range).  Returns the seq after the last batch copied.
+ * Append to `out` whole batches (header, body and trailer, as stored)
+ * starting with the batch that holds from_seq, stopping before end_seq or
+ * before out would pass max_bytes (at least one batch is always returned
+ * when any record lies in range).  Returns the seq after the last batch copied.
  * This is the bounded range read replication ships from.
  */
 extern uint64 log_read_range(const char *dir, const char *what,

@@ -83,8 +83,9 @@ typedef struct FelixShard
 	/* (mutex) leadership: written with append_lock held */
 	FelixRole	role;
 	uint64		generation;
-	int64		lease_expiry_ns;	/* felix_monotonic_ns() deadline;
-									 * PG_INT64_MAX: no lease needed */
+	int64		lease_expiry_ns;	/* felix_monotonic_ns() after which this
+									 * node must not write (epsilon already
+									 * taken off); 0: no lease */
 	/* (mutex) positions, all exclusive ends */
 	uint64		start_seq;		/* copy of log.start_seq */
 	uint64		written_end;	/* copy of log.next_seq (append_lock) */
@@ -184,9 +185,6 @@ extern void shard_forget_stream(Oid dboid, Oid relid);
 
 /* Index of the slot in the registry: replication keeps parallel arrays. */
 extern int	shard_slot_index(FelixShard *s);
-
-/* conninfo with any password masked (palloc'd), for messages and views. */
-extern char *felix_mask_conninfo(const char *conninfo);
 
 /* True if `node` names this node. */
 extern bool felix_is_this_node(const char *node);

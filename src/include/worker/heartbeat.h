@@ -16,4 +16,8 @@
 /* Register the worker (from _PG_init, while preloading). */
 extern void felix_heartbeat_worker_register(void);
 
+/* In a backend that just created `stream`: heartbeat once and apply the
+ * control plane's assignments of that stream to this node's shards. */
+extern void felix_heartbeat_apply_stream(const char *stream);
+
 #endif							/* FELIX_WORKER_HEARTBEAT_H */

@@ -1,0 +1,577 @@
+#!/usr/bin/env bash
+# test/bench/replication.sh -- felix replication benchmark (issue 3, "Benchmark").
+#
+# On this machine, in the same run and with the same server settings
+# (fsync = on, synchronous_commit = on, shared_buffers = 256MB):
+#
+#   felix:  three nodes (node1 hosts the control plane, nodes 2 and 3 point
+#           felix.control_conninfo at it), a 1-shard stream with
+#           replication_factor = 3 and consistency = 'quorum';
+#           felix_publish of a 100-byte jsonb record per transaction on the
+#           shard's leader;
+#   sync:   PostgreSQL synchronous replication: a primary and two streaming
+#           standbys s1, s2 with synchronous_standby_names = 'ANY 1 (s1, s2)';
+#           INSERT of the same row into a heap table on the primary.
+#
+# pgbench -M prepared at 1, 8 and 32 clients (rounds alternate which system
+# goes first): tps, and p50 latency from pgbench's per-transaction log.
+# Then the failover time with default felix settings, FAILOVERS times
+# (median reported): a fresh quorum stream led by node2 or node3, four
+# pgbench clients publishing on its leader, kill -9 of every process of the
+# leader, and the time until the first publish acknowledged by the new
+# leader (probe sessions publish on both other nodes every 20 ms).
+#
+# Prints a Markdown report and writes it to
+# test/bench/results-replication-<date>.md.
+#
+# Usage:   test/bench/replication.sh         (as root or as a normal user)
+# Env:     DURATION=20   seconds per pgbench point
+#          ROUNDS=2      rounds per point, alternating the order of the systems
+#          FAILOVERS=5   failover measurements (median reported)
+#          QUICK=1       smoke run: 3 s points, 1 round, 3 failovers
+#          KEEP=1        keep /tmp/felix-bench-repl (data dirs, logs) after exit
+#          PGBIN=/usr/lib/postgresql/15/bin
+#
+# As root the servers and every client run as user `postgres`.  Six servers
+# listen only on Unix sockets in /tmp/felix-bench-repl/sock, ports 5521-5523
+# (felix) and 5531-5533 (sync replication); everything is stopped and the
+# directory removed on exit.  Every loop is bounded and every wait has a
+# timeout.
+
+set -euo pipefail
+
+PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
+BASE=/tmp/felix-bench-repl
+SOCK=$BASE/sock
+WORK=$BASE/work
+FPORTS=(5521 5522 5523)
+SPORTS=(5531 5532 5533)
+QUICK=${QUICK:-0}
+if [[ $QUICK == 1 ]]; then
+	DURATION=${DURATION:-3}
+	ROUNDS=${ROUNDS:-1}
+	FAILOVERS=${FAILOVERS:-3}
+else
+	DURATION=${DURATION:-20}
+	ROUNDS=${ROUNDS:-2}
+	FAILOVERS=${FAILOVERS:-5}
+fi
+KEEP=${KEEP:-0}
+CLIENTS=(1 8 32)
+
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+CMDLINE="DURATION=$DURATION ROUNDS=$ROUNDS FAILOVERS=$FAILOVERS QUICK=$QUICK $0${*:+ $*}"
+STAMP=$(date -u +%Y-%m-%d-%H%M)
+SUFFIX=""
+[[ $QUICK == 1 ]] && SUFFIX="-quick"
+RESULT_FILE=$SCRIPT_DIR/results-replication-$STAMP$SUFFIX.md
+
+for arg in "$@"; do
+	case $arg in
+		-h|--help) sed -n '2,40p' "$0"; exit 0 ;;
+		*) echo "replication.sh: unknown argument '$arg' (parameters are environment variables; see --help)" >&2; exit 2 ;;
+	esac
+done
+[[ $ROUNDS =~ ^[0-9]+$ && $ROUNDS -ge 1 && $ROUNDS -le 10 ]] || { echo "replication.sh: ROUNDS must be 1..10" >&2; exit 2; }
+[[ $DURATION =~ ^[0-9]+$ && $DURATION -ge 1 ]] || { echo "replication.sh: DURATION must be a positive integer" >&2; exit 2; }
+[[ $FAILOVERS =~ ^[0-9]+$ && $FAILOVERS -ge 1 && $FAILOVERS -le 20 ]] || { echo "replication.sh: FAILOVERS must be 1..20" >&2; exit 2; }
+
+log() { printf '[bench-repl %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+# ---------------------------------------------------------------------------
+# Who runs the servers
+# ---------------------------------------------------------------------------
+if [[ $(id -u) == 0 ]]; then
+	RUN_USER=postgres
+	if ! id -u "$RUN_USER" >/dev/null 2>&1; then
+		log "creating system user $RUN_USER"
+		useradd --system --home-dir /var/lib/postgresql --shell /bin/bash "$RUN_USER"
+	fi
+	AS_USER=(runuser -u "$RUN_USER" --)
+else
+	RUN_USER=$(id -un)
+	AS_USER=()
+fi
+# pgc <port> cmd...: run a client command as the servers' user against a port.
+pgc() {
+	local port=$1; shift
+	"${AS_USER[@]}" env PGHOST="$SOCK" PGPORT="$port" PGUSER=postgres PGDATABASE=postgres \
+		PGOPTIONS="-c client_min_messages=warning" "$@"
+}
+# q <port> [psql args]: quiet, unaligned, stop on the first error.
+q() { local port=$1; shift; pgc "$port" "$PGBIN/psql" -X -q -v ON_ERROR_STOP=1 -At "$@"; }
+
+for b in postgres initdb pg_ctl psql pgbench pg_basebackup pg_isready pg_config; do
+	[[ -x $PGBIN/$b ]] || die "$PGBIN/$b not found (install postgresql-15 and postgresql-contrib-15 / set PGBIN)"
+done
+PKGLIB=$("$PGBIN/pg_config" --pkglibdir)
+SHAREDIR=$("$PGBIN/pg_config" --sharedir)
+[[ -f $PKGLIB/felix.so && -f $SHAREDIR/extension/felix.control ]] ||
+	die "felix is not installed in $PKGLIB (run: make PG_CONFIG=$PGBIN/pg_config && sudo make install PG_CONFIG=$PGBIN/pg_config)"
+
+# ---------------------------------------------------------------------------
+# Servers, cleanup
+# ---------------------------------------------------------------------------
+datadir() { echo "$BASE/$1"; }		# f1 f2 f3 p s1 s2
+STARTED=()
+BG_PIDS=()
+PROBE_PIDS=()
+cleanup() {
+	local rc=$? d p
+	trap - EXIT INT TERM
+	for p in "${BG_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+	for p in "${PROBE_PIDS[@]}"; do kill -- "-$p" 2>/dev/null || true; done
+	for d in "${STARTED[@]}"; do
+		if [[ -f $(datadir "$d")/postmaster.pid ]]; then
+			"${AS_USER[@]}" "$PGBIN/pg_ctl" -D "$(datadir "$d")" -m immediate -t 30 -w stop >/dev/null 2>&1 || true
+		fi
+	done
+	if [[ $KEEP == 1 ]]; then
+		log "KEEP=1: leaving $BASE in place"
+	elif [[ -d $BASE ]]; then
+		rm -rf "$BASE"
+	fi
+	exit "$rc"
+}
+
+for port in "${FPORTS[@]}" "${SPORTS[@]}"; do
+	if "$PGBIN/pg_isready" -q -h "$SOCK" -p "$port" -t 1 2>/dev/null; then
+		die "a server from an earlier run still listens on $SOCK port $port; stop it first"
+	fi
+done
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+rm -rf "$BASE"
+mkdir -p "$SOCK" "$WORK"
+chmod 755 "$BASE" "$WORK" "$SOCK"
+[[ $(id -u) == 0 ]] && chown -R "$RUN_USER": "$BASE"
+cd "$BASE"
+
+COMMON_CONF="
+listen_addresses = ''
+unix_socket_directories = '$SOCK'
+max_connections = 100
+shared_buffers = 256MB
+fsync = on
+synchronous_commit = on
+full_page_writes = on
+wal_level = replica
+max_wal_size = 8GB
+min_wal_size = 1GB
+checkpoint_timeout = 30min
+logging_collector = off
+log_min_messages = warning
+lc_messages = 'C'
+"
+
+init_node() {	# name port extra-conf
+	local d; d=$(datadir "$1")
+	mkdir -p "$d"; chmod 700 "$d"
+	[[ $(id -u) == 0 ]] && chown "$RUN_USER": "$d"
+	"${AS_USER[@]}" "$PGBIN/initdb" -D "$d" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >"$WORK/initdb-$1.log" 2>&1 ||
+		"${AS_USER[@]}" "$PGBIN/initdb" -D "$d" -U postgres --auth=trust -E UTF8 --no-locale >"$WORK/initdb-$1.log" 2>&1 ||
+		{ cat "$WORK/initdb-$1.log" >&2; die "initdb $1 failed"; }
+	printf '%s\nport = %s\n%s\n' "$COMMON_CONF" "$2" "$3" >>"$d/postgresql.conf"
+}
+start_node() {	# name
+	local d; d=$(datadir "$1")
+	"${AS_USER[@]}" "$PGBIN/pg_ctl" -D "$d" -l "$WORK/server-$1.log" -w -t 60 start >/dev/null ||
+		{ tail -30 "$WORK/server-$1.log" >&2 || true; die "server $1 did not start"; }
+	[[ " ${STARTED[*]} " == *" $1 "* ]] || STARTED+=("$1")
+}
+
+# ---- felix: three nodes ----
+fconn() { echo "host=$SOCK port=$1 dbname=postgres user=felix_replication"; }
+for i in 1 2 3; do
+	cp_conn=""
+	[[ $i != 1 ]] && cp_conn=$(fconn "${FPORTS[0]}")
+	log "felix node$i: initdb (port ${FPORTS[$((i-1))]})"
+	init_node "f$i" "${FPORTS[$((i-1))]}" "shared_preload_libraries = 'felix'
+felix.database = 'postgres'
+felix.node_name = 'node$i'
+felix.node_conninfo = '$(fconn "${FPORTS[$((i-1))]}")'
+felix.control_conninfo = '$cp_conn'"
+done
+for i in 1 2 3; do start_node "f$i"; done
+q "${FPORTS[0]}" -c "CREATE EXTENSION felix" >/dev/null
+q "${FPORTS[1]}" -c "CREATE EXTENSION felix" >/dev/null
+q "${FPORTS[2]}" -c "CREATE EXTENSION felix" >/dev/null
+wait_alive() {	# n -> waits (60 s) until node1's felix_nodes shows n nodes alive
+	local i
+	for (( i = 0; i < 300; i++ )); do
+		[[ $(q "${FPORTS[0]}" -c "SELECT count(*) FROM felix_nodes WHERE alive" 2>/dev/null || echo 0) == "$1" ]] && return 0
+		sleep 0.2
+	done
+	die "felix: fewer than $1 nodes alive after 60 s: $(q "${FPORTS[0]}" -c "SELECT string_agg(name || ':' || alive, ' ') FROM felix_nodes" 2>&1)"
+}
+wait_alive 3
+log "felix: 3 nodes alive"
+
+# ---- PostgreSQL synchronous replication: primary + s1 + s2 ----
+log "sync replication: primary (port ${SPORTS[0]}) and standbys s1, s2"
+init_node p "${SPORTS[0]}" "max_wal_senders = 10
+synchronous_standby_names = 'ANY 1 (s1, s2)'"
+start_node p
+for i in 1 2; do
+	d=$(datadir "s$i")
+	"${AS_USER[@]}" "$PGBIN/pg_basebackup" -h "$SOCK" -p "${SPORTS[0]}" -U postgres -D "$d" -X stream -R -c fast >"$WORK/basebackup-s$i.log" 2>&1 ||
+		{ cat "$WORK/basebackup-s$i.log" >&2; die "pg_basebackup for s$i failed"; }
+	chmod 700 "$d"
+	printf "port = %s\nprimary_conninfo = 'host=%s port=%s user=postgres application_name=s%s'\n" \
+		"${SPORTS[$i]}" "$SOCK" "${SPORTS[0]}" "$i" >>"$d/postgresql.auto.conf"
+	start_node "s$i"
+done
+for (( i = 0; i < 300; i++ )); do
+	n=$(q "${SPORTS[0]}" -c "SELECT count(*) FROM pg_stat_replication WHERE application_name IN ('s1', 's2') AND sync_state = 'quorum' AND state = 'streaming'")
+	[[ $n == 2 ]] && break
+	sleep 0.2
+done
+[[ $n == 2 ]] || die "the standbys are not both quorum-synchronous: $(q "${SPORTS[0]}" -c "SELECT application_name, state, sync_state FROM pg_stat_replication")"
+log "sync replication: s1 and s2 streaming, sync_state quorum"
+
+SERVER_VERSION=$(q "${FPORTS[0]}" -c "SHOW server_version")
+FELIX_VERSION=$(q "${FPORTS[0]}" -c "SELECT extversion FROM pg_extension WHERE extname = 'felix'")
+FELIX_SO="$(md5sum "$PKGLIB/felix.so" | cut -c1-12), installed $(date -u -r "$PKGLIB/felix.so" '+%Y-%m-%d %H:%M:%S UTC')"
+GIT_STATE=$(git -C "$SCRIPT_DIR" log -1 --format='%h %cs' 2>/dev/null || echo "no commit")
+[[ -n $(git -C "$SCRIPT_DIR" status --porcelain -- "$SCRIPT_DIR/../../src" 2>/dev/null) ]] && GIT_STATE="$GIT_STATE + uncommitted changes in src/"
+
+# ---------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------
+# The 100-byte payload, as in test/bench/run.sh.
+PAYLOAD=$(q "${FPORTS[0]}" -c "SELECT jsonb_build_object('id', 0, 'pad', repeat('x', 80))::text")
+PAYLOAD_LEN=${#PAYLOAD}
+[[ $PAYLOAD_LEN == 100 ]] || die "payload text is $PAYLOAD_LEN bytes, expected 100"
+
+write_script() {	# name content -> path
+	local f=$WORK/$1.sql
+	printf '%s\n' "$2" >"$f"
+	chmod 644 "$f"
+	echo "$f"
+}
+
+# The port of the node whose felix_shards says it leads (stream, 0) with a
+# live lease; waits up to 30 s.
+FNAMES=(node1 node2 node3)
+leader_port() {	# stream
+	local i k r
+	for (( i = 0; i < 150; i++ )); do
+		for k in 0 1 2; do
+			r=$(q "${FPORTS[$k]}" -c "SELECT 1 FROM felix_shards WHERE stream = '$1' AND shard = 0 AND role = 'leader' AND leader = '${FNAMES[$k]}' AND lease_remaining_ms > 0" 2>/dev/null || true)
+			[[ $r == 1 ]] && { echo "${FPORTS[$k]}"; return 0; }
+		done
+		sleep 0.2
+	done
+	return 1
+}
+# A stream name with prefix $1 whose shard 0 the control plane would give
+# to a node other than node1 (same score and tie order as cp_create_stream).
+pick_name() {	# prefix
+	local i name lead
+	for (( i = 0; i < 200; i++ )); do
+		name="$1_$i"
+		lead=$(q "${FPORTS[0]}" -c "SELECT n FROM unnest(ARRAY['node1','node2','node3']) n ORDER BY felix.cp_score(n, '$name', 0) DESC, n COLLATE \"C\" LIMIT 1")
+		[[ $lead != node1 && -z $(q "${FPORTS[0]}" -c "SELECT 1 FROM felix.cluster_streams WHERE name = '$name'") ]] && { echo "$name"; return 0; }
+	done
+	die "no stream name with prefix $1 is led by node2 or node3"
+}
+
+# pgbench_run <label> <port> <script> <clients> <seconds> -> PB_TPS PB_LAT PB_P50 PB_TX PB_OK
+pgbench_run() {
+	local label=$1 port=$2 script=$3 c=$4 t=$5 j out
+	j=$(( c < 2 ? c : 2 ))
+	out=$WORK/pgbench-$label.out
+	rm -f "$WORK/pgblog-$label".*
+	PB_TPS=""; PB_LAT=""; PB_P50=""; PB_TX=""; PB_OK=1
+	if ! timeout $(( t + 120 )) "${AS_USER[@]}" env PGHOST="$SOCK" PGPORT="$port" PGUSER=postgres PGDATABASE=postgres \
+		"$PGBIN/pgbench" -n -M prepared -f "$script" -c "$c" -j "$j" -T "$t" \
+		-l --log-prefix="$WORK/pgblog-$label" >"$out" 2>&1; then
+		PB_OK=0
+		log "pgbench $label FAILED; output:"
+		tail -20 "$out" >&2
+	fi
+	PB_TPS=$(awk '/^tps = /{printf "%.1f", $3; exit}' "$out")
+	PB_LAT=$(awk '/^latency average = /{print $4; exit}' "$out")
+	PB_TX=$(awk '/^number of transactions actually processed:/{print $6; exit}' "$out")
+	PB_TX=${PB_TX%%/*}
+	# p50 of the per-transaction latencies (3rd field, µs) over every client log.
+	PB_P50=$(cat "$WORK/pgblog-$label".* 2>/dev/null | awk '{print $3}' | sort -n |
+		awk '{a[NR]=$1} END{ if (NR) printf "%.3f", a[int((NR+1)/2)] / 1000 }')
+	rm -f "$WORK/pgblog-$label".*
+	if grep -q 'number of failed transactions: [1-9]\|aborted in command\|ERROR:' "$out"; then
+		PB_OK=0
+		log "pgbench $label reported errors:"
+		grep -m5 'failed\|aborted\|ERROR' "$out" >&2 || true
+	fi
+	[[ -n $PB_TPS ]] || PB_OK=0
+	[[ $PB_OK == 1 ]] || SANITY+=("pgbench point $label failed: $(grep -m1 -i 'error' "$out" || echo 'no tps reported')")
+	log "  $label: c=$c tps=${PB_TPS:-?} avg=${PB_LAT:-?} ms p50=${PB_P50:-?} ms tx=${PB_TX:-?}"
+}
+
+ratio() {
+	awk -v a="${1:-}" -v b="${2:-}" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "n/a"; else printf "%.2f", a / b }'
+}
+median() { printf '%s\n' "$@" | grep . | sort -n | awk '{a[NR]=$1} END{ if (NR == 0) print ""; else if (NR % 2) print a[(NR+1)/2]; else printf "%.3f\n", (a[NR/2] + a[NR/2+1]) / 2 }'; }
+
+SANITY=()
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
+
+# ---------------------------------------------------------------------------
+# Throughput and latency
+# ---------------------------------------------------------------------------
+S_HEAP=$(write_script heap "\\set k random(1, 1000000)
+INSERT INTO bench_heap (key, payload) VALUES ('cust-' || :k, '$PAYLOAD'::jsonb);")
+declare -A TPS_SUM TPS_N TPS_LIST P50_SUM LAT_SUM LEADER_OF
+point=0
+for c in "${CLIENTS[@]}"; do
+	for (( ROUND = 1; ROUND <= ROUNDS; ROUND++ )); do
+		order="sync felix"
+		(( ROUND % 2 == 0 )) && order="felix sync"
+		for sys in $order; do
+			point=$((point + 1))
+			key="$sys-c$c"
+			if [[ $sys == sync ]]; then
+				q "${SPORTS[0]}" -c "DROP TABLE IF EXISTS bench_heap;
+					CREATE TABLE bench_heap (seq bigserial PRIMARY KEY, key text, payload jsonb,
+					                         published_at timestamptz DEFAULT now())" >/dev/null
+				q "${SPORTS[0]}" -c "CHECKPOINT" >/dev/null
+				pgbench_run "$key-r$ROUND" "${SPORTS[0]}" "$S_HEAP" "$c" "$DURATION"
+				n=$(q "${SPORTS[0]}" -c "SELECT count(*) FROM bench_heap")
+				target="bench_heap"
+			else
+				stream="bench_q_$point"
+				q "${FPORTS[0]}" -c "SELECT felix_create_stream('$stream', replication_factor => 3, consistency => 'quorum')" >/dev/null
+				port=$(leader_port "$stream") || die "no leader for $stream after 30 s"
+				LEADER_OF[$key]="${LEADER_OF[$key]:-}${LEADER_OF[$key]:+ }$port"
+				for p in "${FPORTS[@]}"; do q "$p" -c "CHECKPOINT" >/dev/null; done
+				script=$(write_script "felix-$point" "\\set k random(1, 1000000)
+SELECT felix_publish('$stream', '$PAYLOAD'::jsonb, key => 'cust-' || :k);")
+				pgbench_run "$key-r$ROUND" "$port" "$script" "$c" "$DURATION"
+				n=$(q "$port" -c "SELECT next_seq FROM felix_shards WHERE stream = '$stream' AND shard = 0")
+				target="$stream"
+			fi
+			if [[ -n ${PB_TX:-} && $n != "$PB_TX" ]]; then
+				SANITY+=("$key round $ROUND: pgbench processed $PB_TX transactions but $target holds $n rows/records")
+			fi
+			TPS_LIST[$key]="${TPS_LIST[$key]:-}${TPS_LIST[$key]:+, }${PB_TPS:-error}"
+			if [[ $PB_OK == 1 ]]; then
+				TPS_SUM[$key]=$(awk -v a="${TPS_SUM[$key]:-0}" -v b="$PB_TPS" 'BEGIN{print a + b}')
+				P50_SUM[$key]=$(awk -v a="${P50_SUM[$key]:-0}" -v b="${PB_P50:-0}" 'BEGIN{print a + b}')
+				LAT_SUM[$key]=$(awk -v a="${LAT_SUM[$key]:-0}" -v b="${PB_LAT:-0}" 'BEGIN{print a + b}')
+				TPS_N[$key]=$(( ${TPS_N[$key]:-0} + 1 ))
+			fi
+		done
+	done
+done
+mean_of() {	# array-name key
+	local -n arr=$1
+	[[ ${TPS_N[$2]:-0} -gt 0 ]] || { echo ""; return; }
+	awk -v s="${arr[$2]}" -v n="${TPS_N[$2]}" 'BEGIN{printf "%.3f", s / n}'
+}
+
+# ---------------------------------------------------------------------------
+# Failover time
+# ---------------------------------------------------------------------------
+# Every process of the server on data directory $1, postmaster first.
+server_pids() {
+	local pm kids p queue
+	pm=$(head -1 "$1/postmaster.pid" 2>/dev/null) || return 0
+	echo "$pm"
+	queue=("$pm")
+	while (( ${#queue[@]} )); do
+		p=${queue[0]}; queue=("${queue[@]:1}")
+		for kids in $(ps -o pid= --ppid "$p" 2>/dev/null); do echo "$kids"; queue+=("$kids"); done
+	done
+}
+alive_pid() {	# not gone and not a zombie
+	[[ -r /proc/$1/stat ]] || return 1
+	! awk '{exit ($3 == "Z") ? 0 : 1}' "/proc/$1/stat"
+}
+# kill -9 every process of node f$1 at once, wait until they are gone and
+# clear the lock files a dead (possibly unreaped) postmaster leaves.
+kill_node() {
+	local d pids=() p i left
+	d=$(datadir "f$1")
+	mapfile -t pids < <(server_pids "$d")
+	kill -9 "${pids[@]}" 2>/dev/null || true
+	for (( i = 0; i < 600; i++ )); do
+		left=0
+		for p in "${pids[@]}"; do alive_pid "$p" && left=1; done
+		(( left == 0 )) && break
+		sleep 0.05
+	done
+	(( left == 0 )) || die "processes of f$1 survived SIGKILL for 30 s"
+	rm -f "$d/postmaster.pid" "$SOCK/.s.PGSQL.${FPORTS[$(( $1 - 1 ))]}.lock"
+}
+# Probe: a session on port $1 that publishes to $2 every 20 ms, logging the
+# epoch of each acknowledgement (NOTICE ack <epoch>), refusals ignored.
+start_probe() {	# port stream file
+	setsid "${AS_USER[@]}" env PGHOST="$SOCK" PGPORT="$1" PGUSER=postgres PGDATABASE=postgres \
+		timeout 60 "$PGBIN/psql" -X -q -c "SET client_min_messages = notice; DO \$\$ DECLARE p felix_position; BEGIN
+		FOR i IN 1..3000 LOOP
+			BEGIN
+				p := felix_publish('$2', '{\"probe\": 1}'::jsonb, shard => 0);
+				RAISE NOTICE 'ack %', extract(epoch FROM clock_timestamp());
+				EXIT;
+			EXCEPTION WHEN OTHERS THEN
+				PERFORM pg_sleep(0.02);
+			END;
+		END LOOP; END \$\$" >/dev/null 2>"$3" &
+	PROBE_PIDS+=($!)
+}
+
+FAILOVER_TIMES=()
+FAILOVER_NOTES=()
+PROBE_PIDS=()
+S_LOADFILE=""
+for (( r = 1; r <= FAILOVERS; r++ )); do
+	stream=$(pick_name "failover_r$r")
+	q "${FPORTS[0]}" -c "SELECT felix_create_stream('$stream', replication_factor => 3, consistency => 'quorum')" >/dev/null
+	port=$(leader_port "$stream") || die "no leader for $stream after 30 s"
+	k=0
+	for i in 0 1 2; do [[ ${FPORTS[$i]} == "$port" ]] && k=$((i + 1)); done
+	(( k == 2 || k == 3 )) || die "$stream is led by node$k, expected node2 or node3"
+	S_LOADFILE=$(write_script "failover-load-$r" "\\set k random(1, 1000000)
+SELECT felix_publish('$stream', '$PAYLOAD'::jsonb, key => 'cust-' || :k);")
+	timeout 40 "${AS_USER[@]}" env PGHOST="$SOCK" PGPORT="$port" PGUSER=postgres PGDATABASE=postgres \
+		"$PGBIN/pgbench" -n -M prepared -f "$S_LOADFILE" -c 4 -j 2 -T 20 >"$WORK/failover-load-$r.out" 2>&1 &
+	load_pid=$!
+	BG_PIDS+=("$load_pid")
+	sleep 2
+	probes=()
+	for i in 1 2 3; do
+		(( i == k )) && continue
+		start_probe "${FPORTS[$((i - 1))]}" "$stream" "$WORK/probe-$r-node$i.txt"
+		probes+=("$WORK/probe-$r-node$i.txt")
+	done
+	sleep 0.3
+	t_kill=$(date +%s.%N)
+	kill_node "$k"
+	first=""
+	for (( i = 0; i < 1500; i++ )); do		# 30 s
+		first=$(cat "${probes[@]}" 2>/dev/null | awk '/NOTICE: +ack /{print $NF}' | sort -n | head -1)
+		[[ -n $first ]] && break
+		sleep 0.02
+	done
+	for p in "${PROBE_PIDS[@]}"; do kill -- "-$p" 2>/dev/null || true; done
+	PROBE_PIDS=()
+	wait "$load_pid" 2>/dev/null || true
+	if [[ -n $first ]]; then
+		ft=$(awk -v a="$t_kill" -v b="$first" 'BEGIN{printf "%.3f", b - a}')
+		FAILOVER_TIMES+=("$ft")
+		newl=$(q "${FPORTS[0]}" -c "SELECT leader || ' at generation ' || generation FROM felix.assignments WHERE stream = '$stream' AND shard = 0")
+		FAILOVER_NOTES+=("round $r: killed node$k, $newl served after $ft s")
+		log "  failover round $r: killed node$k; first acknowledged publish on the new leader ($newl) after $ft s"
+	else
+		FAILOVER_NOTES+=("round $r: killed node$k, nobody served within 30 s ($(q "${FPORTS[0]}" -c "SELECT coalesce(unplaced_reason, 'no reason') FROM felix.assignments WHERE stream = '$stream' AND shard = 0"))")
+		SANITY+=("failover round $r: no publish acknowledged within 30 s of killing node$k")
+		log "  failover round $r: no new leader within 30 s"
+	fi
+	start_node "f$k"
+	wait_alive 3
+done
+FAILOVER_MEDIAN=$(median "${FAILOVER_TIMES[@]}")
+
+LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
+
+# ---------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------
+CPU_MODEL=$(awk -F': ' '/^model name/{print $2; exit}' /proc/cpuinfo)
+MEM=$(awk '/^MemTotal/{printf "%.1f GiB", $2/1048576}' /proc/meminfo)
+FS=$(df -T "$BASE" | awk 'NR==2{print $2 " on " $1}')
+mark_ge() { awk -v v="${1:-}" -v t="$2" 'BEGIN { if (v == "" || v == "n/a") print "n/a"; else if (v + 0 >= t + 0) print "met"; else print "**MISSED**" }'; }
+mark_le() { awk -v v="${1:-}" -v t="$2" 'BEGIN { if (v == "" || v == "n/a") print "n/a"; else if (v + 0 <= t + 0) print "met"; else print "**MISSED**" }'; }
+{
+	echo "# felix replication benchmark results ($(date -u '+%Y-%m-%d %H:%M UTC'))"
+	echo
+	if [[ $QUICK == 1 ]]; then
+		echo "**QUICK smoke run: short points; not a measurement.**"
+		echo
+	fi
+	echo "- command: \`$CMDLINE\`"
+	echo "- machine: $(nproc) CPUs ($CPU_MODEL), $MEM RAM, kernel $(uname -r), $FS; all six servers on this one machine, Unix sockets"
+	echo "- load average (1/5/15 min) before: $LOAD_BEFORE, after: $LOAD_AFTER (the machine may be shared)"
+	echo "- felix.so md5 $FELIX_SO; source tree at $GIT_STATE"
+	echo "- PostgreSQL $SERVER_VERSION, felix $FELIX_VERSION; every server: shared_buffers = 256MB, max_connections = 100, fsync = on, synchronous_commit = on, full_page_writes = on, wal_level = replica, max_wal_size = 8GB, checkpoint_timeout = 30min, CHECKPOINT before every point"
+	echo "- felix: 3 nodes, node1 hosts the control plane; a fresh 1-shard stream per point, replication_factor = 3, consistency = 'quorum', default lease settings; pgbench runs against the shard's leader"
+	echo "- sync replication: primary + standbys s1, s2 (streaming, pg_basebackup -X stream), synchronous_standby_names = 'ANY 1 (s1, s2)'; a fresh heap table (bigserial primary key, key text, payload jsonb, published_at timestamptz) per point"
+	echo "- payload: \`$PAYLOAD\` ($PAYLOAD_LEN bytes as text); keys \`cust-<n>\`"
+	echo
+	echo "## Results"
+	echo
+	echo "### Quorum publish (felix) vs synchronous-replication INSERT (tps)"
+	echo
+	echo "pgbench -n -M prepared -T $DURATION, -j min(clients, 2); one row/record per transaction. Mean of $ROUNDS round(s) per point (per-round values in brackets); rounds alternate which system goes first."
+	echo
+	echo "| clients | sync replication INSERT | felix quorum publish | ratio felix/sync | target ≥ 1.0 (8, 32 clients) |"
+	echo "| ---: | ---: | ---: | ---: | --- |"
+	for c in "${CLIENTS[@]}"; do
+		ts=$(mean_of TPS_SUM "sync-c$c"); tf=$(mean_of TPS_SUM "felix-c$c")
+		ts=${ts:+$(printf '%.1f' "$ts")}; tf=${tf:+$(printf '%.1f' "$tf")}
+		rr=$(ratio "$tf" "$ts")
+		tgt=""; [[ $c != 1 ]] && tgt=$(mark_ge "$rr" 1.0)
+		echo "| $c | ${ts:-error} [${TPS_LIST[sync-c$c]:-}] | ${tf:-error} [${TPS_LIST[felix-c$c]:-}] | $rr | $tgt |"
+	done
+	echo
+	echo "### Latency (ms)"
+	echo
+	echo "p50 from pgbench's per-transaction log (-l), mean of the rounds; average as pgbench reports it."
+	echo
+	echo "| clients | sync p50 | felix p50 | ratio felix/sync | target ≤ 2.0 (1 client) | sync avg | felix avg |"
+	echo "| ---: | ---: | ---: | ---: | --- | ---: | ---: |"
+	for c in "${CLIENTS[@]}"; do
+		ps=$(mean_of P50_SUM "sync-c$c"); pf=$(mean_of P50_SUM "felix-c$c")
+		as=$(mean_of LAT_SUM "sync-c$c"); af=$(mean_of LAT_SUM "felix-c$c")
+		rr=$(ratio "$pf" "$ps")
+		tgt=""; [[ $c == 1 ]] && tgt=$(mark_le "$rr" 2.0)
+		echo "| $c | ${ps:-error} | ${pf:-error} | $rr | $tgt | ${as:-?} | ${af:-?} |"
+	done
+	echo
+	echo "### Failover time (kill -9 of the leader to the first publish acknowledged by the new leader)"
+	echo
+	echo "Default felix settings (lease_duration 1 s, lease_margin 200 ms, heartbeat_interval 200 ms, node_expiry 1 s). Each round: a fresh quorum stream led by node2 or node3, 4 pgbench clients publishing on the leader for 2 s, then every process of the leader killed with SIGKILL at once; probe sessions on the two other nodes publish every 20 ms until one is acknowledged. The killed node is restarted before the next round."
+	echo
+	echo "| rounds | times (s) | median (s) | target ≤ 3 s |"
+	echo "| ---: | --- | ---: | --- |"
+	echo "| ${#FAILOVER_TIMES[@]} of $FAILOVERS | ${FAILOVER_TIMES[*]:-none} | ${FAILOVER_MEDIAN:-n/a} | $(mark_le "${FAILOVER_MEDIAN:-}" 3.0) |"
+	echo
+	for n in "${FAILOVER_NOTES[@]}"; do echo "- $n"; done
+	echo
+	echo "## Diagnostics"
+	echo
+	echo "### felix_metrics on each node at the end of the run"
+	echo
+	echo "| name | node1 | node2 | node3 |"
+	echo "| --- | ---: | ---: | ---: |"
+	q "${FPORTS[0]}" -c "SELECT name FROM felix_metrics ORDER BY name" | while read -r m; do
+		row="| $m"
+		for p in "${FPORTS[@]}"; do row="$row | $(q "$p" -c "SELECT round(value::numeric, 2) FROM felix_metrics WHERE name = '$m'" 2>/dev/null || echo '?')"; done
+		echo "$row |"
+	done
+	echo
+	echo "### Sanity checks"
+	echo
+	if (( ${#SANITY[@]} == 0 )); then
+		echo "All passed: every pgbench transaction is one row in the heap table / one record in the felix shard (next_seq), and every failover round served a publish on a new leader."
+	else
+		for s in "${SANITY[@]}"; do echo "- **FAILED**: $s"; done
+		echo
+		echo "First distinct ERROR/FATAL/PANIC lines of the felix servers' logs:"
+		echo
+		echo '```'
+		cat "$WORK"/server-f*.log | grep -E 'ERROR|FATAL|PANIC|TRAP|terminated by signal' | sed -E 's/^[0-9-]+ [0-9:.]+ [A-Z]+ \[[0-9]+\] //' | awk '!seen[$0]++' | head -20
+		echo '```'
+	fi
+	echo
+} >"$WORK/final.md"
+
+cat "$WORK/final.md"
+if cp "$WORK/final.md" "$RESULT_FILE" 2>/dev/null; then
+	log "results written to $RESULT_FILE"
+else
+	log "could not write $RESULT_FILE (read-only checkout?); results are above"
+fi

@@ -1,0 +1,96 @@
+# A node that never held a shard is never promoted.  Four nodes; a
+# replication factor 2 stream whose replica set is {node2, node3}
+# (node1 hosts the control plane, node4 is alive and has the stream's
+# table but no copy of the shard).  Kill -9 both replicas: the lease
+# lapses, nobody qualifies, and the shard stays unplaced -- the control
+# plane keeps generation G and says why (felix_shards on node1 and node4
+# show the reason), node1 and node4 refuse writes, and no node leads at
+# G+1.  When the last leader comes back it gets the shard at G+1.
+use strict;
+use warnings;
+
+use FindBin;
+use lib $FindBin::RealBin;
+use FelixTest;
+use FelixCluster;
+
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time usleep);
+
+my $c = FelixCluster->new(nodes => 4);
+my ($stream, @set) = $c->pick_stream_name('unplaced', 2,
+	sub { join(',', sort @_) eq 'node2,node3' });
+note("stream $stream: replica set @set");
+$c->create_stream(1, $stream, replication_factor => 2, consistency => 'quorum');
+my ($leader, $g) = $c->wait_leader($stream, 0);
+is($leader->{felix_name}, $set[0], "$set[0] leads at generation $g");
+my $follower = $c->node($set[1]);
+is($c->cp->safe_psql('postgres',
+	"SELECT replicas::text FROM felix.assignments WHERE stream = '$stream' AND shard = 0"),
+	"{$set[0],$set[1]}", 'the replica set excludes node1 and node4');
+
+$leader->safe_psql('postgres',
+	"SELECT felix_publish('$stream', jsonb_build_object('i', i), shard => 0) FROM generate_series(1, 20) i");
+my $caught = FelixCluster::poll(10, sub {
+	$c->shard_row($follower, $stream, 0)->{next_seq} == 20;
+}, 0.1);
+ok(defined $caught, "$set[1] holds the 20 records");
+
+my $t_kill = time;
+$c->kill_node($leader);
+$c->kill_node($follower);
+note('killed both replicas');
+
+# The control plane notices the lapsed lease and finds nobody to promote.
+my $reason = '';
+my $took = FelixCluster::poll(15, sub {
+	$reason = $c->cp->safe_psql('postgres',
+		"SELECT coalesce(unplaced_reason, '') FROM felix.assignments WHERE stream = '$stream' AND shard = 0");
+	return $reason ne '';
+}, 0.1);
+ok(defined $took, 'the control plane marks the shard unplaced');
+note(sprintf('unplaced %.2f s after the kill: %s', time - $t_kill, $reason));
+
+# Watch for a while longer: the generation never moves, nobody leads.
+usleep(3_000_000);
+my $cp = $c->cp->safe_psql('postgres',
+	"SELECT generation || ' ' || leader FROM felix.assignments WHERE stream = '$stream' AND shard = 0");
+is($cp, "$g $set[0]", "the control plane keeps generation $g and names the last leader");
+for my $k (1, 4)
+{
+	my $node = $c->node($k);
+	my $r;
+	my $seen = FelixCluster::poll(5, sub {
+		$r = $c->shard_row($node, $stream, 0);
+		return $r->{unplaced_reason} ne '';
+	}, 0.1);
+	ok(defined $seen, "felix_shards on node$k says the shard is unplaced")
+	  or diag("node$k: " . join(' ', map { "$_=$r->{$_}" } sort keys %$r));
+	note("node$k felix_shards unplaced_reason: $r->{unplaced_reason}");
+	like($r->{unplaced_reason}, qr/\S{3,}.*\S{3,}/, "node$k: the reason is a sentence");
+	is($r->{generation}, $g, "node$k: generation $g");
+	isnt($r->{role}, 'leader', "node$k does not lead the shard");
+	my ($rc, $err) = psql_error($node,
+		"SELECT felix_publish('$stream', '{\"x\": 1}'::jsonb, shard => 0)");
+	like($err, qr/ERROR:\s+55F0[23]:/, "node$k refuses a publish (55F02/55F03)");
+}
+is($c->metric_of(4, 'promotions'), 0, 'node4 was never promoted');
+
+# The last leader comes back: it holds every record, so it gets G+1.
+$c->start_node($leader);
+my ($who, $g2);
+eval { ($who, $g2) = $c->wait_leader($stream, 0, min_generation => $g + 1, timeout => 30); 1 }
+  or do { diag($@); $c->diag_shard($stream, 0); };
+is(defined $who ? $who->{felix_name} : 'nobody', $set[0], "$set[0] leads again once it is back");
+is($g2, $g + 1, 'at G+1') if defined $who;
+if (defined $who)
+{
+	my $r = $c->shard_row($who, $stream, 0);
+	is($r->{next_seq}, 20, 'with its 20 records');
+	my $n = $who->safe_psql('postgres', "SELECT count(*) FROM \"$stream\" WHERE shard = 0");
+	note("$set[0] serves $n of them to readers while its follower is down (hwm '$r->{hwm}')");
+}
+
+$c->teardown;
+done_testing();

@@ -1,0 +1,111 @@
+# Clients and privileges.
+#
+# - A publish on a node that does not lead the shard fails with 55F02 and
+#   the hint names the leader and its conninfo -- on each follower, and on
+#   the node that created the stream right after felix_create_stream
+#   returned (it must not take writes for a shard another node leads).
+# - felix's internal functions (felix.replicate, felix.cp_*, ...) and the
+#   control-plane tables are refused (42501) to an ordinary role, and the
+#   felix_replication role may call the cp_* entry points.
+use strict;
+use warnings;
+
+use FindBin;
+use lib $FindBin::RealBin;
+use FelixTest;
+use FelixCluster;
+
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my $c = FelixCluster->new(nodes => 3);
+
+# Created through node1, led by another node.
+my ($stream, @set) = $c->pick_stream_name('hints', 3, sub { $_[0] ne 'node1' });
+my $lnode = $c->node($set[0]);
+$c->cp->safe_psql('postgres',
+	"SELECT felix_create_stream('$stream', replication_factor => 3, consistency => 'quorum')");
+my ($rc, $err) = psql_error($c->cp,
+	"SELECT felix_publish('$stream', '{\"early\": 1}'::jsonb, shard => 0)");
+isnt($rc, 0, "node1 refuses a publish right after creating a stream that $set[0] leads");
+like($err, qr/ERROR:\s+55F0[23]:/, 'with 55F02 (or 55F03)');
+
+my ($leader, $g) = $c->wait_leader($stream, 0);
+is($leader->{felix_name}, $set[0], "$set[0] leads");
+my $conninfo = $c->conninfo($leader);
+for my $f (grep { $_ != $leader } $c->nodes)
+{
+	my $fname = $f->{felix_name};
+	my ($rc2, $err2) = psql_error($f,
+		"SELECT felix_publish('$stream', '{\"x\": 1}'::jsonb, shard => 0)");
+	isnt($rc2, 0, "publishing on follower $fname fails");
+	like($err2, qr/ERROR:\s+55F02:/, "$fname: SQLSTATE 55F02");
+	like($err2, qr/ERROR:.*\Q$stream\E/, "$fname: the message names the stream");
+	my ($hint) = $err2 =~ /HINT:\s+(.*)/;
+	$hint //= '';
+	note("$fname hint: $hint");
+	like($hint, qr/\b\Q$set[0]\E\b/, "$fname: the hint names the leader $set[0]");
+	# The conninfo's keywords in any order (the node may normalise it).
+	my %want = map { split /=/, $_, 2 } split / /, $conninfo;
+	my ($given) = $hint =~ /\(([^()]*=[^()]*)\)/;
+	my %got = map { split /=/, $_, 2 } split / /, $given // '';
+	is(join(' ', map { "$_=" . ($got{$_} // '') } sort keys %want),
+		join(' ', map { "$_=$want{$_}" } sort keys %want),
+		"$fname: the hint gives the leader's conninfo");
+
+	# Batch and INSERT paths say the same.
+	my ($rc3, $err3) = psql_error($f,
+		"INSERT INTO \"$stream\" (shard, payload) VALUES (0, '{\"y\": 1}')");
+	like($err3, qr/ERROR:\s+55F02:/, "$fname: INSERT is refused with 55F02 too");
+	like($err3, qr/HINT:.*\Q$set[0]\E/, "$fname: and its hint names the leader");
+}
+my $ok = $leader->safe_psql('postgres',
+	"SELECT (felix_publish('$stream', '{\"x\": 1}'::jsonb, shard => 0)).seq");
+like($ok, qr/^\d+$/, 'the leader takes the publish');
+
+# Privileges, on every node (node1's control-plane functions matter most).
+for my $node ($c->nodes)
+{
+	my $name = $node->{felix_name};
+	$node->safe_psql('postgres', 'CREATE ROLE mallory LOGIN');
+	my @calls = (
+		"felix.replicate('$stream', 0, 99, 0, 0, ''::bytea)",
+		"felix.cp_heartbeat('mallory', 'host=/nowhere')",
+		"felix.cp_tick()",
+		"felix.cp_report('$set[0]', '[]'::jsonb)",
+		"felix.cp_create_stream('evil', 1, 1, 'leader', 'jsonb', 'local', NULL, NULL)",
+		"felix.cp_drop_stream('$stream')",
+		"felix.cp_nodes()",
+		"felix.truncate_after('$stream', 0, 0)",
+	);
+	for my $call (@calls)
+	{
+		my ($out, $e) = ('', '');
+		$node->psql('postgres', "\\set VERBOSITY verbose\nSELECT * FROM $call",
+			stdout => \$out, stderr => \$e,
+			extra_params => [ '-U', 'mallory' ]);
+		(my $fn = $call) =~ s/\(.*//;
+		like($e, qr/ERROR:\s+42501:/, "$name: $fn is refused to an ordinary role (42501)");
+	}
+	for my $table (qw(felix.assignments felix.nodes felix.replica_reports felix.cluster_streams))
+	{
+		my ($out, $e) = ('', '');
+		$node->psql('postgres', "\\set VERBOSITY verbose\nSELECT count(*) FROM $table",
+			stdout => \$out, stderr => \$e, extra_params => [ '-U', 'mallory' ]);
+		like($e, qr/ERROR:\s+42501:/, "$name: $table is not readable by an ordinary role");
+	}
+}
+
+# The replication role may call the entry points (here: cp_nodes on node1).
+my $n = $c->cp->safe_psql('postgres', 'SELECT count(*) FROM felix.cp_nodes()',
+	extra_params => [ '-U', 'felix_replication' ]);
+is($n, 3, 'felix_replication may call felix.cp_nodes()');
+# Nothing of mallory's attempts changed the control plane.
+is($c->cp->safe_psql('postgres',
+	"SELECT count(*) FROM felix.cluster_streams WHERE name IN ('evil', '$stream')"),
+	1, 'the control plane has the stream and no "evil" one');
+is($c->cp->safe_psql('postgres', "SELECT count(*) FROM felix.nodes WHERE name = 'mallory'"),
+	0, 'no node "mallory" was registered');
+
+$c->teardown;
+done_testing();

@@ -1,0 +1,655 @@
+# FelixCluster: a felix cluster of N PostgreSQL nodes on this machine for
+# the replication TAP tests (test/t/1xx_*.pl).
+#
+# node1 hosts the control plane (felix.control_conninfo = '', the embedded
+# default); nodes 2..N point felix.control_conninfo at node1.  Every node
+# is named nodeK and tells its peers to reach it as the felix_replication
+# role over its Unix socket.  The helpers create streams, find leaders,
+# run publishers in background psql sessions that log every acknowledged
+# record, read shards, compare segment bytes across nodes, and provoke
+# failures: kill -9 (FelixTest::crash_node, which copes with a PID 1 that
+# does not reap zombies), SIGSTOP/SIGCONT of a postmaster and all its
+# children, and a clean stop/start.  Every wait is bounded; a helper that
+# times out dies with what it last saw.
+package FelixCluster;
+
+use strict;
+use warnings;
+
+use FindBin;
+use lib $FindBin::RealBin;
+use FelixTest;
+
+use IPC::Run;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(usleep time);
+
+# Every cluster made in this process, so the END block can wake paused
+# nodes before PostgreSQL::Test::Cluster's own END stops them (a stopped
+# postmaster cannot act on pg_ctl's signal).
+my @clusters;
+
+# FelixCluster->new(nodes => 3, conf => [lines for every node],
+#                   node_conf => {K => [lines for nodeK]}, prefix => 'c')
+# Starts the nodes, creates the extension on node1 and then on the others,
+# and waits until node1's felix_nodes shows every node alive.
+sub new
+{
+	my ($class, %opt) = @_;
+	my $n      = $opt{nodes} // 3;
+	my $prefix = $opt{prefix} // 'node';
+	my $self   = bless {
+		n       => $n,
+		nodes   => [],
+		by_name => {},
+		state   => {},    # name -> up | down | paused
+	}, $class;
+	push @clusters, $self;
+
+	my @pg;
+	for my $k (1 .. $n)
+	{
+		push @pg, PostgreSQL::Test::Cluster->new("${prefix}$k");
+	}
+	my $cp_conninfo = _conninfo($pg[0]);
+	for my $k (1 .. $n)
+	{
+		my $node = $pg[ $k - 1 ];
+		my $name = "node$k";
+		$node->init;
+		$node->append_conf(
+			'postgresql.conf',
+			join("\n",
+				"shared_preload_libraries = 'felix'",
+				"felix.database = 'postgres'",
+				"felix.node_name = '$name'",
+				"felix.node_conninfo = '" . _conninfo($node) . "'",
+				"felix.control_conninfo = '"
+				  . ($k == 1 ? '' : $cp_conninfo) . "'",
+				"lc_messages = 'C'",
+				"max_connections = 40",
+				"log_min_messages = info",
+				@{ $opt{conf} // [] },
+				@{ $opt{node_conf}{$k} // [] })
+			  . "\n");
+		$self->{nodes}[ $k - 1 ] = $node;
+		$self->{by_name}{$name} = $node;
+		$node->{felix_name} = $name;
+	}
+	for my $k (1 .. $n)
+	{
+		my $node = $pg[ $k - 1 ];
+		$node->start;
+		$self->{state}{"node$k"} = 'up';
+		$node->safe_psql('postgres', 'CREATE EXTENSION felix') if $k == 1;
+	}
+	$pg[$_]->safe_psql('postgres', 'CREATE EXTENSION felix') for 1 .. $n - 1;
+	$self->wait_alive([ map { "node$_" } 1 .. $n ], 60);
+	return $self;
+}
+
+# host=<socket dir> port=<port> dbname=postgres user=felix_replication
+sub _conninfo
+{
+	my ($node) = @_;
+	return
+	    'host=' . $node->host
+	  . ' port=' . $node->port
+	  . ' dbname=postgres user=felix_replication';
+}
+
+sub conninfo { my ($self, $node) = @_; return _conninfo($self->node($node)); }
+
+# node(1), node('node1') or a node object -> the PostgreSQL::Test::Cluster.
+sub node
+{
+	my ($self, $k) = @_;
+	return $k if ref $k;
+	return $self->{by_name}{$k} // die "no node $k" if $k =~ /\D/;
+	return $self->{nodes}[ $k - 1 ] // die "no node $k";
+}
+
+sub nodes { my ($self) = @_; return @{ $self->{nodes} }; }
+sub name_of { my ($self, $k) = @_; return $self->node($k)->{felix_name}; }
+sub cp { my ($self) = @_; return $self->{nodes}[0]; }
+
+# Nodes that can answer queries (not stopped, not paused).
+sub up_nodes
+{
+	my ($self) = @_;
+	return grep { $self->{state}{ $_->{felix_name} } eq 'up' } $self->nodes;
+}
+
+# Poll $code (returns true when done) every $step seconds for at most
+# $secs seconds; returns the seconds it took, or undef on time-out.
+sub poll
+{
+	my ($secs, $code, $step) = @_;
+	$step //= 0.05;
+	my $t0 = time;
+	while (1)
+	{
+		my $ok = eval { $code->() };
+		return time - $t0 if $ok;
+		return undef if time - $t0 > $secs;
+		usleep($step * 1e6);
+	}
+}
+
+# A query that returns undef instead of dying when the node refuses or
+# does not answer within $timeout seconds.
+sub try_psql
+{
+	my ($self, $k, $sql, $timeout) = @_;
+	my $node = $self->node($k);
+	my ($out, $err) = ('', '');
+	my $rc = eval {
+		$node->psql(
+			'postgres', $sql,
+			stdout  => \$out,
+			stderr  => \$err,
+			timeout => $timeout // 10,
+			extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+	};
+	return undef if !defined $rc || $rc != 0;
+	return $out;
+}
+
+# Wait until node1's felix_nodes shows every named node alive.
+sub wait_alive
+{
+	my ($self, $names, $secs) = @_;
+	my $want = join(',', sort @$names);
+	my $seen = '';
+	my $took = poll(
+		$secs // 30,
+		sub {
+			$seen = $self->cp->safe_psql('postgres',
+				"SELECT string_agg(name, ',' ORDER BY name) FROM felix_nodes WHERE alive",
+				timeout => 10);
+			my %alive = map { $_ => 1 } split /,/, $seen;
+			return !grep { !$alive{$_} } @$names;
+		},
+		0.1);
+	die "nodes $want not all alive in felix_nodes on node1 (alive: $seen)"
+	  unless defined $took;
+	return $took;
+}
+
+# Replica set (ranked, leader first) that the control plane would give
+# shard $shard of a stream called $stream with these alive nodes: the
+# same score and tie order as felix.cp_create_stream.
+sub placement
+{
+	my ($self, $stream, $shard, $rf, @alive) = @_;
+	@alive = map { $self->name_of($_) } $self->nodes unless @alive;
+	my $list = join(',', map { "'$_'" } @alive);
+	my $r = $self->cp->safe_psql('postgres',
+		    "SELECT string_agg(n, ',' ORDER BY felix.cp_score(n, '$stream', $shard) DESC, n COLLATE \"C\") "
+		  . "FROM unnest(ARRAY[$list]) n");
+	my @ranked = split /,/, $r;
+	return @ranked[ 0 .. $rf - 1 ];
+}
+
+# The first name "$prefix", "${prefix}_1", ... whose shard-0 replica set
+# (leader first) satisfies $want->(@replicas).
+sub pick_stream_name
+{
+	my ($self, $prefix, $rf, $want, @alive) = @_;
+	for my $i (0 .. 199)
+	{
+		my $name = $i ? "${prefix}_$i" : $prefix;
+		my @set = $self->placement($name, 0, $rf, @alive);
+		return ($name, @set) if $want->(@set);
+	}
+	die "no stream name with prefix $prefix gives the wanted placement";
+}
+
+# Create a stream through node $k; waits until every up node lists it in
+# felix_shards (the heartbeat creates it there).  Returns the stream name.
+sub create_stream
+{
+	my ($self, $k, $name, %args) = @_;
+	my $extra = join('', map { ", $_ => " . _lit($args{$_}) } sort keys %args);
+	$self->node($k)->safe_psql('postgres',
+		"SELECT felix_create_stream('$name'$extra)");
+	my $shards = $args{shards} // 1;
+	for my $node ($self->up_nodes)
+	{
+		my $got;
+		my $took = poll(
+			30,
+			sub {
+				$got = $node->safe_psql('postgres',
+					"SELECT count(*) FROM felix_shards WHERE stream = '$name'");
+				return $got == $shards;
+			},
+			0.1);
+		die "stream $name: $node->{felix_name} lists $got of $shards shards after 30 s"
+		  unless defined $took;
+	}
+	return $name;
+}
+
+sub _lit
+{
+	my ($v) = @_;
+	return $v =~ /^-?\d+$/ ? $v : "'$v'";
+}
+
+# felix_shards row of (stream, shard) as node $k sees it: a hash of
+# role, generation, start_seq, next_seq, hwm, leader, replicas,
+# lease_remaining_ms, unplaced_reason, state, error.  undef if the node
+# does not answer.
+sub shard_row
+{
+	my ($self, $k, $stream, $shard) = @_;
+	my @cols = qw(role generation start_seq next_seq hwm leader replicas
+	  lease_remaining_ms unplaced_reason state error);
+	my $out = $self->try_psql($k,
+		    "SELECT "
+		  . join(", ", map { "coalesce($_\::text, '')" } @cols)
+		  . " FROM felix_shards WHERE stream = '$stream' AND shard = $shard",
+		5);
+	return undef unless defined $out && $out ne '';
+	my @v = split /\|/, $out, -1;
+	my %h;
+	@h{@cols} = @v;
+	return \%h;
+}
+
+# Leader name and generation of (stream, shard) as node $k's felix_shards
+# says (default node1).
+sub leader_of
+{
+	my ($self, $stream, $shard, $k) = @_;
+	my $r = $self->shard_row($k // 1, $stream, $shard) or return;
+	return ($r->{leader}, $r->{generation});
+}
+
+# Wait until some up node leads (stream, shard) with a live lease at a
+# generation >= $opt{min_generation}; returns (node, generation).
+sub wait_leader
+{
+	my ($self, $stream, $shard, %opt) = @_;
+	my $min = $opt{min_generation} // 1;
+	my ($who, $gen, $last);
+	my $took = poll(
+		$opt{timeout} // 30,
+		sub {
+			$last = '';
+			for my $node ($self->up_nodes)
+			{
+				my $r = $self->shard_row($node, $stream, $shard) or next;
+				$last .= "$node->{felix_name}: $r->{role} g$r->{generation} lease $r->{lease_remaining_ms}; ";
+				next
+				  unless $r->{role} eq 'leader'
+				  && $r->{leader} eq $node->{felix_name}
+				  && $r->{generation} >= $min
+				  && ($r->{lease_remaining_ms} || 0) > 0;
+				($who, $gen) = ($node, $r->{generation});
+				return 1;
+			}
+			return 0;
+		},
+		0.05);
+	die "no node leads $stream/$shard with a live lease at generation >= $min "
+	  . "within $opt{timeout}s ($last)"
+	  unless defined $took;
+	return ($who, $gen);
+}
+
+# diag() what every up node and the control plane know about (stream,
+# shard): felix_shards rows, the assignment, the replica reports and the
+# leader's felix_replication rows.
+sub diag_shard
+{
+	my ($self, $stream, $shard) = @_;
+	for my $node ($self->up_nodes)
+	{
+		my $r = $self->shard_row($node, $stream, $shard);
+		if (!$r) { diag("$node->{felix_name}: no answer"); next; }
+		diag("$node->{felix_name} felix_shards: role $r->{role} g$r->{generation} leader $r->{leader} "
+			  . "next_seq $r->{next_seq} hwm $r->{hwm} lease_ms '$r->{lease_remaining_ms}' "
+			  . "state $r->{state} unplaced '$r->{unplaced_reason}' $r->{error}");
+		my $rep = $self->try_psql($node,
+			"SELECT string_agg(format('%s g%s acked %s lag %s %s err %s', follower, generation, acked_seq, lag_records, state, last_error), '; ') "
+			  . "FROM felix_replication WHERE stream = '$stream' AND shard = $shard", 5);
+		diag("$node->{felix_name} felix_replication: $rep") if defined $rep && $rep ne '';
+	}
+	if ($self->{state}{node1} eq 'up')
+	{
+		diag('control plane assignment: '
+			  . ($self->try_psql(1,
+				"SELECT format('g%s leader %s replicas %s lease_granted_at %s assigned_at %s unplaced %s', generation, leader, replicas, lease_granted_at, assigned_at, unplaced_reason) "
+				  . "FROM felix.assignments WHERE stream = '$stream' AND shard = $shard", 5) // 'no answer'));
+		diag('control plane reports: '
+			  . ($self->try_psql(1,
+				"SELECT string_agg(format('%s by %s g%s acked_end %s caught_up %s at %s', follower, leader, generation, acked_end, caught_up, reported_at), '; ') "
+				  . "FROM felix.replica_reports WHERE stream = '$stream' AND shard = $shard", 5) // 'no answer'));
+		diag('control plane now: ' . ($self->try_psql(1, 'SELECT clock_timestamp()', 5) // ''));
+	}
+	return;
+}
+
+# The SQL a background publisher runs: up to $count records on one shard
+# (or routed by key when shard is undef), stopping after $seconds.  Each
+# acknowledged record is logged as
+#   NOTICE: ack <w> <i> <shard> <seq> <epoch returned> <epoch called>
+# and, with catch => 1, each refused one as
+#   NOTICE: err <w> <i> <sqlstate> <epoch refused> <epoch called> <message>
+# after which the loop sleeps $err_sleep and goes on; without catch the
+# first error ends the session (psql prints it with its SQLSTATE).
+sub publisher_sql
+{
+	my (%o) = @_;
+	my $payload = "jsonb_build_object('tag', '$o{tag}', 'w', $o{w}, 'i', i)";
+	my $route =
+	  defined $o{shard} ? "shard => $o{shard}" : "key => '$o{tag}-$o{w}-' || i";
+	my $publish = qq{ts := extract(epoch FROM clock_timestamp());
+				p := felix_publish('$o{stream}', $payload, $route);
+				RAISE NOTICE 'ack % % % % % %', $o{w}, i, p.shard, p.seq,
+					extract(epoch FROM clock_timestamp()), ts;};
+	my $body =
+	  $o{catch}
+	  ? qq{BEGIN
+				$publish
+			EXCEPTION WHEN OTHERS THEN
+				RAISE NOTICE 'err % % % % % %', $o{w}, i, SQLSTATE,
+					extract(epoch FROM clock_timestamp()), ts, SQLERRM;
+				PERFORM pg_sleep($o{err_sleep});
+			END;}
+	  : $publish;
+	return qq{$o{settings}
+	DO \$\$ DECLARE p felix_position; ts numeric; t0 timestamptz := clock_timestamp(); BEGIN
+		FOR i IN 1..$o{count} LOOP
+			EXIT WHEN clock_timestamp() > t0 + interval '$o{seconds} seconds';
+			$body
+			$o{pause}
+		END LOOP; END \$\$;};
+}
+
+# Start $opt{sessions} psql sessions publishing on node $opt{node}.
+# Options: stream, shard (undef: by key), sessions (4), count (100000),
+# seconds (60), catch (0), err_sleep (0.05), tag, settings (SQL run
+# first, e.g. SET felix.quorum_timeout = '2s'), sleep (seconds between
+# publishes).  Returns a handle for acks/errors/stop_publishers.
+sub start_publishers
+{
+	my ($self, %opt) = @_;
+	my $node = $self->node($opt{node});
+	my $tag  = $opt{tag} // 'p';
+	my $pub  = { tag => $tag, files => [], handles => [] };
+	for my $w (1 .. ($opt{sessions} // 4))
+	{
+		my $file = "$PostgreSQL::Test::Utils::tmp_check/pub_${tag}_w$w.txt";
+		unlink $file;
+		push @{ $pub->{files} }, $file;
+		my $sql = publisher_sql(
+			stream    => $opt{stream},
+			shard     => $opt{shard},
+			w         => $w,
+			tag       => $tag,
+			count     => $opt{count} // 100000,
+			seconds   => $opt{seconds} // 60,
+			catch     => $opt{catch} // 0,
+			err_sleep => $opt{err_sleep} // 0.05,
+			settings  => $opt{settings} // '',
+			pause     => $opt{sleep} ? "PERFORM pg_sleep($opt{sleep});" : '');
+		push @{ $pub->{handles} },
+		  IPC::Run::start(
+			[
+				'psql', '-X', '-q', '-v', 'VERBOSITY=verbose',
+				'-h', $node->host, '-p', $node->port, '-d', 'postgres',
+				'-c', $sql
+			],
+			'<', \undef, '>', '/dev/null', '2>', $file,
+			IPC::Run::timeout(($opt{seconds} // 60) + 120));
+	}
+	return $pub;
+}
+
+# Acknowledged records so far: hashes w, i, shard, seq, t (epoch when
+# the publish returned), t_start (when it was called), payload.
+sub acks
+{
+	my ($self, $pub) = @_;
+	my @rows;
+	for my $f (@{ $pub->{files} })
+	{
+		next unless -e $f;
+		for my $line (split /\n/, read_file($f))
+		{
+			next
+			  unless $line =~
+			  /NOTICE:\s+(?:00000: )?ack (\d+) (\d+) (-?\d+) (-?\d+) ([\d.]+) ([\d.]+)/;
+			push @rows,
+			  {
+				w       => $1,
+				i       => $2,
+				shard   => $3,
+				seq     => $4,
+				t       => $5,
+				t_start => $6,
+				payload => qq({"i": $2, "w": $1, "tag": "$pub->{tag}"}),
+			  };
+		}
+	}
+	return @rows;
+}
+
+sub ack_count { my ($self, $pub) = @_; return scalar(my @a = $self->acks($pub)); }
+
+# Refusals so far: hashes w, i, sqlstate, t, t_start, message (catch mode), plus
+# the ERROR that ended a session outside catch mode (w, sqlstate, message).
+sub errors
+{
+	my ($self, $pub) = @_;
+	my @rows;
+	my $w = 0;
+	for my $f (@{ $pub->{files} })
+	{
+		$w++;
+		next unless -e $f;
+		for my $line (split /\n/, read_file($f))
+		{
+			if ($line =~ /NOTICE:\s+(?:00000: )?err (\d+) (\d+) (\w{5}) ([\d.]+) ([\d.]+) (.*)/)
+			{
+				push @rows,
+				  { w => $1, i => $2, sqlstate => $3, t => $4, t_start => $5, message => $6 };
+			}
+			elsif ($line =~ /ERROR:\s+(\w{5}): (.*)/)
+			{
+				push @rows, { w => $w, sqlstate => $1, message => $2, t => undef };
+			}
+			elsif ($line =~ /^psql: error: (.*)|server closed the connection|connection to server .* failed/)
+			{
+				push @rows, { w => $w, sqlstate => 'conn', message => $line, t => undef };
+			}
+		}
+	}
+	return @rows;
+}
+
+# Wait (bounded) for the sessions to end by themselves; kill the psql
+# clients still running after $secs.
+sub stop_publishers
+{
+	my ($self, $pub, $secs) = @_;
+	my $deadline = time + ($secs // 0);
+	for my $h (@{ $pub->{handles} })
+	{
+		while ($h->pumpable && time < $deadline) { usleep(50_000); eval { $h->pump_nb }; }
+		if ($h->pumpable) { eval { $h->kill_kill(grace => 1) }; }
+		eval { $h->finish; 1 };
+	}
+	return;
+}
+
+# Wait until the publishers together acknowledged at least $n records.
+sub wait_acks
+{
+	my ($self, $pub, $n, $secs) = @_;
+	my $took = poll($secs // 30, sub { $self->ack_count($pub) >= $n }, 0.05);
+	return defined $took;
+}
+
+# Records of (stream, shard) on node $k as text lines "seq|key|payload",
+# ordered by seq (a follower serves up to the hwm it knows).
+sub records
+{
+	my ($self, $k, $stream, $shard) = @_;
+	return $self->node($k)->safe_psql('postgres',
+		"SELECT seq, coalesce(key, ''), payload::text FROM \"$stream\" WHERE shard = $shard ORDER BY seq",
+		timeout => 60);
+}
+
+# The stored bytes of (stream, shard) on node $k: for every segment file,
+# its name and the bytes of its batches (after the 64-byte file header,
+# whose creation time is per node, up to the end of the last whole batch).
+sub segment_bytes
+{
+	my ($self, $k, $stream, $shard) = @_;
+	my $node = $self->node($k);
+	my $dir  = shard_dir($node, $stream, $shard);
+	my @out;
+	for my $f (segment_files($dir))
+	{
+		my $end = data_end($f);
+		my $data = read_file($f);
+		(my $base = $f) =~ s{.*/}{};
+		push @out, [ $base, substr($data, 64, $end - 64) ];
+	}
+	return @out;
+}
+
+# Generation of every record batch of (stream, shard) on node $k:
+# list of [base_seq, count, generation].
+sub batch_generations
+{
+	my ($self, $k, $stream, $shard) = @_;
+	my $dir = shard_dir($self->node($k), $stream, $shard);
+	return map {
+		my $f = $_;
+		map { [ $_->{base_seq}, $_->{count}, $_->{generation} ] } record_batches($f)
+	} segment_files($dir);
+}
+
+# A felix_metrics value on node $k; undef when felix_metrics has no such
+# row.
+sub metric_of
+{
+	my ($self, $k, $name) = @_;
+	my $v = $self->node($k)->safe_psql('postgres',
+		"SELECT value FROM felix_metrics WHERE name = '$name'");
+	return $v eq '' ? undef : $v;
+}
+
+# kill -9 every process of node $k at once (a machine that dies);
+# returns the epoch at which the signal was sent.
+sub kill_node
+{
+	my ($self, $k) = @_;
+	my $node = $self->node($k);
+	my $t = time;
+	crash_node($node, all => 1);
+	$self->{state}{ $node->{felix_name} } = 'down';
+	return $t;
+}
+
+sub _pids
+{
+	my ($node) = @_;
+	my $pidfile = $node->data_dir . '/postmaster.pid';
+	open my $fh, '<', $pidfile or die "open $pidfile: $!";
+	my $pm = <$fh>;
+	close $fh;
+	chomp $pm;
+	my @all = ($pm);
+	my @queue = ($pm);
+	while (@queue)
+	{
+		my $p = shift @queue;
+		my @kids = FelixTest::_children($p);
+		push @all, @kids;
+		push @queue, @kids;
+	}
+	return ($pm, @all[ 1 .. $#all ]);
+}
+
+# SIGSTOP the postmaster, then every process under it (it can fork no
+# new one while stopped); returns the epoch.
+sub pause_node
+{
+	my ($self, $k) = @_;
+	my $node = $self->node($k);
+	my ($pm) = _pids($node);
+	my $t = time;
+	kill 'STOP', $pm;
+	my (undef, @kids) = _pids($node);
+	kill 'STOP', @kids;
+	$self->{paused}{ $node->{felix_name} } = [ $pm, @kids ];
+	$self->{state}{ $node->{felix_name} } = 'paused';
+	return $t;
+}
+
+# SIGCONT the children, then the postmaster; returns the epoch.
+sub resume_node
+{
+	my ($self, $k) = @_;
+	my $node = $self->node($k);
+	my $pids = delete $self->{paused}{ $node->{felix_name} } or return;
+	my ($pm, @kids) = @$pids;
+	my $t = time;
+	kill 'CONT', @kids;
+	kill 'CONT', $pm;
+	$self->{state}{ $node->{felix_name} } = 'up';
+	return $t;
+}
+
+sub stop_node
+{
+	my ($self, $k, $mode) = @_;
+	my $node = $self->node($k);
+	$node->stop($mode // 'fast');
+	$self->{state}{ $node->{felix_name} } = 'down';
+	return time;
+}
+
+sub start_node
+{
+	my ($self, $k) = @_;
+	my $node = $self->node($k);
+	$node->start;
+	$self->{state}{ $node->{felix_name} } = 'up';
+	return time;
+}
+
+# Stop every node that is still up (paused ones are woken first).
+sub teardown
+{
+	my ($self) = @_;
+	$self->resume_node($_) for keys %{ $self->{paused} // {} };
+	for my $node ($self->nodes)
+	{
+		next unless $self->{state}{ $node->{felix_name} } eq 'up';
+		$node->stop('immediate', fail_ok => 1);
+		$self->{state}{ $node->{felix_name} } = 'down';
+	}
+	return;
+}
+
+END
+{
+	for my $c (@clusters)
+	{
+		for my $pids (values %{ $c->{paused} // {} })
+		{
+			kill 'CONT', @$pids;
+		}
+	}
+}
+
+1;
