@@ -8,6 +8,7 @@ OBJS = \
 	src/felix.o \
 	src/shmem.o \
 	src/metrics.o \
+	src/isolate.o \
 	src/storage/format.o \
 	src/storage/segment.o \
 	src/storage/index.o \

@@ -45,6 +45,7 @@
 #include "commands/vacuum.h"
 #include "executor/tuptable.h"
 #include "felix.h"
+#include "isolate.h"
 #include "miscadmin.h"
 #include "storage/log.h"
 #include "storage/shard.h"
@@ -707,6 +708,26 @@ sample_map_build(FelixScanDesc scan)
 	scan->sample = m;
 }
 
+static void
+sample_read_rows(void *arg)
+{
+	FelixScanDesc scan = arg;
+	SampleMap  *m = scan->sample;
+
+	while (felix_cursor_next(scan->cursor, m->read_slot))
+	{
+		MemoryContext old = MemoryContextSwitchTo(m->block_cxt);
+
+		if (m->nrows == m->cap)
+		{
+			m->cap *= 2;
+			m->rows = repalloc(m->rows, sizeof(HeapTuple) * m->cap);
+		}
+		m->rows[m->nrows++] = ExecCopySlotHeapTuple(m->read_slot);
+		MemoryContextSwitchTo(old);
+	}
+}
+
 /*
  * Read the current block's records into m->rows.  The read runs in a
  * subtransaction so that a damaged shard costs ANALYZE that shard's sample
@@ -717,64 +738,32 @@ static bool
 sample_read_block(FelixScanDesc scan, int shard)
 {
 	SampleMap  *m = scan->sample;
-	MemoryContext oldcxt = CurrentMemoryContext;
-	ResourceOwner oldowner = CurrentResourceOwner;
-	volatile bool ok = true;
+	ErrorData  *edata;
 
 	MemoryContextReset(m->block_cxt);
 	m->nrows = 0;
 	m->next_row = 0;
 
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(oldcxt);
-	PG_TRY();
-	{
-		while (felix_cursor_next(scan->cursor, m->read_slot))
-		{
-			MemoryContext old = MemoryContextSwitchTo(m->block_cxt);
+	edata = felix_run_isolated(sample_read_rows, scan);
+	if (edata == NULL)
+		return true;
 
-			if (m->nrows == m->cap)
-			{
-				m->cap *= 2;
-				m->rows = repalloc(m->rows, sizeof(HeapTuple) * m->cap);
-			}
-			m->rows[m->nrows++] = ExecCopySlotHeapTuple(m->read_slot);
-			MemoryContextSwitchTo(old);
-		}
-		ReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(oldcxt);
-		CurrentResourceOwner = oldowner;
-	}
-	PG_CATCH();
-	{
-		ErrorData  *edata;
+	if (edata->sqlerrcode != ERRCODE_DATA_CORRUPTED &&
+		ERRCODE_TO_CATEGORY(edata->sqlerrcode) != ERRCODE_SYSTEM_ERROR)
+		ReThrowError(edata);
 
-		MemoryContextSwitchTo(oldcxt);
-		edata = CopyErrorData();
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(oldcxt);
-		CurrentResourceOwner = oldowner;
-
-		if (edata->sqlerrcode != ERRCODE_DATA_CORRUPTED &&
-			ERRCODE_TO_CATEGORY(edata->sqlerrcode) != ERRCODE_SYSTEM_ERROR)
-			ReThrowError(edata);
-
-		/* the aborted subtransaction closed the reader's file */
-		cursor_forget_reader(scan->cursor);
-		m->skipped[shard] = true;
-		m->nrows = 0;
-		ok = false;
-		ereport(WARNING,
-				(errcode(edata->sqlerrcode),
-				 errmsg("%s", edata->message),
-				 edata->detail ? errdetail("%s", edata->detail) : 0,
-				 errhint("ANALYZE left shard %d out; the statistics of stream \"%s\" come from its other shards.",
-						 shard, scan->stream.name)));
-		FreeErrorData(edata);
-	}
-	PG_END_TRY();
-	return ok;
+	/* the aborted subtransaction closed the reader's file */
+	cursor_forget_reader(scan->cursor);
+	m->skipped[shard] = true;
+	m->nrows = 0;
+	ereport(WARNING,
+			(errcode(edata->sqlerrcode),
+			 errmsg("%s", edata->message),
+			 edata->detail ? errdetail("%s", edata->detail) : 0,
+			 errhint("ANALYZE left shard %d out; the statistics of stream \"%s\" come from its other shards.",
+					 shard, scan->stream.name)));
+	FreeErrorData(edata);
+	return false;
 }
 
 static bool

@@ -20,6 +20,7 @@
 #include "api/catalog.h"
 #include "executor/spi.h"
 #include "felix.h"
+#include "isolate.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "metrics.h"
@@ -40,6 +41,21 @@ typedef struct StreamRow
 	Oid			relid;
 } StreamRow;
 
+typedef struct OpenArgs
+{
+	const FelixStream *stream;
+	int			shard;
+	FelixShard *result;
+} OpenArgs;
+
+static void
+open_shard(void *arg)
+{
+	OpenArgs   *o = arg;
+
+	o->result = felix_stream_shard(o->stream, o->shard);
+}
+
 /*
  * Open the shard if it is not open yet, without letting an error escape:
  * a failure is caught in a subtransaction and its message returned.
@@ -47,34 +63,11 @@ typedef struct StreamRow
 static FelixShard *
 open_quietly(const FelixStream *stream, int shard, char **error)
 {
-	MemoryContext oldcxt = CurrentMemoryContext;
-	ResourceOwner oldowner = CurrentResourceOwner;
-	FelixShard *volatile s = NULL;
+	OpenArgs	o = {stream, shard, NULL};
+	ErrorData  *edata = felix_run_isolated(open_shard, &o);
 
-	*error = NULL;
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(oldcxt);
-	PG_TRY();
-	{
-		s = felix_stream_shard(stream, shard);
-		ReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(oldcxt);
-		CurrentResourceOwner = oldowner;
-	}
-	PG_CATCH();
-	{
-		ErrorData  *edata;
-
-		MemoryContextSwitchTo(oldcxt);
-		edata = CopyErrorData();
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(oldcxt);
-		CurrentResourceOwner = oldowner;
-		*error = edata->message;
-	}
-	PG_END_TRY();
-	return s;
+	*error = edata ? edata->message : NULL;
+	return o.result;
 }
 
 static const char *

@@ -48,6 +48,7 @@
 #include "catalog/pg_type.h"
 #include "control/nodes.h"
 #include "felix.h"
+#include "isolate.h"
 #include "libpq-fe.h"
 #include "metrics.h"
 #include "miscadmin.h"
@@ -1056,17 +1057,7 @@ close_everything(int64 now_ns)
 void
 felix_ship_worker_register(void)
 {
-	BackgroundWorker worker;
-
-	memset(&worker, 0, sizeof(worker));
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
-	worker.bgw_restart_time = 1;
-	strlcpy(worker.bgw_library_name, "felix", BGW_MAXLEN);
-	strlcpy(worker.bgw_function_name, "felix_ship_worker_main", BGW_MAXLEN);
-	strlcpy(worker.bgw_name, "felix ship", BGW_MAXLEN);
-	strlcpy(worker.bgw_type, "felix ship", BGW_MAXLEN);
-	RegisterBackgroundWorker(&worker);
+	felix_register_worker("felix_ship_worker_main", "felix ship", 1);
 }
 
 static void

@@ -64,6 +64,7 @@
 #include "control/nodes.h"
 #include "executor/spi.h"
 #include "felix.h"
+#include "isolate.h"
 #include "metrics.h"
 #include "miscadmin.h"
 #include "pgstat.h"
@@ -565,8 +566,9 @@ refuse_bad_row(const HbRow *r)
 
 /* Apply one assignment to its local shard (inside a subtransaction). */
 static void
-apply_row_guts(HbRow *r)
+apply_row_guts(void *arg)
 {
+	HbRow	   *r = arg;
 	const FelixStream *found;
 	FelixStream stream;
 	FelixConsistency consistency;
@@ -657,8 +659,10 @@ felix_heartbeat_apply_stream(const char *stream)
 
 /* Create a stream the control plane lists (inside a subtransaction). */
 static void
-create_stream_guts(HbRow *r)
+create_stream_guts(void *arg)
 {
+	HbRow	   *r = arg;
+
 	refuse_bad_row(r);
 	(void) row_consistency(r);
 	(void) felix_stream_create_local(r->stream, r->shards, r->replication_factor,
@@ -675,37 +679,18 @@ create_stream_guts(HbRow *r)
  * stream and shard) and rolled back, and the caller goes on.
  */
 static bool
-run_isolated(void (*fn) (HbRow *), HbRow *r, int key_shard, const char *what)
+run_isolated(void (*fn) (void *), HbRow *r, int key_shard, const char *what)
 {
-	MemoryContext oldcxt = CurrentMemoryContext;
-	ResourceOwner oldowner = CurrentResourceOwner;
-	volatile bool ok = true;
+	ErrorData  *edata = felix_run_isolated(fn, r);
 
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(oldcxt);
-	PG_TRY();
+	if (edata != NULL)
 	{
-		fn(r);
-		ReleaseCurrentSubTransaction();
-	}
-	PG_CATCH();
-	{
-		ErrorData  *edata;
-
-		MemoryContextSwitchTo(oldcxt);
-		edata = CopyErrorData();
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
 		report_row_error(r->stream, key_shard, edata, what);
 		FreeErrorData(edata);
-		ok = false;
+		return false;
 	}
-	PG_END_TRY();
-	MemoryContextSwitchTo(oldcxt);
-	CurrentResourceOwner = oldowner;
-	if (ok)
-		row_error_cleared(r->stream, key_shard);
-	return ok;
+	row_error_cleared(r->stream, key_shard);
+	return true;
 }
 
 static void
@@ -1018,17 +1003,7 @@ heartbeat_once(void)
 void
 felix_heartbeat_worker_register(void)
 {
-	BackgroundWorker worker;
-
-	memset(&worker, 0, sizeof(worker));
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
-	worker.bgw_restart_time = 1;
-	strlcpy(worker.bgw_library_name, "felix", BGW_MAXLEN);
-	strlcpy(worker.bgw_function_name, "felix_heartbeat_worker_main", BGW_MAXLEN);
-	strlcpy(worker.bgw_name, "felix heartbeat", BGW_MAXLEN);
-	strlcpy(worker.bgw_type, "felix heartbeat", BGW_MAXLEN);
-	RegisterBackgroundWorker(&worker);
+	felix_register_worker("felix_heartbeat_worker_main", "felix heartbeat", 1);
 }
 
 void

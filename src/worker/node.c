@@ -25,6 +25,7 @@
 #include "commands/extension.h"
 #include "executor/spi.h"
 #include "felix.h"
+#include "isolate.h"
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
@@ -47,50 +48,36 @@ PGDLLEXPORT void felix_node_worker_main(Datum arg);
 void
 felix_node_worker_register(void)
 {
-	BackgroundWorker worker;
+	felix_register_worker("felix_node_worker_main", "felix node", 10);
+}
 
-	memset(&worker, 0, sizeof(worker));
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
-	worker.bgw_restart_time = 10;
-	strlcpy(worker.bgw_library_name, "felix", BGW_MAXLEN);
-	strlcpy(worker.bgw_function_name, "felix_node_worker_main", BGW_MAXLEN);
-	strlcpy(worker.bgw_name, "felix node", BGW_MAXLEN);
-	strlcpy(worker.bgw_type, "felix node", BGW_MAXLEN);
-	RegisterBackgroundWorker(&worker);
+typedef struct TendArgs
+{
+	const FelixStream *stream;
+	int			shard;
+} TendArgs;
+
+static void
+tend_shard_guts(void *arg)
+{
+	TendArgs   *t = arg;
+
+	shard_trim(felix_stream_shard(t->stream, t->shard));
 }
 
 /* Open and trim one shard; errors are logged, not raised. */
 static void
 tend_shard(const FelixStream *stream, int shard)
 {
-	MemoryContext oldcxt = CurrentMemoryContext;
-	ResourceOwner oldowner = CurrentResourceOwner;
+	TendArgs	t = {stream, shard};
+	ErrorData  *edata = felix_run_isolated(tend_shard_guts, &t);
 
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(oldcxt);
-	PG_TRY();
+	if (edata != NULL)
 	{
-		FelixShard *s = felix_stream_shard(stream, shard);
-
-		shard_trim(s);
-		ReleaseCurrentSubTransaction();
-	}
-	PG_CATCH();
-	{
-		ErrorData  *edata;
-
-		MemoryContextSwitchTo(oldcxt);
-		edata = CopyErrorData();
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
 		edata->elevel = LOG;
 		ThrowErrorData(edata);
 		FreeErrorData(edata);
 	}
-	PG_END_TRY();
-	MemoryContextSwitchTo(oldcxt);
-	CurrentResourceOwner = oldowner;
 }
 
 /* One pass over every stream of the database. */

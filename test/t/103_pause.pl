@@ -46,6 +46,10 @@ for my $s ($sq, $sl)
 		seconds   => 90,
 		catch     => 1,
 		err_sleep => 0.05,
+		# Leader acknowledgement does not wait for the followers: paced,
+		# so they keep up and are reported caught up (a follower that is
+		# behind when the leader stops is rightly never promoted).
+		sleep     => $s eq $sl ? 0.005 : 0,
 		tag       => $s);
 }
 ok($c->wait_acks($pub{$sq}, 100, 30) && $c->wait_acks($pub{$sl}, 100, 30),
@@ -95,19 +99,34 @@ for my $s ($sq, $sl)
 		  . scalar(@late_tries) . " attempts ("
 		  . join(', ', map { "$_ x$codes{$_}" } sort keys %codes)
 		  . ") and acknowledged " . scalar(@late_acks));
-	cmp_ok(scalar(@late_tries) + scalar(@late_acks), '>', 0, "$s: the woken leader's sessions tried to publish");
-	is(scalar(@late_acks), 0, "$s: no publish started after SIGCONT was acknowledged");
-	ok(!(grep { $_ ne '55F02' && $_ ne '55F03' } keys %codes),
-		"$s: every refusal after SIGCONT is 55F02 or 55F03");
 
 	SKIP:
 	{
-		skip "$s: no G+1", 3 unless $grant{$s};
+		# Without a successor the control plane rightly gives G+1 back to
+		# the old leader once it is alive again, and its writes count.
+		skip "$s: G+1 was not granted to another node (see above)", 9 unless $grant{$s};
+
+		cmp_ok(scalar(@late_tries) + scalar(@late_acks), '>', 0, "$s: the woken leader's sessions tried to publish");
+		is(scalar(@late_acks), 0, "$s: no publish started after SIGCONT was acknowledged");
+		ok(!(grep { $_ ne '55F02' && $_ ne '55F03' } keys %codes),
+			"$s: every refusal after SIGCONT is 55F02 or 55F03");
+
 		my @after_grant = grep { $_->{t_start} >= $grant{$s} } @acks;
 		is(scalar(@after_grant), 0, "$s: no publish started after G+1 was granted was acknowledged");
 		my @in_flight = grep { $_->{t_start} < $grant{$s} && $_->{t} > $t_cont } @acks;
 		note("$s: " . scalar(@in_flight) . " publishes called before the pause returned success after SIGCONT")
 		  if @in_flight;
+
+		# The old leader ends up a follower at the new generation.
+		my $r;
+		my $took = FelixCluster::poll(10, sub {
+			$r = $c->shard_row($leader, $s, 0);
+			return $r && $r->{role} eq 'follower';
+		}, 0.1);
+		ok(defined $took, "$s: $lname is a follower again after waking")
+		  or diag("$s on $lname: role $r->{role} generation $r->{generation}");
+		my $g0 = $s eq $sq ? $g : $gl;
+		is($r->{generation}, $g0 + 1, "$s: $lname is at G+1");
 
 		# Quorum: everything it acknowledged is on the new leader, at G.
 		# (Leader acknowledgement promises no such thing: records not yet
@@ -119,7 +138,6 @@ for my $s ($sq, $sl)
 		{
 			$gen_of{$_} = $b->[2] for $b->[0] .. $b->[0] + $b->[1] - 1;
 		}
-		my $g0 = $s eq $sq ? $g : $gl;
 		my @not_g = grep { ($gen_of{ $_->{seq} } // -1) != $g0 } @acks;
 		is(scalar(@not_g), 0,
 			"$s: every record $lname acknowledged is stored on $nl->{felix_name} in a batch of generation $g0");
@@ -131,15 +149,6 @@ for my $s ($sq, $sl)
 		is(scalar(@missing), 0,
 			"$s: every record $lname acknowledged is readable on $nl->{felix_name} with its payload");
 	}
-
-	# The old leader ends up a follower at the new generation.
-	my $r;
-	my $took = FelixCluster::poll(10, sub {
-		$r = $c->shard_row($leader, $s, 0);
-		return $r && $r->{role} eq 'follower';
-	}, 0.1);
-	ok(defined $took, "$s: $lname is a follower again after waking")
-	  or diag("$s on $lname: role $r->{role} generation $r->{generation}");
 }
 note('lease_expiries on ' . $lname . ': ' . ($c->metric_of($leader, 'lease_expiries') // 'missing'));
 
