@@ -31,6 +31,10 @@
 # listens on 127.0.0.1:5497 and on a unix socket directory under
 # /tmp/felix-bench; it is stopped and the directory removed on exit.
 # Every loop is bounded and every wait has a timeout.
+#
+# Exit status: 0 when every point ran and every sanity check passed, 3 when a
+# point failed or a check did not hold (the report says which), 1 when the
+# server could not be set up, 2 on bad parameters.
 
 set -euo pipefail
 
@@ -69,7 +73,7 @@ RESULT_FILE=$SCRIPT_DIR/results-$STAMP$SUFFIX.md
 
 for arg in "$@"; do
 	case $arg in
-		-h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+		-h|--help) sed -n '2,38p' "$0"; exit 0 ;;
 		*) echo "run.sh: unknown argument '$arg' (parameters are environment variables; see --help)" >&2; exit 2 ;;
 	esac
 done
@@ -660,15 +664,18 @@ time_query_parallel() {
 }
 SCAN1_F="SELECT count(*) FROM (SELECT seq, payload FROM bench_read OFFSET 0) x"
 SCAN1_H="SELECT count(*) FROM (SELECT seq, payload FROM bench_heap_read OFFSET 0) x"
-SCAN2_F="SELECT count(*), sum(pg_column_size(payload)) FROM bench_read"
-SCAN2_H="SELECT count(*), sum(pg_column_size(payload)) FROM bench_heap_read"
-SCAN3_F="SELECT count(*), sum(length(payload::text)) FROM bench_read"
-SCAN3_H="SELECT count(*), sum(length(payload::text)) FROM bench_heap_read"
+declare -A SCAN_SQL=(
+	[f1]=$SCAN1_F
+	[h1]=$SCAN1_H
+	[f2]="SELECT count(*), sum(pg_column_size(payload)) FROM bench_read"
+	[h2]="SELECT count(*), sum(pg_column_size(payload)) FROM bench_heap_read"
+	[f3]="SELECT count(*), sum(length(payload::text)) FROM bench_read"
+	[h3]="SELECT count(*), sum(length(payload::text)) FROM bench_heap_read"
+)
 declare -A SCAN_MS
 for v in 1 2 3; do
-	fv=SCAN${v}_F; hv=SCAN${v}_H
-	SCAN_MS[h$v]=$(time_query "${!hv}")
-	SCAN_MS[f$v]=$(time_query "${!fv}")
+	SCAN_MS[h$v]=$(time_query "${SCAN_SQL[h$v]}")
+	SCAN_MS[f$v]=$(time_query "${SCAN_SQL[f$v]}")
 	log "  scan $v: heap ${SCAN_MS[h$v]:-?} ms, felix ${SCAN_MS[f$v]:-?} ms"
 done
 SCAN_MS[hpar]=$(time_query_parallel "$SCAN1_H")

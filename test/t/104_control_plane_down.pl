@@ -2,7 +2,8 @@
 # on another node publishes.  Writes go on until the leader's lease runs
 # out (no renewal can arrive), then every write is refused (55F03, or
 # 55F02); nothing is promoted meanwhile.  Once the control plane is back,
-# some node leads the shard at a newer generation and writes resume.
+# some node leads the shard at a newer generation and writes resume, with
+# every record the leader acknowledged (it was alive throughout).
 #
 # A stream with leader acknowledgement: a quorum stream would stop at
 # once, since its leader must report to the control plane before it
@@ -116,6 +117,16 @@ if (defined $new)
 	{
 		my $ok = $c->try_psql($new, "SELECT felix_publish('$stream', '{\"after\": 1}'::jsonb, shard => 0)");
 		ok(defined $ok, "the new leader $new->{felix_name} acknowledges a publish");
+		# The old leader was alive all along and holds every record it
+		# acknowledged; a control-plane outage must not hand the shard to
+		# a replica without them (docs/control-plane.md, cp_tick: "a
+		# leader that lost its lease to ... a control-plane outage comes
+		# back this way").
+		my $recs = $c->records($new, $stream, 0);
+		my %have = map { my ($seq, $k, $p) = split /\|/, $_, 3; ($seq => $p) } split /\n/, $recs;
+		my @lost = grep { ($have{ $_->{seq} } // '') ne $_->{payload} } $c->acks($pub);
+		is(scalar(@lost), 0, "every record $lname acknowledged is on the new leader $new->{felix_name}")
+		  or diag(scalar(@lost) . " acknowledged records missing on $new->{felix_name}, the first at seq $lost[0]{seq}");
 	}
 }
 $c->stop_publishers($pub, 0);
