@@ -49,7 +49,7 @@ int			felix_heartbeat_interval = 200;
 int			felix_lease_margin = 200;
 int			felix_lease_epsilon = 100;
 int			felix_quorum_timeout = 5000;
-int			felix_node_expiry = 1000;
+int			felix_node_expiry = 1500;
 
 bool		felix_preloaded = false;
 
@@ -142,7 +142,7 @@ define_gucs(void)
 	DefineCustomIntVariable("felix.node_expiry",
 							"A node whose last heartbeat is older than this is not alive.",
 							NULL,
-							&felix_node_expiry, 1000, 10, 3600000,
+							&felix_node_expiry, 1500, 10, 3600000,
 							PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
 	MarkGUCPrefixReserved("felix");
 }

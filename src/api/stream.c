@@ -27,6 +27,7 @@
 #include "access/htup_details.h"
 #include "utils/syscache.h"
 #include "catalog/namespace.h"
+#include "common/hashfn.h"
 #include "catalog/objectaccess.h"
 #include "commands/dbcommands.h"
 #include "commands/extension.h"
@@ -215,6 +216,7 @@ felix_create_stream(PG_FUNCTION_ARGS)
 	 * creates its table; the other nodes create theirs at their next
 	 * heartbeat.  A name taken here locally is refused before asking.
 	 */
+	felix_stream_lock_name(name, true);
 	felix_stream_check_name_free(name);
 	felix_cp_call_create_stream(name, shards, replication_factor, consistency,
 								payload_type, storage,
@@ -228,6 +230,24 @@ felix_create_stream(PG_FUNCTION_ARGS)
 									  PG_ARGISNULL(7) ? NULL : PG_GETARG_INTERVAL_P(7));
 	felix_heartbeat_apply_stream(name);
 	PG_RETURN_OID(relid);
+}
+
+/*
+ * A transaction-level lock on a stream name in this database: held by
+ * felix_create_stream from before it registers the stream at the control
+ * plane until it commits its table, and tried by the node agent before it
+ * creates a table for a stream it learned of, so the two never race to
+ * create the same table.
+ */
+bool
+felix_stream_lock_name(const char *name, bool wait)
+{
+	LOCKTAG		tag;
+	uint32		hash = hash_bytes((const unsigned char *) name, strlen(name));
+
+	/* An advisory tag in a field-4 space of felix's own ('FX'). */
+	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, hash, 0, 0x4658);
+	return LockAcquire(&tag, ExclusiveLock, false, !wait) != LOCKACQUIRE_NOT_AVAIL;
 }
 
 /* Refuse a name already taken by a stream or relation on this node. */

@@ -217,7 +217,7 @@ CREATE FUNCTION felix.cp_settings(
     SELECT coalesce((SELECT ms FROM s WHERE name = 'felix.lease_duration'), 1000),
            coalesce((SELECT ms FROM s WHERE name = 'felix.lease_margin'), 200),
            coalesce((SELECT ms FROM s WHERE name = 'felix.heartbeat_interval'), 200),
-           coalesce((SELECT ms FROM s WHERE name = 'felix.node_expiry'), 1000)
+           coalesce((SELECT ms FROM s WHERE name = 'felix.node_expiry'), 1500)
 $$;
 
 -- Placement score of a node for one shard: deterministic, so a replica set
@@ -684,12 +684,15 @@ BEGIN
         -- record of its generation, so it counts as furthest ahead.  Any
         -- other must be in the replica set, alive, and reported caught up
         -- (bound zero) by this generation's leader, in a report no older than
-        -- node_expiry + heartbeat_interval at the moment the lease lapsed:
-        -- after that the leader wrote nothing, so the report does not age
-        -- while the tick catches up.  (Measured from the lapse rather than
-        -- from the end of the margin, so a leader that died between a
-        -- renewal and the report following it is still covered by the
-        -- report before.)  A halted follower
+        -- node_expiry + heartbeat_interval now.  A leader-consistency leader
+        -- acknowledges without reporting, until its lease lapses; a report
+        -- that has aged past the window may predate writes it acknowledged
+        -- (a control plane that was down cannot tell), so it does not
+        -- qualify and the shard waits for its last leader to come back.
+        -- The defaults keep the window (1.7 s) longer than a lease plus the
+        -- margin plus a tick, so a report made at the last renewal of a
+        -- leader that died still qualifies at the first promotable tick.
+        -- A halted follower
         -- is never reported caught up.  Furthest ahead first; score only
         -- breaks ties.
         SELECT c.node, c.is_leader, c.acked_end INTO cand
@@ -702,8 +705,7 @@ BEGIN
                  WHERE rr.stream = a.stream AND rr.shard = a.shard
                    AND rr.generation = a.generation AND rr.leader = a.leader
                    AND rr.caught_up
-                   AND rr.reported_at > coalesce(a.lease_granted_at + a.lease_ms * interval '1 millisecond',
-                                                 promotable) - window_
+                   AND rr.reported_at > t - window_
                    AND rr.follower = ANY (a.replicas) AND rr.follower <> a.leader
                    AND n.last_heartbeat >= t - expiry) AS c
          ORDER BY c.is_leader DESC, c.acked_end DESC,

@@ -36,7 +36,9 @@
 typedef struct FelixShardRegistry
 {
 	LWLock		lock;			/* guards the hash and slot allocation */
-	int			tranche_id;
+	int			tranche_id;		/* the registry lock */
+	int			append_tranche_id;	/* every shard's append_lock */
+	int			flush_tranche_id;	/* every shard's flush_lock */
 	Latch	   *shipper_latch;	/* the ship worker's latch, or NULL */
 	int			nslots;
 	FelixShard	slots[FLEXIBLE_ARRAY_MEMBER];
@@ -81,6 +83,8 @@ shard_registry_init(void)
 	if (!found)
 	{
 		registry->tranche_id = LWLockNewTrancheId();
+		registry->append_tranche_id = LWLockNewTrancheId();
+		registry->flush_tranche_id = LWLockNewTrancheId();
 		registry->shipper_latch = NULL;
 		registry->nslots = felix_max_shards;
 		LWLockInitialize(&registry->lock, registry->tranche_id);
@@ -89,12 +93,20 @@ shard_registry_init(void)
 			FelixShard *s = &registry->slots[i];
 
 			memset(s, 0, sizeof(FelixShard));
-			LWLockInitialize(&s->append_lock, registry->tranche_id);
-			LWLockInitialize(&s->flush_lock, registry->tranche_id);
+			LWLockInitialize(&s->append_lock, registry->append_tranche_id);
+			LWLockInitialize(&s->flush_lock, registry->flush_tranche_id);
 			SpinLockInit(&s->mutex);
 			ConditionVariableInit(&s->hwm_cv);
 		}
 	}
+
+	/*
+	 * Named here, in the postmaster, so every backend (forked from it)
+	 * shows felix's waits by name in pg_stat_activity.
+	 */
+	LWLockRegisterTranche(registry->tranche_id, "felix_registry");
+	LWLockRegisterTranche(registry->append_tranche_id, "felix_append");
+	LWLockRegisterTranche(registry->flush_tranche_id, "felix_flush");
 
 	memset(&info, 0, sizeof(info));
 	info.keysize = sizeof(FelixShardKey);
@@ -107,14 +119,7 @@ shard_registry_init(void)
 static void
 registry_attach(void)
 {
-	static bool tranche_registered = false;
-
 	felix_require_preload();
-	if (!tranche_registered)
-	{
-		LWLockRegisterTranche(registry->tranche_id, "felix_shard");
-		tranche_registered = true;
-	}
 }
 
 /* ---------------------------------------------------------------------

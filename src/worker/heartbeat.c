@@ -663,6 +663,9 @@ create_stream_guts(void *arg)
 {
 	HbRow	   *r = arg;
 
+	/* A backend creating this very stream holds the name: it makes the table. */
+	if (!felix_stream_lock_name(r->stream, false))
+		return;
 	refuse_bad_row(r);
 	(void) row_consistency(r);
 	(void) felix_stream_create_local(r->stream, r->shards, r->replication_factor,

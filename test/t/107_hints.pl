@@ -30,6 +30,7 @@ my ($rc, $err) = psql_error($c->cp,
 isnt($rc, 0, "node1 refuses a publish right after creating a stream that $set[0] leads");
 like($err, qr/ERROR:\s+55F0[23]:/, 'with 55F02 (or 55F03)');
 
+$c->wait_stream($stream, 1);
 my ($leader, $g) = $c->wait_leader($stream, 0);
 is($leader->{felix_name}, $set[0], "$set[0] leads");
 my $conninfo = $c->conninfo($leader);

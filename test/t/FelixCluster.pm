@@ -215,7 +215,15 @@ sub create_stream
 	my $extra = join('', map { ", $_ => " . _lit($args{$_}) } sort keys %args);
 	$self->node($k)->safe_psql('postgres',
 		"SELECT felix_create_stream('$name'$extra)");
-	my $shards = $args{shards} // 1;
+	$self->wait_stream($name, $args{shards} // 1);
+	return $name;
+}
+
+# Wait until every up node lists all $shards shards of the stream in
+# felix_shards.
+sub wait_stream
+{
+	my ($self, $name, $shards) = @_;
 	for my $node ($self->up_nodes)
 	{
 		my $got;
@@ -230,7 +238,7 @@ sub create_stream
 		die "stream $name: $node->{felix_name} lists $got of $shards shards after 30 s"
 		  unless defined $took;
 	}
-	return $name;
+	return;
 }
 
 sub _lit

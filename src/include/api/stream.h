@@ -24,6 +24,9 @@ extern Oid	felix_stream_create_local(const char *name, int shards,
 									  int64 retention_bytes,
 									  Interval *retention);
 
+/* Lock a stream name until the end of the transaction (false: busy). */
+extern bool felix_stream_lock_name(const char *name, bool wait);
+
 /* Refuse a name already taken by a stream or relation on this node. */
 extern void felix_stream_check_name_free(const char *name);
 
