@@ -657,8 +657,14 @@ BEGIN
            FOR UPDATE;
         CONTINUE WHEN NOT FOUND;          -- dropped meanwhile
         t := clock_timestamp();
+        -- A leader whose lease lapsed counts as alive again only once it has
+        -- heartbeated after the lapse: a dead leader's last heartbeat can be
+        -- younger than node_expiry when the lease lapses.
         leader_alive := EXISTS (SELECT 1 FROM felix.nodes n
-                                 WHERE n.name = a.leader AND n.last_heartbeat >= t - expiry);
+                                 WHERE n.name = a.leader AND n.last_heartbeat >= t - expiry
+                                   AND (a.lease_granted_at IS NULL
+                                        OR n.last_heartbeat > a.lease_granted_at
+                                                              + a.lease_ms * interval '1 millisecond'));
 
         IF a.lease_granted_at IS NOT NULL THEN
             promotable := a.lease_granted_at + a.lease_ms * interval '1 millisecond' + margin;
@@ -707,7 +713,12 @@ BEGIN
                    AND rr.caught_up
                    AND rr.reported_at > t - window_
                    AND rr.follower = ANY (a.replicas) AND rr.follower <> a.leader
-                   AND n.last_heartbeat >= t - expiry) AS c
+                   -- alive, and seen after the lease lapsed: a follower that
+                   -- died with its leader may still look recent here
+                   AND n.last_heartbeat >= t - expiry
+                   AND (a.lease_granted_at IS NULL
+                        OR n.last_heartbeat > a.lease_granted_at
+                                              + a.lease_ms * interval '1 millisecond')) AS c
          ORDER BY c.is_leader DESC, c.acked_end DESC,
                   felix.cp_score(c.node, a.stream, a.shard) DESC, c.node COLLATE "C"
          LIMIT 1;

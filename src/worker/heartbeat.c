@@ -143,6 +143,14 @@ static int64 last_directory_refresh_ns = 0;
 static bool waiting_logged = false;
 static HTAB *row_errors = NULL;
 
+/*
+ * Streams the control plane listed and this node lacked at the previous
+ * heartbeat.  A table is created only for a stream missing twice in a row:
+ * rows fetched just before a local drop committed (and the control plane
+ * forgot the stream) must not bring the dropped stream back.
+ */
+static List *missing_before = NIL;	/* char *, in TopMemoryContext */
+
 /* ---------------------------------------------------------------------
  * Rate-limited reporting
  * ---------------------------------------------------------------------
@@ -756,6 +764,32 @@ name_in(HTAB *names, const char *name)
 	return hash_search(names, key, HASH_FIND, NULL) != NULL;
 }
 
+static bool
+missing_last_time(const char *stream)
+{
+	ListCell   *lc;
+
+	foreach(lc, missing_before)
+		if (strcmp((char *) lfirst(lc), stream) == 0)
+			return true;
+	return false;
+}
+
+/* This heartbeat's missing streams become the next one's "before". */
+static void
+remember_missing(HbRow *rows, int nrows)
+{
+	List	   *now = NIL;
+	MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
+
+	for (int i = 0; i < nrows; i++)
+		if (rows[i].missing)
+			now = lappend(now, pstrdup(rows[i].stream));
+	MemoryContextSwitchTo(old);
+	list_free_deep(missing_before);
+	missing_before = now;
+}
+
 /*
  * Apply every row: first the shards of streams that exist here (lease
  * renewals must not wait behind a table creation), then create the missing
@@ -790,7 +824,10 @@ apply_rows(HbRow *rows, int nrows)
 	end_work();
 
 	if (nmissing == 0)
+	{
+		remember_missing(rows, nrows);
 		return;
+	}
 
 	begin_work("felix: creating streams defined at the control plane");
 	{
@@ -822,7 +859,7 @@ apply_rows(HbRow *rows, int nrows)
 			memset(key, 0, sizeof(key));
 			strlcpy(key, r->stream, NAMEDATALEN);
 			(void) hash_search(tried, key, HASH_ENTER, &found);
-			if (found)
+			if (found || !missing_last_time(r->stream))
 				continue;
 			if (run_isolated(create_stream_guts, r, -1,
 							 psprintf("creating stream \"%s\" as the control plane defines it",
@@ -836,6 +873,7 @@ apply_rows(HbRow *rows, int nrows)
 		}
 	}
 	end_work();
+	remember_missing(rows, nrows);
 
 	if (ncreated == 0)
 		return;

@@ -233,6 +233,9 @@ done
 log "sync replication: s1 and s2 streaming, sync_state quorum"
 
 SERVER_VERSION=$(q "${FPORTS[0]}" -c "SHOW server_version")
+FELIX_TIMING=$(q "${FPORTS[0]}" -c "SELECT string_agg(name || ' = ' || setting || coalesce(' ' || unit, ''), ', ' ORDER BY name)
+	FROM pg_settings WHERE name IN ('felix.lease_duration', 'felix.lease_margin', 'felix.lease_epsilon',
+	                                'felix.heartbeat_interval', 'felix.node_expiry', 'felix.quorum_timeout')")
 FELIX_VERSION=$(q "${FPORTS[0]}" -c "SELECT extversion FROM pg_extension WHERE extname = 'felix'")
 FELIX_SO="$(md5sum "$PKGLIB/felix.so" | cut -c1-12), installed $(date -u -r "$PKGLIB/felix.so" '+%Y-%m-%d %H:%M:%S UTC')"
 GIT_STATE=$(git -C "$SCRIPT_DIR" log -1 --format='%h %cs' 2>/dev/null || echo "no commit")
@@ -316,6 +319,23 @@ ratio() {
 }
 median() { printf '%s\n' "$@" | grep . | sort -n | awk '{a[NR]=$1} END{ if (NR == 0) print ""; else if (NR % 2) print a[(NR+1)/2]; else printf "%.3f\n", (a[NR/2] + a[NR/2+1]) / 2 }'; }
 
+# fsnap <leader port>: the leader's records_published fsyncs report_requests
+# replica_reports, then the fsyncs of the two other nodes summed.
+fsnap() {
+	local p m v out="" other=0
+	for m in records_published fsyncs report_requests replica_reports; do
+		v=$(q "$1" -c "SELECT coalesce(max(value), 0)::bigint FROM felix_metrics WHERE name = '$m'")
+		out="$out $v"
+	done
+	for p in "${FPORTS[@]}"; do
+		[[ $p == "$1" ]] && continue
+		v=$(q "$p" -c "SELECT coalesce(max(value), 0)::bigint FROM felix_metrics WHERE name = 'fsyncs'")
+		other=$(( other + v ))
+	done
+	echo "$out $other"
+}
+DIAG_ROWS=()
+
 SANITY=()
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 
@@ -349,7 +369,15 @@ for c in "${CLIENTS[@]}"; do
 				for p in "${FPORTS[@]}"; do q "$p" -c "CHECKPOINT" >/dev/null; done
 				script=$(write_script "felix-$point" "\\set k random(1, 1000000)
 SELECT felix_publish('$stream', '$PAYLOAD'::jsonb, key => 'cust-' || :k);")
+				snap0=$(fsnap "$port")
 				pgbench_run "$key-r$ROUND" "$port" "$script" "$c" "$DURATION"
+				snap1=$(fsnap "$port")
+				DIAG_ROWS+=("$(awk -v a="$snap0" -v b="$snap1" -v k="$key r$ROUND" 'BEGIN {
+					n = split(a, x, " "); split(b, y, " ");
+					for (i = 1; i <= n; i++) d[i] = y[i] - x[i];
+					# leader: records fsyncs report_requests replica_reports; others: fsyncs batches_replicated
+					printf "| %s | %d | %d | %d | %.1f | %d | %.1f | %.2f |", k, d[1], d[2], d[5],
+						(d[2] ? d[1] / d[2] : 0), d[3], (d[3] ? d[1] / d[3] : 0), (d[3] ? d[4] / d[3] : 0) }')")
 				n=$(q "$port" -c "SELECT next_seq FROM felix_shards WHERE stream = '$stream' AND shard = 0")
 				target="$stream"
 			fi
@@ -533,7 +561,7 @@ mark_le() { awk -v v="${1:-}" -v t="$2" 'BEGIN { if (v == "" || v == "n/a") prin
 	echo
 	echo "### Failover time (kill -9 of the leader to the first publish acknowledged by the new leader)"
 	echo
-	echo "Default felix settings (lease_duration 1 s, lease_margin 200 ms, heartbeat_interval 200 ms, node_expiry 1 s). Each round: a fresh quorum stream led by node2 or node3, 4 pgbench clients publishing on the leader for 2 s, then every process of the leader killed with SIGKILL at once; probe sessions on the two other nodes publish every 20 ms until one is acknowledged. The killed node is restarted before the next round."
+	echo "Default felix settings ($FELIX_TIMING). Each round: a fresh quorum stream led by node2 or node3, 4 pgbench clients publishing on the leader for 2 s, then every process of the leader killed with SIGKILL at once; probe sessions on the two other nodes publish every 20 ms until one is acknowledged. The killed node is restarted before the next round."
 	echo
 	echo "| rounds | times (s) | median (s) | target ≤ 3 s |"
 	echo "| ---: | --- | ---: | --- |"
@@ -542,6 +570,14 @@ mark_le() { awk -v v="${1:-}" -v t="$2" 'BEGIN { if (v == "" || v == "n/a") prin
 	for n in "${FAILOVER_NOTES[@]}"; do echo "- $n"; done
 	echo
 	echo "## Diagnostics"
+	echo
+	echo "### felix points: flushes and control-plane reports"
+	echo
+	echo "felix_metrics deltas over each point: on the leader, records published, fsyncs (group flushes) and felix.cp_report requests (each is a transaction on the control plane, node1, which must land before a quorum mark moves); the followers' fsyncs summed."
+	echo
+	echo "| point | records | leader fsyncs | follower fsyncs | records/leader fsync | report requests | records/report | rows/report |"
+	echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+	for r in "${DIAG_ROWS[@]}"; do echo "$r"; done
 	echo
 	echo "### felix_metrics on each node at the end of the run"
 	echo

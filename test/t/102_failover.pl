@@ -32,6 +32,8 @@ my $lname = $leader->{felix_name};
 is($lname, $set[0], "the leader is the placement's first node ($set[0])");
 note("leader $lname at generation $g");
 my @followers = grep { $_ != $leader } $c->nodes;
+note(sprintf('both followers answered the leader %.2f s after it took the lease',
+	$c->wait_shipping($leader, $stream, 0, 2)));
 
 # Four publishers on the leader; they end when it dies.
 my $pub = $c->start_publishers(

@@ -33,6 +33,7 @@ my ($leader, $g)  = $c->wait_leader($sq, 0);
 my (undef,   $gl) = $c->wait_leader($sl, 0);
 my $lname = $leader->{felix_name};
 note("leader $lname: $sq at generation $g, $sl at generation $gl");
+$c->wait_shipping($leader, $_, 0, 2) for $sq, $sl;
 
 my %pub;
 for my $s ($sq, $sl)

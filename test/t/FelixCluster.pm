@@ -342,6 +342,28 @@ sub diag_shard
 	return;
 }
 
+# Wait until felix_replication on the leader shows every follower of
+# (stream, shard) answering (state shipping, an answer, no error): the
+# leader knows where its followers are.  Returns the seconds it took.
+sub wait_shipping
+{
+	my ($self, $leader, $stream, $shard, $followers, $secs) = @_;
+	my $rows = '';
+	my $took = poll(
+		$secs // 20,
+		sub {
+			$rows = $leader->safe_psql('postgres',
+				"SELECT count(*) FILTER (WHERE state = 'shipping' AND last_answer IS NOT NULL AND last_error IS NULL) "
+				  . "|| '/' || count(*) FROM felix_replication WHERE stream = '$stream' AND shard = $shard");
+			return $rows eq "$followers/$followers";
+		},
+		0.05);
+	die "stream $stream shard $shard: followers answering/total on $leader->{felix_name}: $rows after "
+	  . ($secs // 20) . ' s'
+	  unless defined $took;
+	return $took;
+}
+
 # The SQL a background publisher runs: up to $count records on one shard
 # (or routed by key when shard is undef), stopping after $seconds.  Each
 # acknowledged record is logged as
@@ -505,12 +527,14 @@ sub wait_acks
 }
 
 # Records of (stream, shard) on node $k as text lines "seq|key|payload",
-# ordered by seq (a follower serves up to the hwm it knows).
+# ordered by seq (a follower serves up to the hwm it knows); with $all,
+# every column (SELECT *).
 sub records
 {
-	my ($self, $k, $stream, $shard) = @_;
+	my ($self, $k, $stream, $shard, $all) = @_;
+	my $cols = $all ? '*' : "seq, coalesce(key, ''), payload::text";
 	return $self->node($k)->safe_psql('postgres',
-		"SELECT seq, coalesce(key, ''), payload::text FROM \"$stream\" WHERE shard = $shard ORDER BY seq",
+		"SELECT $cols FROM \"$stream\" WHERE shard = $shard ORDER BY seq",
 		timeout => 60);
 }
 
