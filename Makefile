@@ -40,7 +40,7 @@ PG_CPPFLAGS = -I$(srcdir)/src/include -I$(libpq_srcdir)
 SHLIB_LINK_INTERNAL = $(libpq)
 PG_CFLAGS   = -Wall -Wextra -Werror -Wno-unused-parameter -Wno-missing-field-initializers -Wno-sign-compare
 
-REGRESS      = setup api refusals views control_plane
+REGRESS      = setup api refusals views control_plane truncate
 REGRESS_OPTS = --temp-instance=./tmp_regress --temp-config=$(srcdir)/test/regress.conf
 
 ISOLATION      = publish_contiguous insert_abort copy_visibility

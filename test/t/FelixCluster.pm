@@ -4,9 +4,12 @@
 # node1 hosts the control plane (felix.control_conninfo = '', the embedded
 # default); nodes 2..N point felix.control_conninfo at node1.  Every node
 # is named nodeK and tells its peers to reach it as the felix_replication
-# role over its Unix socket.  The helpers create streams, find leaders,
-# run publishers in background psql sessions that log every acknowledged
-# record, read shards, compare segment bytes across nodes, and provoke
+# role over its Unix socket.  The helpers create streams (and pick names
+# whose placement puts the leader where a test needs it), find leaders,
+# wait for followers to be shipped to, run publishers in background psql
+# sessions that log every acknowledged record, read shards, compare
+# segment bytes across nodes, diag() what every node and the control
+# plane know about a shard when a test fails, and provoke
 # failures: kill -9 (FelixTest::crash_node, which copes with a PID 1 that
 # does not reap zombies), SIGSTOP/SIGCONT of a postmaster and all its
 # children, and a clean stop/start.  Every wait is bounded; a helper that
