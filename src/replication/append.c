@@ -17,7 +17,13 @@
  *		  contiguity) before anything else happens.
  *	   4. batches wholly below our tail are compared byte for byte with
  *		  what we store over the same span; a difference, or a batch that
- *		  straddles our tail, is ('conflict', that batch's first seq).
+ *		  straddles our tail, is ('conflict', that batch's first seq) --
+ *		  unless the batch that found it is of a newer generation than the
+ *		  newest this log holds and the difference lies at or after where
+ *		  that older generation began here: then our records from there on
+ *		  are an earlier leader's unadopted proposals, above the high-water
+ *		  mark, and are dropped (log_truncate_after, which refuses to cut
+ *		  at or below the mark), and the answer is ('gap', new tail).
  *	   5. the rest is appended unchanged (the leader stamped it), the
  *		  generation map noting any generation new to this log, and made
  *		  durable (fdatasync) BEFORE answering ('stored', end of the
@@ -191,6 +197,32 @@ compare_overlap(const char *dir, const char *what, const ShippedBatch *b,
 }
 
 /* The generation the map last recorded, 0 when it is empty. */
+/*
+ * The follower's own repair rule: a conflict found by a batch of a newer
+ * generation than the newest this log holds, at or after the point where
+ * that older generation began here, is an earlier leader's unadopted tail,
+ * and may be dropped.  A leader disagreeing with itself (same generation),
+ * or a divergence reaching back before that generation began, is not:
+ * those halt the follower.  Called with the append lock held.
+ */
+static bool
+divergence_droppable(FelixShard *s, const char *dir, const char *what,
+					 const ShippedBatch *b, uint64 cut)
+{
+	uint64		ours = s->log.last_generation;
+	FelixGenEntry *map;
+	int			nmap;
+	uint64		began = PG_UINT64_MAX;
+
+	if (cut == 0 || b->hdr.generation <= ours)
+		return false;
+	nmap = genmap_load(dir, what, &map);
+	for (int i = 0; i < nmap; i++)
+		if (map[i].generation == ours)
+			began = map[i].first_seq;
+	return cut >= began;
+}
+
 static uint64
 genmap_last_generation(const char *dir, const char *what)
 {
@@ -326,8 +358,35 @@ felix_replicate(PG_FUNCTION_ARGS)
 	}
 	if (mismatch >= 0)
 	{
+		uint64		cut = batches[mismatch].hdr.base_seq;
+
+		if (divergence_droppable(s, dir, what, &batches[mismatch], cut))
+		{
+			/*
+			 * Our records from `cut` on are an earlier leader's proposals
+			 * that a newer generation did not adopt.  They lie above the
+			 * high-water mark (log_truncate_after refuses otherwise), so
+			 * dropping them rewrites nothing acknowledged.  Answer with our
+			 * new tail: the leader resends from there.
+			 */
+			uint64		hwm;
+			uint64		dropped_generation = s->log.last_generation;
+
+			SpinLockAcquire(&s->mutex);
+			hwm = s->hwm_end;
+			SpinLockRelease(&s->mutex);
+			log_truncate_after(dir, what, &s->log, cut - 1, hwm);
+			shard_after_replicated(s, 0);
+			ereport(LOG,
+					(errmsg("%s: dropped records from seq " UINT64_FORMAT " written at generation " UINT64_FORMAT ", which generation " UINT64_FORMAT " did not adopt",
+							what, cut, dropped_generation, batches[mismatch].hdr.generation)));
+			tail = s->log.next_seq;
+			shard_unlock_append(s);
+			answer(fcinfo, "gap", tail);
+			return (Datum) 0;
+		}
 		shard_unlock_append(s);
-		answer(fcinfo, "conflict", batches[mismatch].hdr.base_seq);
+		answer(fcinfo, "conflict", cut);
 		return (Datum) 0;
 	}
 

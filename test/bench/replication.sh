@@ -494,7 +494,13 @@ SELECT felix_publish('$stream', '$PAYLOAD'::jsonb, key => 'cust-' || :k);")
 		FAILOVER_NOTES+=("round $r: killed node$k, $newl served after $ft s")
 		log "  failover round $r: killed node$k; first acknowledged publish on the new leader ($newl) after $ft s"
 	else
-		FAILOVER_NOTES+=("round $r: killed node$k, nobody served within 30 s ($(q "${FPORTS[0]}" -c "SELECT coalesce(unplaced_reason, 'no reason') FROM felix.assignments WHERE stream = '$stream' AND shard = 0"))")
+		why=$(q "${FPORTS[0]}" -c "SELECT format('control plane: generation %s, leader %s, unplaced: %s', generation, leader, coalesce(unplaced_reason, 'no')) FROM felix.assignments WHERE stream = '$stream' AND shard = 0")
+		for i in 1 2 3; do
+			(( i == k )) && continue
+			rep=$(q "${FPORTS[$((i - 1))]}" -c "SELECT string_agg(format('%s %s%s', follower, state, coalesce(' (' || last_error || ')', '')), '; ') FROM felix_replication WHERE stream = '$stream' AND shard = 0" 2>/dev/null || true)
+			[[ -n $rep ]] && why="$why; node$i's followers: $rep"
+		done
+		FAILOVER_NOTES+=("round $r: killed node$k, no publish acknowledged within 30 s ($why)")
 		SANITY+=("failover round $r: no publish acknowledged within 30 s of killing node$k")
 		log "  failover round $r: no new leader within 30 s"
 	fi
