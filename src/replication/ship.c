@@ -208,8 +208,8 @@ async_fail(FelixAsyncConn *c, const char *problem, int64 now_ns)
 void
 async_begin(FelixAsyncConn *c, int64 now_ns)
 {
-	const char *keywords[4];
-	const char *values[4];
+	const char *keywords[3];
+	const char *values[3];
 
 	if (c->state != FELIX_ASYNC_DOWN || now_ns < c->next_attempt_ns ||
 		c->conninfo[0] == '\0')
@@ -224,20 +224,10 @@ async_begin(FelixAsyncConn *c, int64 now_ns)
 	/* the conninfo comes last so that it may override the defaults */
 	keywords[0] = "application_name";
 	values[0] = "felix ship";
-
-	/*
-	 * Replica reports (the one thing these sessions commit) need not wait
-	 * for the control plane's WAL flush: they are advisory and expire
-	 * within a couple of seconds, and a control plane that loses one in a
-	 * crash knows less, so it promotes nothing rather than the wrong node.
-	 * felix.replicate on a peer writes no WAL at all.
-	 */
-	keywords[1] = "options";
-	values[1] = "-c synchronous_commit=off";
-	keywords[2] = "dbname";
-	values[2] = c->conninfo;
-	keywords[3] = NULL;
-	values[3] = NULL;
+	keywords[1] = "dbname";
+	values[1] = c->conninfo;
+	keywords[2] = NULL;
+	values[2] = NULL;
 	c->conn = PQconnectStartParams(keywords, values, 1);
 	if (c->conn == NULL)
 	{

@@ -511,7 +511,11 @@ $$;
 
 -- ---------------------------------------------------------------------
 -- felix.cp_report: a leader's reports on its followers, accepted only
--- while it leads the shard at the reported generation.
+-- while it leads the shard at the reported generation.  Committed like any
+-- other control-plane change (synchronous_commit as configured, on by
+-- default): a report that released acknowledgements must survive a crash
+-- of the control plane, or an older report left behind could name a
+-- follower that lacks them.
 -- ---------------------------------------------------------------------
 CREATE FUNCTION felix.cp_report(leader text, reports jsonb) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
