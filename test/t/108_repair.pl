@@ -1,0 +1,110 @@
+# The follower's append rule, driven by hand with crafted shipments:
+#
+# - records a follower holds above its high-water mark from generation G
+#   are dropped when a batch of a newer generation finds them different
+#   (the earlier leader's unadopted tail), and the follower answers 'gap'
+#   with its new tail;
+# - a difference found by a batch of the follower's own newest generation
+#   (a leader disagreeing with itself) halts: 'conflict', nothing dropped;
+# - a difference reaching back before the newest generation began halts.
+#
+# The control plane and the stream's leader are stopped first, so nothing
+# but these calls touches the follower's log.
+use strict;
+use warnings;
+
+use FindBin;
+use lib $FindBin::RealBin;
+use FelixTest;
+use FelixCluster;
+
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my $c = FelixCluster->new(nodes => 3);
+
+# A stream led by node2 or node3 whose follower is the other of the two.
+my ($stream, @set) = $c->pick_stream_name('repair', 3, sub { $_[0] ne 'node1' });
+$c->create_stream(1, $stream, replication_factor => 3, payload_type => 'text');
+my ($leader, $g) = $c->wait_leader($stream, 0);
+my ($fname) = grep { $_ ne 'node1' && $_ ne $leader->{felix_name} } @set;
+my $f = $c->node($fname);
+is($g, 1, 'the stream starts at generation 1');
+
+$leader->safe_psql('postgres',
+	"SELECT count(felix_publish('$stream', 'r' || i, shard => 0)) FROM generate_series(0, 2) i");
+my $have = FelixCluster::poll(20, sub {
+	return $f->safe_psql('postgres',
+		"SELECT next_seq FROM felix_shards WHERE stream = '$stream' AND shard = 0") eq '3';
+}, 0.1);
+ok(defined $have, "$fname holds the leader's three records");
+
+# Nothing may move the follower's shard from here on.
+$c->stop_node($leader->{felix_name});
+$c->stop_node(1);
+
+# One shipment: [base, base + n) of generation $gen, text payloads, no keys.
+sub shipment
+{
+	my ($base, $gen, @payloads) = @_;
+	my $body = '';
+	$body .= pack('V V', 0xFFFFFFFF, length $_) . $_ for @payloads;
+	my $h = batch_header(
+		count      => scalar(@payloads),
+		base_seq   => $base,
+		generation => $gen,
+		timestamp  => 0,
+		body_len   => length($body),
+		body_crc   => crc32c($body));
+	return unpack('H*', $h . $body . batch_trailer($h));
+}
+
+sub replicate
+{
+	my ($gen, $from, $hwm, $hex) = @_;
+	return $f->safe_psql('postgres',
+		"SELECT status || ' ' || seq FROM felix.replicate('$stream', 0, $gen, $from, $hwm, "
+		  . "decode('$hex', 'hex'))");
+}
+
+sub state
+{
+	return $f->safe_psql('postgres',
+		"SELECT next_seq || ' ' || coalesce(hwm::text, '-') FROM felix_shards "
+		  . "WHERE stream = '$stream' AND shard = 0");
+}
+
+my $hwm_before = (split / /, state())[1];
+my $hwm_end = $hwm_before eq '-' ? 0 : $hwm_before + 1;
+note("$fname before: next_seq/hwm " . state());
+
+# Generation 1 proposals above the mark: stored, not visible.
+is(replicate(1, 3, $hwm_end, shipment(3, 1, 'a', 'b')), 'stored 5', 'generation 1 proposals 3..4 are stored');
+is(state(), "5 $hwm_before", 'they sit above the high-water mark');
+
+# A newer generation differs at seq 3: the proposals are dropped.
+is(replicate(2, 3, $hwm_end, shipment(3, 2, 'X')), 'gap 3',
+	"a generation 2 batch that differs at seq 3 makes $fname drop 3..4 and answer gap 3");
+is(state(), "3 $hwm_before", 'the log ends at seq 2 again; the mark did not move');
+is(replicate(2, 3, 4, shipment(3, 2, 'X')), 'stored 4', 'the new leader\'s record is stored at seq 3');
+is($f->safe_psql('postgres', "SELECT string_agg(payload, ',' ORDER BY seq) FROM $stream"),
+	'r0,r1,r2,X', 'readers see the adopted history only');
+
+# The same generation disagreeing with itself halts, dropping nothing.
+is(replicate(2, 3, 4, shipment(3, 2, 'Y')), 'conflict 3', 'generation 2 contradicting itself: conflict');
+is(state(), '4 3', 'nothing was dropped');
+
+# A difference before the newest generation began (seq 1 < 3) halts too.
+is(replicate(3, 1, 4, shipment(1, 3, 'Z')), 'conflict 1',
+	'a difference reaching back before generation 2 began: conflict');
+is($f->safe_psql('postgres', "SELECT string_agg(payload, ',' ORDER BY seq) FROM $stream"),
+	'r0,r1,r2,X', 'every acknowledged record is intact');
+
+# The follower knows generation 1 from the control plane: an older
+# shipment would be fenced; generation 0 is not a generation.
+my ($rc, $err) = psql_error($f,
+	"SELECT * FROM felix.replicate('$stream', 0, 0, 4, 4, '\\x'::bytea)");
+like($err, qr/generation must be positive/, 'generation 0 is refused');
+
+$c->teardown;
+done_testing();
