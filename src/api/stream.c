@@ -402,6 +402,13 @@ stream_object_access(ObjectAccessType access, Oid classId, Oid objectId,
 		d->subid = GetCurrentSubTransactionId();
 		dropped = lappend(dropped, d);
 		MemoryContextSwitchTo(old);
+
+		/*
+		 * Hold the name until commit, as a creation does: the node agent
+		 * then cannot bring the stream back from control-plane rows read
+		 * before this drop reached the control plane.
+		 */
+		(void) felix_stream_lock_name(d->name, true);
 	}
 }
 

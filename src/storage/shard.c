@@ -31,6 +31,7 @@
 #include "storage/shmem.h"
 #include "storage/spin.h"
 #include "utils/hsearch.h"
+#include "port/atomics.h"
 #include "utils/memutils.h"
 
 typedef struct FelixShardRegistry
@@ -40,6 +41,7 @@ typedef struct FelixShardRegistry
 	int			append_tranche_id;	/* every shard's append_lock */
 	int			flush_tranche_id;	/* every shard's flush_lock */
 	Latch	   *shipper_latch;	/* the ship worker's latch, or NULL */
+	pg_atomic_uint64 streams_forgotten; /* committed stream drops so far */
 	int			nslots;
 	FelixShard	slots[FLEXIBLE_ARRAY_MEMBER];
 } FelixShardRegistry;
@@ -86,6 +88,7 @@ shard_registry_init(void)
 		registry->append_tranche_id = LWLockNewTrancheId();
 		registry->flush_tranche_id = LWLockNewTrancheId();
 		registry->shipper_latch = NULL;
+		pg_atomic_init_u64(&registry->streams_forgotten, 0);
 		registry->nslots = felix_max_shards;
 		LWLockInitialize(&registry->lock, registry->tranche_id);
 		for (int i = 0; i < felix_max_shards; i++)
@@ -991,7 +994,15 @@ shard_forget_stream(Oid dboid, Oid relid)
 		}
 	}
 	LWLockRelease(&registry->lock);
+	pg_atomic_fetch_add_u64(&registry->streams_forgotten, 1);
 
 	felix_stream_dir(dboid, relid, dir);
 	log_remove_all(dir);
+}
+
+uint64
+shard_streams_forgotten(void)
+{
+	registry_attach();
+	return pg_atomic_read_u64(&registry->streams_forgotten);
 }

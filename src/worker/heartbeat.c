@@ -144,12 +144,13 @@ static bool waiting_logged = false;
 static HTAB *row_errors = NULL;
 
 /*
- * Streams the control plane listed and this node lacked at the previous
- * heartbeat.  A table is created only for a stream missing twice in a row:
- * rows fetched just before a local drop committed (and the control plane
- * forgot the stream) must not bring the dropped stream back.
+ * shard_streams_forgotten() just before this heartbeat's rows were asked
+ * for.  A stream drop commits its control-plane change first and its local
+ * one second, so rows fetched before a drop finished may still list the
+ * dropped stream while the table is already gone here: a missing stream is
+ * created only if no drop has committed since the rows were fetched.
  */
-static List *missing_before = NIL;	/* char *, in TopMemoryContext */
+static uint64 drops_before_rows = 0;
 
 /* ---------------------------------------------------------------------
  * Rate-limited reporting
@@ -665,14 +666,72 @@ felix_heartbeat_apply_stream(const char *stream)
 	PG_END_TRY();
 }
 
+/* An empty set of stream names, in the current context. */
+static HTAB *
+name_set(const char *what, long size)
+{
+	HASHCTL		ctl;
+
+	memset(&ctl, 0, sizeof(ctl));
+	ctl.keysize = NAMEDATALEN;
+	ctl.entrysize = NAMEDATALEN;
+	ctl.hcxt = CurrentMemoryContext;
+	return hash_create(what, size, &ctl, HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+}
+
+/* Names of the streams this database has (a set, in the current context). */
+static HTAB *
+local_stream_names(void)
+{
+	HTAB	   *names = name_set("felix heartbeat: local streams", 64);
+
+	SPI_connect();
+	/* Not read-only: each call reads with a fresh snapshot. */
+	if (SPI_execute("SELECT name FROM felix.streams", false, 0) != SPI_OK_SELECT)
+		elog(ERROR, "felix: reading felix.streams failed");
+	for (uint64 i = 0; i < SPI_processed; i++)
+	{
+		char	   *name = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
+		char		key[NAMEDATALEN];
+
+		if (name == NULL || strlen(name) >= NAMEDATALEN)
+			continue;
+		memset(key, 0, sizeof(key));
+		strlcpy(key, name, NAMEDATALEN);
+		(void) hash_search(names, key, HASH_ENTER, NULL);
+	}
+	SPI_finish();
+	return names;
+}
+
+static bool
+name_in(HTAB *names, const char *name)
+{
+	char		key[NAMEDATALEN];
+
+	memset(key, 0, sizeof(key));
+	strlcpy(key, name, NAMEDATALEN);
+	return hash_search(names, key, HASH_FIND, NULL) != NULL;
+}
+
 /* Create a stream the control plane lists (inside a subtransaction). */
 static void
 create_stream_guts(void *arg)
 {
 	HbRow	   *r = arg;
 
-	/* A backend creating this very stream holds the name: it makes the table. */
+	/*
+	 * A backend creating or dropping this very stream holds the name until
+	 * it commits: the backend makes (or removed) the table.  Holding the
+	 * name ourselves, the facts below cannot change under us: the table is
+	 * looked for with a fresh snapshot, and a drop that committed after the
+	 * rows were fetched means they may be stale (the next heartbeat's
+	 * rows will say).
+	 */
 	if (!felix_stream_lock_name(r->stream, false))
+		return;
+	if (shard_streams_forgotten() != drops_before_rows ||
+		name_in(local_stream_names(), r->stream))
 		return;
 	refuse_bad_row(r);
 	(void) row_consistency(r);
@@ -722,74 +781,6 @@ end_work(void)
 	MemoryContextSwitchTo(cycle_cxt);
 }
 
-/* Names of the streams this database has (a set, in the current context). */
-static HTAB *
-local_stream_names(void)
-{
-	HASHCTL		ctl;
-	HTAB	   *names;
-
-	memset(&ctl, 0, sizeof(ctl));
-	ctl.keysize = NAMEDATALEN;
-	ctl.entrysize = NAMEDATALEN;
-	ctl.hcxt = CurrentMemoryContext;
-	names = hash_create("felix heartbeat: local streams", 64, &ctl,
-						HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
-
-	SPI_connect();
-	if (SPI_execute("SELECT name FROM felix.streams", true, 0) != SPI_OK_SELECT)
-		elog(ERROR, "felix: reading felix.streams failed");
-	for (uint64 i = 0; i < SPI_processed; i++)
-	{
-		char	   *name = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
-		char		key[NAMEDATALEN];
-
-		if (name == NULL || strlen(name) >= NAMEDATALEN)
-			continue;
-		memset(key, 0, sizeof(key));
-		strlcpy(key, name, NAMEDATALEN);
-		(void) hash_search(names, key, HASH_ENTER, NULL);
-	}
-	SPI_finish();
-	return names;
-}
-
-static bool
-name_in(HTAB *names, const char *name)
-{
-	char		key[NAMEDATALEN];
-
-	memset(key, 0, sizeof(key));
-	strlcpy(key, name, NAMEDATALEN);
-	return hash_search(names, key, HASH_FIND, NULL) != NULL;
-}
-
-static bool
-missing_last_time(const char *stream)
-{
-	ListCell   *lc;
-
-	foreach(lc, missing_before)
-		if (strcmp((char *) lfirst(lc), stream) == 0)
-			return true;
-	return false;
-}
-
-/* This heartbeat's missing streams become the next one's "before". */
-static void
-remember_missing(HbRow *rows, int nrows)
-{
-	List	   *now = NIL;
-	MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
-
-	for (int i = 0; i < nrows; i++)
-		if (rows[i].missing)
-			now = lappend(now, pstrdup(rows[i].stream));
-	MemoryContextSwitchTo(old);
-	list_free_deep(missing_before);
-	missing_before = now;
-}
-
 /*
  * Apply every row: first the shards of streams that exist here (lease
  * renewals must not wait behind a table creation), then create the missing
@@ -824,28 +815,19 @@ apply_rows(HbRow *rows, int nrows)
 	end_work();
 
 	if (nmissing == 0)
-	{
-		remember_missing(rows, nrows);
 		return;
-	}
 
 	begin_work("felix: creating streams defined at the control plane");
 	{
 		char		timeout[32];
 		HTAB	   *tried;
-		HASHCTL		ctl;
 
 		/* A user's lock on the schema delays a creation, not the worker. */
 		snprintf(timeout, sizeof(timeout), "%d", Max(felix_heartbeat_interval, 100));
 		(void) set_config_option("lock_timeout", timeout, PGC_SUSET, PGC_S_SESSION,
 								 GUC_ACTION_LOCAL, true, 0, false);
 
-		memset(&ctl, 0, sizeof(ctl));
-		ctl.keysize = NAMEDATALEN;
-		ctl.entrysize = NAMEDATALEN;
-		ctl.hcxt = CurrentMemoryContext;
-		tried = hash_create("felix heartbeat: created streams", 16, &ctl,
-							HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+		tried = name_set("felix heartbeat: created streams", 16);
 
 		for (int i = 0; i < nrows; i++)
 		{
@@ -859,7 +841,7 @@ apply_rows(HbRow *rows, int nrows)
 			memset(key, 0, sizeof(key));
 			strlcpy(key, r->stream, NAMEDATALEN);
 			(void) hash_search(tried, key, HASH_ENTER, &found);
-			if (found || !missing_last_time(r->stream))
+			if (found)
 				continue;
 			if (run_isolated(create_stream_guts, r, -1,
 							 psprintf("creating stream \"%s\" as the control plane defines it",
@@ -873,7 +855,6 @@ apply_rows(HbRow *rows, int nrows)
 		}
 	}
 	end_work();
-	remember_missing(rows, nrows);
 
 	if (ncreated == 0)
 		return;
@@ -974,6 +955,7 @@ heartbeat_once(void)
 	 * t + L - epsilon by its own clock whatever the round trip costs.
 	 */
 	pgstat_report_activity(STATE_RUNNING, "felix: heartbeat");
+	drops_before_rows = shard_streams_forgotten();
 	t_send = felix_monotonic_ns();
 	felix_count(FELIX_CTR_HEARTBEATS_SENT, 1);
 	res = cp_exec("felix.cp_heartbeat", HB_SQL, 2, params);

@@ -181,6 +181,10 @@ extern FelixShard *shard_slot(int i);
  * shards' slots and remove its files. */
 extern void shard_forget_stream(Oid dboid, Oid relid);
 
+/* How many stream drops have committed since startup (any database): a
+ * change tells the node agent its control-plane rows may predate a drop. */
+extern uint64 shard_streams_forgotten(void);
+
 /* ---- replication (issue 3) ---- */
 
 /* Index of the slot in the registry: replication keeps parallel arrays. */
