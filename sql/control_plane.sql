@@ -293,6 +293,34 @@ SELECT felix.cp_report(:'f2', jsonb_build_array(
 SELECT generation, leader = :'f2' AS by_leader, follower = :'f1' AS is_f1, acked_end, caught_up
   FROM felix.replica_reports ORDER BY follower = :'f1';
 
+-- Tokens order one leader's requests.  A request that arrives after a
+-- newer one (the leader gave up on it, it was held up) writes nothing and
+-- says so; nor does it clear a follower the newer one named.  A request
+-- without a token (a hand-made one) is not ordered.
+SELECT felix.cp_report(:'f2', jsonb_build_array(
+         jsonb_build_object('stream', 'orders', 'shard', 0, 'generation', 2,
+                            'follower', :'f1', 'acked_end', 60, 'caught_up', false)),
+       token => 200) AS accepted;
+SELECT felix.cp_report(:'f2', jsonb_build_array(
+         jsonb_build_object('stream', 'orders', 'shard', 0, 'generation', 2,
+                            'follower', :'f1', 'acked_end', 44, 'caught_up', true)),
+       token => 100) AS accepted_late;
+SELECT acked_end, caught_up, token FROM felix.replica_reports WHERE follower = :'f1';
+SELECT felix.cp_report(:'f2', jsonb_build_array(
+         jsonb_build_object('stream', 'orders', 'shard', 0, 'generation', 2,
+                            'follower', :'f1', 'acked_end', 61, 'caught_up', true)),
+       token => 300) AS accepted;
+SELECT felix.cp_report(:'f2', jsonb_build_array(
+         jsonb_build_object('stream', 'orders', 'shard', 0, 'generation', 2,
+                            'follower', :'orders0_leader', 'acked_end', 61, 'caught_up', true)),
+       token => 250) AS accepted_leaving_f1_alone;
+SELECT follower = :'f1' AS is_f1, acked_end, caught_up, token
+  FROM felix.replica_reports ORDER BY follower = :'f1';
+SELECT felix.cp_report(:'f2', jsonb_build_array(
+         jsonb_build_object('stream', 'orders', 'shard', 0, 'generation', 2,
+                            'follower', :'f1', 'acked_end', 62, 'caught_up', true))) AS accepted_untokened;
+SELECT acked_end, token FROM felix.replica_reports WHERE follower = :'f1';
+
 -- Equal positions: the better score wins.  Shard 1's leader dies with
 -- both followers reported level.
 SELECT leader AS o1_leader, replicas[2] AS o1_f1, replicas[3] AS o1_f2

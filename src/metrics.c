@@ -36,6 +36,7 @@ const char *const felix_counter_names[FELIX_NUM_COUNTERS] = {
 	[FELIX_CTR_BATCHES_REPLICATED] = "batches_replicated",
 	[FELIX_CTR_REPLICA_REPORTS] = "replica_reports",
 	[FELIX_CTR_REPORT_REQUESTS] = "report_requests",
+	[FELIX_CTR_MARKS_ON_STANDING_REPORT] = "marks_on_standing_report",
 };
 
 static pg_atomic_uint64 *felix_counters = NULL;

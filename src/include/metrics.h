@@ -34,6 +34,7 @@ typedef enum FelixCounter
 	FELIX_CTR_BATCHES_REPLICATED,	/* batches this node stored as a follower */
 	FELIX_CTR_REPLICA_REPORTS,		/* follower rows reported to the control plane */
 	FELIX_CTR_REPORT_REQUESTS,		/* felix.cp_report requests that landed */
+	FELIX_CTR_MARKS_ON_STANDING_REPORT,	/* quorum marks moved with no new report */
 	FELIX_NUM_COUNTERS
 } FelixCounter;
 

@@ -181,7 +181,7 @@ compare_overlap(const char *dir, const char *what, const ShippedBatch *b,
 	initStringInfo(&stored);
 	(void) log_read_range(dir, what, b[first].hdr.base_seq,
 						  b[nbelow - 1].hdr.base_seq + b[nbelow - 1].hdr.count,
-						  (Size) span, &stored);
+						  (Size) span, &stored, NULL);
 	for (int i = first; i < nbelow; i++)
 	{
 		if ((uint64) stored.len - pos < b[i].len ||

@@ -12,28 +12,38 @@
  *	  counts for nothing.  The mark is also never past the leader's own
  *	  durable end (shard_set_hwm insists).
  *
- *	  Before a mark moves, the control plane is told who holds what: a
- *	  report row per follower {stream, shard, generation, follower,
- *	  acked_end, caught_up}, caught_up meaning that the follower holds every
- *	  acknowledged record: acked_end >= the high-water mark the report
- *	  justifies (the new quorum mark, or the leader's flushed mark), read
- *	  after the acknowledgements it is compared with.
- *	  Only once that report has landed -- felix.cp_report answered and
- *	  accepted every row -- does shard_set_hwm release the publishers.  A
- *	  report that did not land leaves every mark it carried where it was:
- *	  otherwise a leader could promise a client a record the control plane
- *	  cannot find at failover.
+ *	  The control plane promotes only a follower reported caught up, so
+ *	  the invariant kept here is: a mark moves only when every follower the
+ *	  control plane may take for caught up holds every record below the new
+ *	  mark.  A report row per follower {stream, shard, generation, follower,
+ *	  acked_end, caught_up} says caught_up when acked_end >= the mark the
+ *	  report justifies (read after the acknowledgements it is compared
+ *	  with).  Then:
+ *	    - if the standing report is still true of the new mark (each
+ *	      follower it may have named caught up has acknowledged past it),
+ *	      the mark moves at once, with no report (report_still_true);
+ *	    - otherwise a report counting the lagging followers out is sent,
+ *	      and only once it has landed -- felix.cp_report answered and wrote
+ *	      every row -- does shard_set_hwm release the publishers.  A report
+ *	      that did not land leaves the mark where it was.  When the lagging
+ *	      followers' answers are already on the way, they get
+ *	      FELIX_REPORT_GRACE_US first (answers_due_by).
+ *	  "May take for caught up" counts every report sent and not yet seen
+ *	  to land (ReportSlot.doubtful): in flight, or failed in a way that may
+ *	  still commit.  Requests carry increasing tokens and the control plane
+ *	  never lets an older one overwrite a newer, so a landed request settles
+ *	  what it believes.
  *
  *	  Reports are group-committed: every report queued while no request is
  *	  in flight goes in one request; what becomes due meanwhile waits for
- *	  the next.  Besides mark moves, a shard is reported when a follower's
- *	  standing changes (caught up or not, halted, answering), and at least
- *	  every felix.heartbeat_interval and right after every lease renewal,
- *	  so the control plane's reports -- which expire, and count only when
- *	  made after the lease last granted -- stay fresh enough to promote on.
- *	  Leader-consistency shards are reported the same way (so their
- *	  followers are promotable), but their mark moves with the leader's
- *	  flush, in shard.c.
+ *	  the next.  Besides marks that need one, a shard is reported when a
+ *	  follower appears, goes or halts (or, on a leader-consistency shard,
+ *	  falls behind), and at least every felix.heartbeat_interval and right
+ *	  after every lease renewal, so the control plane's reports -- which
+ *	  expire, and count only when made after the lease last granted -- stay
+ *	  fresh enough to promote on.  Leader-consistency shards are reported
+ *	  the same way (so their followers are promotable), but their mark
+ *	  moves with the leader's flush, in shard.c.
  *
  *	  A halted follower is reported with caught_up = false: it has stopped,
  *	  and a caught-up report it made earlier must not be what the control
@@ -70,7 +80,16 @@
 /* After a failed report, wait at least this long before the next. */
 #define FELIX_REPORT_RETRY_MS		50
 
-static const char *const report_sql = "SELECT felix.cp_report($1, $2)";
+/*
+ * How long a mark held only by followers whose answers are on the way
+ * waits for them before a report that counts them out is sent instead.
+ * Two followers sharing a disk answer a few tenths of a millisecond
+ * apart; a report to say the later one is behind costs more than that,
+ * and is wrong a moment after it lands.
+ */
+#define FELIX_REPORT_GRACE_US		1000
+
+static const char *const report_sql = "SELECT felix.cp_report($1, $2, $3)";
 
 /* What was last reported for one follower. */
 typedef struct Reported
@@ -81,16 +100,30 @@ typedef struct Reported
 	bool		caught_up;
 } Reported;
 
-/* Per shard slot: what the control plane was last told, and when. */
+/*
+ * Per shard slot: what the control plane was last told, and when.
+ *
+ * What the control plane may believe of follower i is last[i] (the rows of
+ * the last request that landed) unless doubtful[i]: a request sent since
+ * then said i was caught up and has not been seen to land -- it is in
+ * flight, or failed in a way that may still let it commit.  A landed
+ * request is the newest (requests carry increasing tokens, and the control
+ * plane never lets an older one overwrite a newer), so landing clears
+ * doubt.  confirmed: a request of this process has landed for this shard
+ * at this generation; before that, rows an earlier ship worker sent may
+ * still stand there, and only a landed report may move the mark.
+ */
 typedef struct ReportSlot
 {
 	bool		active;
 	FelixShardKey key;
 	uint64		generation;
+	bool		confirmed;
 	int64		last_report_ns;
 	int64		lease_expiry_ns;	/* the lease the last report followed */
 	int			nfollowers;
 	Reported	last[FELIX_MAX_REPLICAS];
+	bool		doubtful[FELIX_MAX_REPLICAS];
 } ReportSlot;
 
 /* One shard's part of the request in flight. */
@@ -111,6 +144,7 @@ static int	report_nslots = 0;
 
 static bool in_flight = false;
 static int64 sent_ns = 0;
+static int64 last_token = 0;	/* the token of the last request sent */
 static int	sent_rows = 0;
 static PendingShard *pending = NULL;
 static int	npending = 0;
@@ -206,10 +240,12 @@ finish_request(bool landed, int64 now_ns)
 		if (rs->active && key_equal(&rs->key, &ps->key) &&
 			rs->generation == ps->generation)
 		{
+			rs->confirmed = true;
 			rs->last_report_ns = sent_ns;
 			rs->lease_expiry_ns = ps->lease_expiry_ns;
 			rs->nfollowers = ps->nfollowers;
 			memcpy(rs->last, ps->rows, sizeof(rs->last));
+			memset(rs->doubtful, 0, sizeof(rs->doubtful));
 		}
 	}
 	npending = 0;
@@ -225,12 +261,73 @@ cmp_desc(const void *a, const void *b)
 }
 
 /*
- * Consider one slot: is it led here with followers, and is a report due?
- * If so, append its rows to json and its part to pending.
+ * Is what the control plane may believe of this shard still true once the
+ * mark is at `mark`?  It is if every follower it may take for caught up
+ * has acknowledged everything below the mark: then a promotion on the
+ * standing report loses no acknowledged record, and the mark can move
+ * without a new one.  A follower the control plane may think caught up
+ * that lacks part of it needs a report saying so first -- the case of a
+ * leader that reported two followers level and then acknowledged a record
+ * only one of them holds.
+ */
+static bool
+report_still_true(const ReportSlot *rs, const FelixReplShard *e, uint64 mark)
+{
+	if (!rs->confirmed || rs->nfollowers != e->nfollowers)
+		return false;
+	for (int i = 0; i < e->nfollowers; i++)
+	{
+		const FelixFollower *f = &e->followers[i];
+
+		if (!rs->doubtful[i] && !(rs->last[i].present && rs->last[i].caught_up))
+			continue;
+		if (strcmp(rs->last[i].name, f->name) != 0 || !f->answered ||
+			f->acked_end < mark)
+			return false;
+	}
+	return true;
+}
+
+/*
+ * The mark cannot move on the standing report: are the followers holding
+ * it back -- those the control plane may take for caught up that have not
+ * acknowledged below `mark` -- all about to answer for it?  Then until
+ * the returned instant the mark waits for their answers rather than for a
+ * report that counts them out; 0 when some of them has nothing on the way.
+ */
+static int64
+answers_due_by(int slot, const ReportSlot *rs, const FelixReplShard *e,
+			   uint64 mark)
+{
+	int64		until = 0;
+
+	if (!rs->confirmed || rs->nfollowers != e->nfollowers)
+		return 0;
+	for (int i = 0; i < e->nfollowers; i++)
+	{
+		const FelixFollower *f = &e->followers[i];
+		int64		since;
+
+		if (!rs->doubtful[i] && !(rs->last[i].present && rs->last[i].caught_up))
+			continue;
+		if (f->answered && f->acked_end >= mark)
+			continue;
+		since = ship_in_flight_since(slot, &e->key, e->generation, i, mark);
+		if (since == 0)
+			return 0;
+		until = Max(until, since + (int64) FELIX_REPORT_GRACE_US * 1000);
+	}
+	return until;
+}
+
+/*
+ * Consider one slot: is it led here with followers?  Move its quorum mark
+ * now if the standing report allows; else, and whenever a report is due
+ * and may_queue, append its rows to json and its part to pending.
  */
 static void
 consider_slot(int slot, FelixReplShard *e, StringInfo json, int *nrows,
-			  int64 now_ns)
+			  bool may_queue, int64 now_ns)
 {
 	FelixShard *s = shard_slot(slot);
 	ReportSlot *rs = &report_slots[slot];
@@ -245,6 +342,7 @@ consider_slot(int slot, FelixReplShard *e, StringInfo json, int *nrows,
 	bool		quorum;
 	uint64		mark = 0;
 	uint64		caught_up_at;
+	bool		mark_needs_report = false;
 	bool		due;
 	PendingShard ps;
 	uint64		acks[FELIX_MAX_REPLICAS + 1];
@@ -351,12 +449,35 @@ consider_slot(int slot, FelixReplShard *e, StringInfo json, int *nrows,
 			row->caught_up = row->acked_end >= caught_up_at;
 	}
 
+	if (quorum && mark > hwm_end && report_still_true(rs, e, mark))
+	{
+		shard_set_hwm(s, e->generation, mark);
+		felix_count(FELIX_CTR_MARKS_ON_STANDING_REPORT, 1);
+		hwm_end = mark;
+	}
+	if (!may_queue)
+		return;
+
 	/*
-	 * Also due right after each lease renewal: the control plane promotes
-	 * only on reports made after the lease it last granted, so the freshest
-	 * report must follow the freshest grant as closely as possible.
+	 * A report is due when the mark cannot move without one (and the
+	 * followers holding it back are not about to answer); when a follower
+	 * appears, goes, or halts, or -- on a shard whose mark does not wait
+	 * for reports -- falls behind; every heartbeat interval; and right
+	 * after each lease renewal: the control plane promotes only on reports
+	 * made after the lease it last granted, so the freshest report must
+	 * follow the freshest grant as closely as possible.  A follower that
+	 * caught up again waits for the next periodic report to be counted
+	 * in: until then the control plane merely knows less than it could.
 	 */
-	due = (quorum && mark > hwm_end) ||
+	if (quorum && mark > hwm_end)
+	{
+		int64		until = answers_due_by(slot, rs, e, mark);
+
+		mark_needs_report = until <= now_ns;
+		if (!mark_needs_report)
+			next_due_ns = Min(next_due_ns, until);
+	}
+	due = mark_needs_report ||
 		now_ns - rs->last_report_ns >= (int64) felix_heartbeat_interval * NS_PER_MS ||
 		lease_expiry_ns != rs->lease_expiry_ns ||
 		rs->nfollowers != ps.nfollowers;
@@ -364,9 +485,10 @@ consider_slot(int slot, FelixReplShard *e, StringInfo json, int *nrows,
 	{
 		Reported   *a = &ps.rows[i];
 		Reported   *b = &rs->last[i];
+		bool		fell_behind = b->caught_up && !a->caught_up &&
+			(!quorum || e->followers[i].state != FELIX_FOLLOWER_SHIPPING);
 
-		if (a->present != b->present || a->caught_up != b->caught_up ||
-			strcmp(a->name, b->name) != 0)
+		if (a->present != b->present || fell_behind || strcmp(a->name, b->name) != 0)
 			due = true;
 	}
 	if (!due)
@@ -392,6 +514,9 @@ consider_slot(int slot, FelixReplShard *e, StringInfo json, int *nrows,
 		appendStringInfo(json, ",\"acked_end\":" UINT64_FORMAT ",\"caught_up\":%s}",
 						 row->acked_end, row->caught_up ? "true" : "false");
 		(*nrows)++;
+		/* from now on the control plane may believe it, landed or not */
+		if (row->caught_up)
+			rs->doubtful[i] = true;
 	}
 	pending[npending++] = ps;
 }
@@ -403,22 +528,29 @@ report_tick(int64 now_ns)
 	FelixReplShard *e;
 	int			nrows = 0;
 	int			nslots;
-	const char *values[2];
-	Oid			types[2] = {TEXTOID, JSONBOID};
+	const char *values[3];
+	Oid			types[3] = {TEXTOID, JSONBOID, INT8OID};
+	char		token[32];
+
+	bool		may_queue = !in_flight && now_ns >= retry_after_ns;
 
 	next_due_ns = PG_INT64_MAX;
 	mark_held = false;
 	work_waiting = false;
-	if (in_flight || now_ns < retry_after_ns)
-		return;
 
-	npending = 0;
+	if (may_queue)
+		npending = 0;
 	initStringInfo(&json);
 	e = palloc(sizeof(FelixReplShard));
 	nslots = Min(shard_count_slots(), report_nslots);
 	for (int slot = 0; slot < nslots; slot++)
-		consider_slot(slot, e, &json, &nrows, now_ns);
+		consider_slot(slot, e, &json, &nrows, may_queue, now_ns);
 	pfree(e);
+	if (!may_queue)
+	{
+		pfree(json.data);
+		return;
+	}
 
 	if (nrows == 0)
 	{
@@ -439,9 +571,12 @@ report_tick(int64 now_ns)
 		return;
 	}
 
+	last_token = Max(felix_monotonic_ns(), last_token + 1);
+	snprintf(token, sizeof(token), INT64_FORMAT, last_token);
 	values[0] = felix_node_name_resolved();
 	values[1] = json.data;
-	if (PQsendQueryParams(cp.conn, report_sql, 2, types, values, NULL, NULL, 0) != 1)
+	values[2] = token;
+	if (PQsendQueryParams(cp.conn, report_sql, 3, types, values, NULL, NULL, 0) != 1)
 	{
 		npending = 0;
 		async_fail(&cp, PQerrorMessage(cp.conn), now_ns);

@@ -10,7 +10,9 @@
  *	  FELIX_SHIP_MAX_BYTES per request -- as
  *	    SELECT status, seq FROM felix.replicate(stream, shard, generation,
  *	                                            from_seq, leader_hwm_end, batches)
- *	  over one libpq connection per peer node.  Connections are
+ *	  (prepared once per connection) over one libpq connection per peer
+ *	  node; each follower's next read starts where its last one stopped
+ *	  (FelixLogPos) rather than seeking through the index.  Connections are
  *	  non-blocking and in pipeline mode, so one peer has requests for many
  *	  shards in flight and all peers are served at once; the worker waits
  *	  on its latch (set by publishers after each append) and every socket
@@ -83,12 +85,16 @@
 
 #define NS_PER_MS	INT64CONST(1000000)
 
+/* Prepared once per connection: the follower parses and plans it once. */
 static const char *const replicate_sql =
 "SELECT status, seq FROM felix.replicate($1, $2, $3, $4, $5, $6)";
+static const char *const replicate_stmt = "felix_replicate";
+static const Oid replicate_types[6] = {TEXTOID, INT4OID, INT8OID, INT8OID, INT8OID, BYTEAOID};
 
 /* One request in a peer's pipeline, oldest first. */
 typedef struct ShipRequest
 {
+	bool		prepare;		/* preparing replicate_stmt, not a shipment */
 	int			slot;
 	FelixShardKey key;
 	uint64		generation;
@@ -112,6 +118,7 @@ typedef struct Peer
 	bool		used;
 	char		name[NAMEDATALEN];
 	FelixAsyncConn ac;
+	uint64		prepared_serial;	/* ac.serial replicate_stmt was prepared on */
 	ShipRequest *reqs;			/* FIFO: [head, nreqs) */
 	int			head;
 	int			nreqs;
@@ -127,8 +134,11 @@ typedef struct ShipSlot
 	FelixShardKey key;
 	uint64		generation;
 	bool		in_flight[FELIX_MAX_REPLICAS];
+	uint64		in_flight_end[FELIX_MAX_REPLICAS];	/* what it carries, and */
+	int64		in_flight_ns[FELIX_MAX_REPLICAS];	/* when it left */
 	int64		retry_at_ns[FELIX_MAX_REPLICAS];
 	uint64		hwm_sent[FELIX_MAX_REPLICAS];
+	FelixLogPos read_pos[FELIX_MAX_REPLICAS];	/* where the last read stopped */
 	bool		problem_logged;
 } ShipSlot;
 
@@ -149,7 +159,24 @@ static Peer peers[FELIX_MAX_NODES];
 static ShipSlot *ship_slots = NULL;
 static int	ship_nslots = 0;
 static MemoryContext pass_cxt = NULL;
+
+/*
+ * The wait set outlives a pass: it is rebuilt only when the sockets or
+ * the events wanted on them change.  async_epoch moves whenever a
+ * connection opens or closes (a new socket may reuse an old number).
+ */
+typedef struct WaitSpec
+{
+	pgsocket	sock;
+	uint32		events;
+	void	   *tag;
+} WaitSpec;
+
 static WaitEventSet *wait_set = NULL;
+static WaitSpec wait_specs[FELIX_MAX_NODES + 1];
+static int	nwait_specs = 0;
+static uint64 async_epoch = 0;
+static uint64 wait_set_epoch = 0;
 
 /* ---------------------------------------------------------------------
  * Non-blocking connections
@@ -173,6 +200,7 @@ async_close(FelixAsyncConn *c)
 		PQfinish(c->conn);
 		ReleaseExternalFD();
 		c->conn = NULL;
+		async_epoch++;
 	}
 	c->state = FELIX_ASYNC_DOWN;
 	c->want_read = c->want_write = false;
@@ -242,6 +270,7 @@ async_begin(FelixAsyncConn *c, int64 now_ns)
 	}
 	c->state = FELIX_ASYNC_CONNECTING;
 	c->started_ns = now_ns;
+	c->serial = ++async_epoch;
 	/* PQconnectStart behaves as if PQconnectPoll had said "writing" */
 	c->want_read = false;
 	c->want_write = true;
@@ -350,6 +379,18 @@ ship_slot_for(int slot, const FelixShardKey *key, uint64 generation)
 	if (!ss->active || ss->generation != generation || !key_equal(&ss->key, key))
 		return NULL;
 	return ss;
+}
+
+int64
+ship_in_flight_since(int slot, const FelixShardKey *key, uint64 generation,
+					 int fidx, uint64 end)
+{
+	ShipSlot   *ss = ship_slot_for(slot, key, generation);
+
+	if (ss == NULL || fidx < 0 || fidx >= FELIX_MAX_REPLICAS ||
+		!ss->in_flight[fidx] || ss->in_flight_end[fidx] < end)
+		return 0;
+	return ss->in_flight_ns[fidx];
 }
 
 /* Forget every request of the peer: the connection they rode is gone. */
@@ -539,6 +580,7 @@ typedef struct ReadArg
 	uint64		from;
 	uint64		end;
 	StringInfo	out;
+	FelixLogPos *pos;
 	uint64		next;
 } ReadArg;
 
@@ -548,7 +590,7 @@ read_fn(void *varg)
 	ReadArg    *a = (ReadArg *) varg;
 
 	a->next = log_read_range(a->dir, a->what, a->from, a->end,
-							 FELIX_SHIP_MAX_BYTES, a->out);
+							 FELIX_SHIP_MAX_BYTES, a->out, a->pos);
 }
 
 /* ---------------------------------------------------------------------
@@ -637,7 +679,6 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 	const char *values[6];
 	int			lengths[6];
 	int			formats[6] = {0, 0, 0, 0, 0, 1};
-	Oid			types[6] = {TEXTOID, INT4OID, INT8OID, INT8OID, INT8OID, BYTEAOID};
 	ShipRequest *r;
 
 	if (f->state != FELIX_FOLLOWER_SHIPPING || ss->in_flight[fidx] ||
@@ -686,6 +727,7 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 		ra.from = f->cursor;
 		ra.end = snap->written_end;
 		ra.out = &buf;
+		ra.pos = &ss->read_pos[fidx];
 		if (!ship_local(read_fn, &ra, err, sizeof(err)))
 		{
 			follower_note_error(slot, fidx, f, err, snap, false);
@@ -723,8 +765,24 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 		lengths[i] = 0;
 	lengths[5] = buf.len;
 
-	if (PQsendQueryParams(p->ac.conn, replicate_sql, 6, types, values, lengths,
-						  formats, 0) != 1 ||
+	if (p->prepared_serial != p->ac.serial)
+	{
+		/* first shipment on this connection: prepare, in the same pipeline */
+		if (PQsendPrepare(p->ac.conn, replicate_stmt, replicate_sql, 6,
+						  replicate_types) != 1 ||
+			PQpipelineSync(p->ac.conn) != 1)
+		{
+			peer_fail(p, PQerrorMessage(p->ac.conn), now_ns);
+			return;
+		}
+		r = peer_push(p);
+		r->prepare = true;
+		r->slot = -1;
+		r->sent_ns = now_ns;
+		p->prepared_serial = p->ac.serial;
+	}
+	if (PQsendQueryPrepared(p->ac.conn, replicate_stmt, 6, values, lengths,
+							formats, 0) != 1 ||
 		PQpipelineSync(p->ac.conn) != 1)
 	{
 		peer_fail(p, PQerrorMessage(p->ac.conn), now_ns);
@@ -744,6 +802,8 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 	r->sent_ns = now_ns;
 	p->bytes_in_flight += buf.len;
 	ss->in_flight[fidx] = true;
+	ss->in_flight_end[fidx] = sent_end;
+	ss->in_flight_ns[fidx] = now_ns;
 	felix_count(FELIX_CTR_BYTES_SHIPPED, buf.len);
 	/* libpq holds its own copy now */
 	pfree(buf.data);
@@ -998,10 +1058,20 @@ peer_read(Peer *p, int64 now_ns)
 			PQclear(res);
 			p->bytes_in_flight -= Min(p->bytes_in_flight, r->bytes);
 			p->head++;
-			apply_answer(r, now_ns);
+			if (!r->prepare)
+				apply_answer(r, now_ns);
+			else if (r->failed)
+			{
+				/* what rode behind it failed too; start over on a new connection */
+				peer_fail(p, psprintf("preparing felix.replicate failed: %s", r->error),
+						  now_ns);
+				return;
+			}
 			continue;
 		}
-		if (!r->have_answer && !r->failed)
+		if (r->prepare && PQresultStatus(res) == PGRES_COMMAND_OK)
+			;					/* prepared */
+		else if (!r->have_answer && !r->failed)
 			take_result(r, res);
 		PQclear(res);
 	}
@@ -1073,8 +1143,10 @@ ship_worker_exit(int code, Datum arg)
 	report_close("the ship worker is exiting", felix_monotonic_ns());
 }
 
+/* The events a connection needs waited for, if any. */
 static void
-add_conn_events(FelixAsyncConn *c, void *tag)
+conn_wait_spec(FelixAsyncConn *c, void *tag, WaitSpec *specs, int *n,
+			   bool *connecting)
 {
 	uint32		events = 0;
 
@@ -1084,10 +1156,47 @@ add_conn_events(FelixAsyncConn *c, void *tag)
 	if (c->state == FELIX_ASYNC_READY)
 		events = WL_SOCKET_READABLE | (c->want_write ? WL_SOCKET_WRITEABLE : 0);
 	else
+	{
+		/* libpq may swap sockets while connecting: never trust the old set */
+		*connecting = true;
 		events = (c->want_read ? WL_SOCKET_READABLE : 0) |
 			(c->want_write ? WL_SOCKET_WRITEABLE : 0);
-	if (events != 0)
-		AddWaitEventToSet(wait_set, events, PQsocket(c->conn), NULL, tag);
+	}
+	if (events == 0)
+		return;
+	specs[*n].sock = PQsocket(c->conn);
+	specs[*n].events = events;
+	specs[*n].tag = tag;
+	(*n)++;
+}
+
+/* Have wait_set wait on the latch, postmaster death and every connection. */
+static void
+prepare_wait_set(MemoryContext cxt)
+{
+	WaitSpec	specs[FELIX_MAX_NODES + 1];
+	int			n = 0;
+	bool		connecting = false;
+
+	memset(specs, 0, sizeof(specs));
+	for (int i = 0; i < FELIX_MAX_NODES; i++)
+		if (peers[i].used)
+			conn_wait_spec(&peers[i].ac, &peers[i], specs, &n, &connecting);
+	conn_wait_spec(report_conn(), report_conn(), specs, &n, &connecting);
+
+	if (wait_set != NULL && !connecting && wait_set_epoch == async_epoch &&
+		n == nwait_specs && memcmp(specs, wait_specs, n * sizeof(WaitSpec)) == 0)
+		return;
+	if (wait_set != NULL)
+		FreeWaitEventSet(wait_set);
+	wait_set = CreateWaitEventSet(cxt, n + 2);
+	AddWaitEventToSet(wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
+	AddWaitEventToSet(wait_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
+	for (int i = 0; i < n; i++)
+		AddWaitEventToSet(wait_set, specs[i].events, specs[i].sock, NULL, specs[i].tag);
+	memcpy(wait_specs, specs, sizeof(wait_specs));
+	nwait_specs = n;
+	wait_set_epoch = async_epoch;
 }
 
 /* Milliseconds until the earliest deadline, capped by the heartbeat. */
@@ -1107,7 +1216,7 @@ wait_timeout(int64 now_ns)
 			deadline = Min(deadline, p->reqs[p->head].sent_ns +
 						   FELIX_SHIP_ANSWER_TIMEOUT_MS * NS_PER_MS);
 	}
-	for (int slot = 0; slot < ship_nslots; slot++)
+	for (int slot = 0; slot < Min(shard_count_slots(), ship_nslots); slot++)
 	{
 		ShipSlot   *ss = &ship_slots[slot];
 
@@ -1183,7 +1292,6 @@ felix_ship_worker_main(Datum arg)
 		long		timeout;
 		WaitEvent	events[FELIX_MAX_NODES + 3];
 		int			nevents = 0;
-		int			npeers = 0;
 
 		MemoryContextSwitchTo(pass_cxt);
 		MemoryContextReset(pass_cxt);
@@ -1192,23 +1300,10 @@ felix_ship_worker_main(Datum arg)
 		{
 			now_ns = felix_monotonic_ns();
 			timeout = wait_timeout(now_ns);
-
-			for (int i = 0; i < FELIX_MAX_NODES; i++)
-				if (peers[i].used && peers[i].ac.conn != NULL)
-					npeers++;
-			wait_set = CreateWaitEventSet(pass_cxt, npeers + 3);
-			AddWaitEventToSet(wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
-			AddWaitEventToSet(wait_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
-			for (int i = 0; i < FELIX_MAX_NODES; i++)
-				if (peers[i].used)
-					add_conn_events(&peers[i].ac, &peers[i]);
-			add_conn_events(report_conn(), report_conn());
-
+			prepare_wait_set(worker_cxt);
 			pgstat_report_activity(STATE_IDLE, NULL);
 			nevents = WaitEventSetWait(wait_set, timeout, events, lengthof(events),
 									   PG_WAIT_EXTENSION);
-			FreeWaitEventSet(wait_set);
-			wait_set = NULL;
 		}
 		first = false;
 

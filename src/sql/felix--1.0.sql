@@ -183,9 +183,11 @@ CREATE TABLE felix.assignments (
 CREATE INDEX assignments_leader ON felix.assignments (leader);
 
 -- The leader's word on each follower: how far it has acknowledged
--- (exclusive end) and whether it held everything the leader had written
--- when the report was made.  Written only by felix.cp_report, and only
--- while the reporter leads the shard at that generation.
+-- (exclusive end) and whether it holds every record acknowledged to a
+-- client.  Written only by felix.cp_report, and only while the reporter
+-- leads the shard at that generation.  token orders one leader's reports
+-- at one generation: a request that arrives after a later one (it was
+-- held up, and the leader gave up on it) is not allowed to undo it.
 CREATE TABLE felix.replica_reports (
     stream      text NOT NULL,
     shard       integer NOT NULL,
@@ -195,6 +197,7 @@ CREATE TABLE felix.replica_reports (
     acked_end   bigint NOT NULL CHECK (acked_end >= 0),
     caught_up   boolean NOT NULL,
     reported_at timestamptz NOT NULL,
+    token       bigint,
     PRIMARY KEY (stream, shard, follower),
     FOREIGN KEY (stream, shard) REFERENCES felix.assignments (stream, shard) ON DELETE CASCADE
 ) WITH (fillfactor = 50);
@@ -516,8 +519,16 @@ $$;
 -- default): a report that released acknowledgements must survive a crash
 -- of the control plane, or an older report left behind could name a
 -- follower that lacks them.
+--
+-- token: the leader's ordering of its requests (strictly increasing for
+-- one leader at one generation; NULL for a hand-made report).  A row is
+-- written only if it is newer than the stored one from the same leader
+-- and generation, and the return value counts the rows written: a
+-- request that lost to a later one says so, and the leader does not take
+-- it as landed.
 -- ---------------------------------------------------------------------
-CREATE FUNCTION felix.cp_report(leader text, reports jsonb) RETURNS integer
+CREATE FUNCTION felix.cp_report(leader text, reports jsonb, token bigint DEFAULT NULL)
+RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     r          record;
@@ -529,6 +540,7 @@ DECLARE
     cur_shard  integer;
     have_a     boolean := false;
     named      text[];
+    written    integer;
 BEGIN
     IF cp_report.leader IS NULL OR cp_report.leader = '' THEN
         RAISE EXCEPTION 'a reporting node name must not be NULL or empty'
@@ -572,7 +584,8 @@ BEGIN
     LOOP
         IF cur_stream IS DISTINCT FROM r.stream OR cur_shard IS DISTINCT FROM r.shard THEN
             IF named IS NOT NULL THEN
-                PERFORM felix.cp_report_unnamed(cur_stream, cur_shard, named);
+                PERFORM felix.cp_report_unnamed(cur_stream, cur_shard, cp_report.leader,
+                                                 cp_report.token, named);
             END IF;
             cur_stream := r.stream;
             cur_shard := r.shard;
@@ -593,17 +606,22 @@ BEGIN
                    OR NOT (r.follower = ANY (a.replicas)) OR r.follower = cp_report.leader;
         t := clock_timestamp();
         INSERT INTO felix.replica_reports AS rr
-               (stream, shard, generation, leader, follower, acked_end, caught_up, reported_at)
-        VALUES (r.stream, r.shard, r.generation, cp_report.leader, r.follower, r.acked_end, r.caught_up, t)
+               (stream, shard, generation, leader, follower, acked_end, caught_up, reported_at, token)
+        VALUES (r.stream, r.shard, r.generation, cp_report.leader, r.follower, r.acked_end,
+                r.caught_up, t, cp_report.token)
         ON CONFLICT ON CONSTRAINT replica_reports_pkey
         DO UPDATE SET generation = EXCLUDED.generation, leader = EXCLUDED.leader,
                       acked_end = EXCLUDED.acked_end, caught_up = EXCLUDED.caught_up,
-                      reported_at = EXCLUDED.reported_at;
+                      reported_at = EXCLUDED.reported_at, token = EXCLUDED.token
+         WHERE rr.generation <> EXCLUDED.generation OR rr.leader <> EXCLUDED.leader
+            OR rr.token IS NULL OR EXCLUDED.token IS NULL OR rr.token < EXCLUDED.token;
+        GET DIAGNOSTICS written = ROW_COUNT;
         named := coalesce(named, '{}') || r.follower;
-        accepted := accepted + 1;
+        accepted := accepted + written;
     END LOOP;
     IF named IS NOT NULL THEN
-        PERFORM felix.cp_report_unnamed(cur_stream, cur_shard, named);
+        PERFORM felix.cp_report_unnamed(cur_stream, cur_shard, cp_report.leader,
+                                         cp_report.token, named);
     END IF;
     RETURN accepted;
 END
@@ -611,13 +629,17 @@ $$;
 
 -- A leader's accepted reports on a shard describe its whole replica set:
 -- a follower it left out (a halted one, say) is no longer caught up,
--- whatever an earlier report said.
-CREATE FUNCTION felix.cp_report_unnamed(stream text, shard integer, named text[]) RETURNS void
+-- whatever an earlier report said -- unless that report is newer than
+-- this one.
+CREATE FUNCTION felix.cp_report_unnamed(stream text, shard integer, leader text,
+                                        token bigint, named text[]) RETURNS void
     LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
     UPDATE felix.replica_reports rr
        SET caught_up = false
      WHERE rr.stream = cp_report_unnamed.stream AND rr.shard = cp_report_unnamed.shard
        AND rr.caught_up AND NOT (rr.follower = ANY (cp_report_unnamed.named))
+       AND (rr.leader <> cp_report_unnamed.leader OR rr.token IS NULL
+            OR cp_report_unnamed.token IS NULL OR rr.token < cp_report_unnamed.token)
 $$;
 
 -- ---------------------------------------------------------------------
@@ -811,15 +833,15 @@ $$;
 -- Internal: the cp_* entry points are for felix_replication (and
 -- superusers) only; the helpers for the entry points only.
 REVOKE ALL ON FUNCTION felix.cp_settings(), felix.cp_score(text, text, integer),
-    felix.cp_mask_conninfo(text), felix.cp_report_unnamed(text, integer, text[]),
+    felix.cp_mask_conninfo(text), felix.cp_report_unnamed(text, integer, text, bigint, text[]),
     felix.cp_heartbeat(text, text),
     felix.cp_create_stream(text, integer, integer, text, text, text, bigint, interval),
-    felix.cp_drop_stream(text, boolean), felix.cp_report(text, jsonb), felix.cp_tick(),
+    felix.cp_drop_stream(text, boolean), felix.cp_report(text, jsonb, bigint), felix.cp_tick(),
     felix.cp_nodes()
     FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION felix.cp_heartbeat(text, text),
     felix.cp_create_stream(text, integer, integer, text, text, text, bigint, interval),
-    felix.cp_drop_stream(text, boolean), felix.cp_report(text, jsonb), felix.cp_tick(),
+    felix.cp_drop_stream(text, boolean), felix.cp_report(text, jsonb, bigint), felix.cp_tick(),
     felix.cp_nodes()
     TO felix_replication;
 -- END control plane

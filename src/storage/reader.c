@@ -397,9 +397,41 @@ reader_next_batch(FelixLogReader *r)
 	}
 }
 
-FelixLogReader *
-log_reader_open(const char *dir, const char *what, uint64 from_seq,
-				uint64 end_seq)
+/*
+ * Open at a position an earlier read handed out, if it still describes the
+ * log: the segment is there with a sound header, and a sound batch header
+ * beginning at exactly r->from_seq sits at the offset.  False, with nothing
+ * open, otherwise.
+ */
+static bool
+reader_resume(FelixLogReader *r, const FelixLogPos *at)
+{
+	char		path[MAXPGPATH];
+	FelixBatchHeader h;
+
+	if (at->seq != r->from_seq || at->offset < SEG_HEADER_SIZE ||
+		at->seg_base > at->seq)
+		return false;
+	felix_segment_path(path, r->dir, at->seg_base);
+	if (!segfile_open(&r->sf, path, r->what, FELIX_READ_CHUNK, true))
+		return false;
+	r->seg_base = at->seg_base;
+	reader_check_segment_header(r);
+	if (!segfile_header(&r->sf, at->offset, &h) ||
+		batch_header_check(&h) != FELIX_HDR_OK || h.base_seq != at->seq)
+	{
+		segfile_close(&r->sf);
+		return false;
+	}
+	r->seg_last = false;
+	r->pos = at->offset;
+	r->expect_seq = at->seq;
+	return true;
+}
+
+static FelixLogReader *
+reader_open(const char *dir, const char *what, uint64 from_seq,
+			uint64 end_seq, const FelixLogPos *at)
 {
 	FelixLogReader *r = palloc0(sizeof(FelixLogReader));
 
@@ -408,9 +440,20 @@ log_reader_open(const char *dir, const char *what, uint64 from_seq,
 	r->from_seq = from_seq;
 	r->end_seq = end_seq;
 	r->sf.fd = -1;
-	if (from_seq >= end_seq || !reader_seek(r, from_seq))
+	if (from_seq >= end_seq)
+		r->done = true;
+	else if (at != NULL && reader_resume(r, at))
+		;
+	else if (!reader_seek(r, from_seq))
 		r->done = true;
 	return r;
+}
+
+FelixLogReader *
+log_reader_open(const char *dir, const char *what, uint64 from_seq,
+				uint64 end_seq)
+{
+	return reader_open(dir, what, from_seq, end_seq, NULL);
 }
 
 bool
@@ -465,9 +508,9 @@ log_reader_close(FelixLogReader *r)
  */
 uint64
 log_read_range(const char *dir, const char *what, uint64 from_seq,
-			   uint64 end_seq, Size max_bytes, StringInfo out)
+			   uint64 end_seq, Size max_bytes, StringInfo out, FelixLogPos *pos)
 {
-	FelixLogReader *r = log_reader_open(dir, what, from_seq, end_seq);
+	FelixLogReader *r = reader_open(dir, what, from_seq, end_seq, pos);
 	uint64		result = from_seq;
 	Size		added = 0;
 
@@ -480,6 +523,13 @@ log_read_range(const char *dir, const char *what, uint64 from_seq,
 		appendBinaryStringInfo(out, r->raw, len);
 		added += len;
 		result = r->hdr.base_seq + r->hdr.count;
+		if (pos != NULL)
+		{
+			/* the next batch begins right behind this one, in its segment */
+			pos->seq = result;
+			pos->seg_base = r->seg_base;
+			pos->offset = r->pos;
+		}
 	}
 	log_reader_close(r);
 	return result;

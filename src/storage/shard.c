@@ -42,6 +42,7 @@ typedef struct FelixShardRegistry
 	int			flush_tranche_id;	/* every shard's flush_lock */
 	Latch	   *shipper_latch;	/* the ship worker's latch, or NULL */
 	pg_atomic_uint64 streams_forgotten; /* committed stream drops so far */
+	pg_atomic_uint32 slots_used;	/* slots [0, slots_used) were ever used */
 	int			nslots;
 	FelixShard	slots[FLEXIBLE_ARRAY_MEMBER];
 } FelixShardRegistry;
@@ -89,6 +90,7 @@ shard_registry_init(void)
 		registry->flush_tranche_id = LWLockNewTrancheId();
 		registry->shipper_latch = NULL;
 		pg_atomic_init_u64(&registry->streams_forgotten, 0);
+		pg_atomic_init_u32(&registry->slots_used, 0);
 		registry->nslots = felix_max_shards;
 		LWLockInitialize(&registry->lock, registry->tranche_id);
 		for (int i = 0; i < felix_max_shards; i++)
@@ -168,6 +170,8 @@ shard_allocate(const FelixShardSpec *spec)
 			if (e == NULL)
 				break;
 			e->slot = i;
+			if (pg_atomic_read_u32(&registry->slots_used) < (uint32) i + 1)
+				pg_atomic_write_u32(&registry->slots_used, i + 1);
 			break;
 		}
 	}
@@ -213,7 +217,7 @@ int
 shard_count_slots(void)
 {
 	registry_attach();
-	return registry->nslots;
+	return (int) pg_atomic_read_u32(&registry->slots_used);
 }
 
 FelixShard *

@@ -2,11 +2,12 @@
  *
  * report.h
  *	  The quorum mark and the replica report (report.c), called from the
- *	  ship worker's loop.  For each shard led here with followers it
- *	  decides what the control plane must be told (which followers hold
- *	  what, and whether they are caught up), sends every queued report in
- *	  one request, and only once that request has landed moves the quorum
- *	  shards' high-water marks it justified.
+ *	  ship worker's loop.  For each shard led here with followers it moves
+ *	  the quorum mark when what the control plane may believe is still true
+ *	  of it; otherwise it decides what the control plane must be told
+ *	  (which followers hold what, and whether they are caught up), sends
+ *	  every queued report in one request, and only once that request has
+ *	  landed moves the marks it justified.
  *
  * Locking rule: the worker's own memory; shards and follower state are
  * read through shard.h / state.h under their rules.

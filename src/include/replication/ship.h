@@ -20,6 +20,7 @@
 #define FELIX_REPLICATION_SHIP_H
 
 #include "postgres.h"
+#include "felix.h"
 #include "libpq-fe.h"
 
 /* Register the worker (from _PG_init). */
@@ -41,6 +42,7 @@ typedef enum FelixAsyncState
 typedef struct FelixAsyncConn
 {
 	PGconn	   *conn;
+	uint64		serial;			/* which connection conn is: new per connect */
 	FelixAsyncState state;
 	bool		pipeline;		/* enter pipeline mode once connected */
 	bool		want_read;		/* wait for the socket to be readable */
@@ -72,5 +74,13 @@ extern void async_fail(FelixAsyncConn *c, const char *problem, int64 now_ns);
 extern bool async_flush(FelixAsyncConn *c, int64 now_ns);
 /* Earliest instant the connection needs attention without an event. */
 extern int64 async_deadline(FelixAsyncConn *c);
+
+/*
+ * When the shipment in flight to follower fidx of the shard in `slot` (at
+ * `generation`) left, if it carries every record below `end`; 0 if no
+ * shipment in flight does.
+ */
+extern int64 ship_in_flight_since(int slot, const FelixShardKey *key,
+								  uint64 generation, int fidx, uint64 end);
 
 #endif							/* FELIX_REPLICATION_SHIP_H */

@@ -108,15 +108,32 @@ extern bool log_reader_next(FelixLogReader *r, FelixRecord *rec);
 extern void log_reader_close(FelixLogReader *r);
 
 /*
+ * Where a range read stopped: the batch beginning at seq starts at byte
+ * offset of the segment whose base is seg_base.  A caller that reads on
+ * from there passes it back, and the read starts at once instead of
+ * listing the directory and seeking through the index; a position that no
+ * longer describes the log (segment gone, no batch beginning at seq there)
+ * is ignored and the read seeks as usual.
+ */
+typedef struct FelixLogPos
+{
+	uint64		seq;
+	uint64		seg_base;
+	uint64		offset;
+} FelixLogPos;
+
+/*
  * Append to `out` whole batches (header, body and trailer, as stored)
  * starting with the batch that holds from_seq, stopping before end_seq or
  * before out would pass max_bytes (at least one batch is always returned
  * when any record lies in range).  Returns the seq after the last batch copied.
- * This is the bounded range read replication ships from.
+ * This is the bounded range read replication ships from.  pos (may be
+ * NULL): in, where a previous read stopped; out, where this one did (left
+ * alone when nothing was copied).
  */
 extern uint64 log_read_range(const char *dir, const char *what,
 							 uint64 from_seq, uint64 end_seq, Size max_bytes,
-							 StringInfo out);
+							 StringInfo out, FelixLogPos *pos);
 
 /*
  * Remove every record after `seq` (keep [start, seq]).  Refuses with an

@@ -172,8 +172,9 @@ extern int	shard_trim(FelixShard *s);
 /* Cut everything after seq; refuses at or below the high-water mark. */
 extern void shard_truncate_after(FelixShard *s, uint64 seq);
 
-/* Iterate every allocated slot (for views and the node worker); the
- * registry lock is not held across the callback. */
+/* Iterate the slots (for views and the workers): every slot ever used has
+ * an index below shard_count_slots(); check in_use under the slot's mutex.
+ * A slot taken after the count was read is seen by the next iteration. */
 extern int	shard_count_slots(void);
 extern FelixShard *shard_slot(int i);
 
