@@ -102,6 +102,8 @@ shard_registry_init(void)
 			LWLockInitialize(&s->flush_lock, registry->flush_tranche_id);
 			SpinLockInit(&s->mutex);
 			ConditionVariableInit(&s->hwm_cv);
+			for (int k = 0; k < FELIX_ACK_CVS; k++)
+				ConditionVariableInit(&s->ack_cv[k]);
 		}
 	}
 
@@ -281,6 +283,29 @@ shard_report_failed(FelixShard *s)
 
 static void shard_wait_quorum(FelixShard *s, uint64 generation, uint64 end);
 
+/* Phase, role or generation changed: wake every waiter (see shard.h). */
+static void
+shard_wake_all(FelixShard *s)
+{
+	ConditionVariableBroadcast(&s->hwm_cv);
+	for (int k = 0; k < FELIX_ACK_CVS; k++)
+		ConditionVariableBroadcast(&s->ack_cv[k]);
+}
+
+/* The mark moved from old_end to new_end: wake the waiters it released. */
+static void
+shard_wake_acks(FelixShard *s, uint64 old_end, uint64 new_end)
+{
+	if (new_end - old_end >= FELIX_ACK_CVS)
+	{
+		for (int k = 0; k < FELIX_ACK_CVS; k++)
+			ConditionVariableBroadcast(&s->ack_cv[k]);
+		return;
+	}
+	for (uint64 end = old_end + 1; end <= new_end; end++)
+		ConditionVariableBroadcast(&s->ack_cv[end % FELIX_ACK_CVS]);
+}
+
 /* Records on this node count as acknowledged once durable here. */
 static bool
 shard_acks_on_flush(FelixShard *s)
@@ -326,7 +351,7 @@ shard_open_locked(FelixShard *s)
 	s->phase = FELIX_SHARD_OPEN;
 	SpinLockRelease(&s->mutex);
 	felix_count(FELIX_CTR_SHARDS_RECOVERED, 1);
-	ConditionVariableBroadcast(&s->hwm_cv);
+	shard_wake_all(s);
 }
 
 static void
@@ -369,7 +394,7 @@ shard_open(FelixShard *s)
 			snprintf(s->error, FELIX_SHARD_ERROR_LEN, "%s", edata->message);
 			s->phase = FELIX_SHARD_FAILED;
 			SpinLockRelease(&s->mutex);
-			ConditionVariableBroadcast(&s->hwm_cv);
+			shard_wake_all(s);
 		}
 		FreeErrorData(edata);
 		PG_RE_THROW();
@@ -600,7 +625,6 @@ shard_flush(FelixShard *s, uint64 upto)
 			SpinLockRelease(&s->mutex);
 			if (s->replication_factor > 1)
 				shard_wake_shipper();
-			ConditionVariableBroadcast(&s->hwm_cv);
 		}
 		LWLockRelease(&s->flush_lock);
 	}
@@ -698,10 +722,11 @@ shard_publish(FelixShard *s, StringInfo batch, uint32 count)
 
 /*
  * Quorum acknowledgement: wait until the high-water mark covers `end`.
- * The mark moves only after the leader's report of who holds the records
- * has landed at the control plane (shard_set_hwm), so a client is never
- * told more than the control plane knows.  Losing the leadership ends the
- * wait at once: the answer can no longer come from here.
+ * The mark moves only when every follower the control plane may take for
+ * caught up holds the records, and only under a live lease (report.c,
+ * shard_set_hwm), so a client is never told more than the control plane
+ * knows.  Losing the leadership ends the wait at once: the answer can no
+ * longer come from here.
  */
 static void
 shard_wait_quorum(FelixShard *s, uint64 generation, uint64 end)
@@ -709,7 +734,9 @@ shard_wait_quorum(FelixShard *s, uint64 generation, uint64 end)
 	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 													   felix_quorum_timeout);
 
-	ConditionVariablePrepareToSleep(&s->hwm_cv);
+	ConditionVariable *cv = &s->ack_cv[end % FELIX_ACK_CVS];
+
+	ConditionVariablePrepareToSleep(cv);
 	for (;;)
 	{
 		uint64		hwm;
@@ -749,7 +776,7 @@ shard_wait_quorum(FelixShard *s, uint64 generation, uint64 end)
 							   end - 1),
 					 errhint("Check felix_replication for followers that are down or halted.")));
 		}
-		ConditionVariableTimedSleep(&s->hwm_cv, left, PG_WAIT_EXTENSION);
+		ConditionVariableTimedSleep(cv, left, PG_WAIT_EXTENSION);
 	}
 	ConditionVariableCancelSleep();
 }
@@ -844,7 +871,7 @@ shard_apply_assignment(FelixShard *s, const FelixAssignment *a)
 		SpinLockRelease(&s->mutex);
 	}
 	LWLockRelease(&s->append_lock);
-	ConditionVariableBroadcast(&s->hwm_cv);
+	shard_wake_all(s);
 	if (lead && s->replication_factor > 1)
 		shard_wake_shipper();
 }
@@ -853,17 +880,27 @@ void
 shard_set_hwm(FelixShard *s, uint64 generation, uint64 hwm_end)
 {
 	bool		moved = false;
+	uint64		old_end = 0;
 
+	/*
+	 * Only under a live lease for the generation: the control plane grants
+	 * G+1 no earlier than this lease's end, so no record is acknowledged at
+	 * G once G+1 exists -- however long this process was stopped between
+	 * deciding the mark and getting here.  (lease_expiry_ns already has
+	 * felix.lease_epsilon taken off.)
+	 */
 	SpinLockAcquire(&s->mutex);
 	if (s->role == FELIX_ROLE_LEADER && s->generation == generation &&
+		s->lease_expiry_ns != 0 && felix_monotonic_ns() < s->lease_expiry_ns &&
 		hwm_end > s->hwm_end && hwm_end <= s->flushed_end)
 	{
+		old_end = s->hwm_end;
 		s->hwm_end = hwm_end;
 		moved = true;
 	}
 	SpinLockRelease(&s->mutex);
 	if (moved)
-		ConditionVariableBroadcast(&s->hwm_cv);
+		shard_wake_acks(s, old_end, hwm_end);
 }
 
 void
@@ -887,7 +924,6 @@ shard_after_replicated(FelixShard *s, uint64 leader_hwm_end)
 	if (Min(leader_hwm_end, s->flushed_end) > s->hwm_end)
 		s->hwm_end = Min(leader_hwm_end, s->flushed_end);
 	SpinLockRelease(&s->mutex);
-	ConditionVariableBroadcast(&s->hwm_cv);
 }
 
 void

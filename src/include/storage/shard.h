@@ -16,7 +16,12 @@
  *	 - mutex (spinlock) guards the small fields marked (mutex) so readers
  *	   and flushers can read them without the append lock.  Writers update
  *	   them while also holding append_lock or flush_lock as noted.
- *	 - hwm_cv is broadcast whenever hwm_end or phase changes.
+ *	 - hwm_cv is broadcast whenever phase, role or generation changes.
+ *	   A quorum waiter for the records ending at `end` sleeps on
+ *	   ack_cv[end % FELIX_ACK_CVS] instead: those are broadcast when the
+ *	   high-water mark passes one of their ends (only those, so a mark
+ *	   move wakes the publishers it releases, not every waiter), and all
+ *	   of them whenever hwm_cv is.
  *
  *-------------------------------------------------------------------------
  */
@@ -30,6 +35,9 @@
 #include "storage/log.h"
 #include "storage/lwlock.h"
 #include "storage/s_lock.h"
+
+/* Condition variables quorum waiters are spread over, by record end. */
+#define FELIX_ACK_CVS	32
 
 typedef enum FelixShardPhase
 {
@@ -109,6 +117,7 @@ typedef struct FelixShard
 	char		error[FELIX_SHARD_ERROR_LEN];
 
 	ConditionVariable hwm_cv;
+	ConditionVariable ack_cv[FELIX_ACK_CVS];
 
 	/* (append_lock) the storage layer's tail bookkeeping */
 	FelixLogState log;
@@ -203,9 +212,9 @@ extern void shard_apply_assignment(FelixShard *s, const FelixAssignment *a);
 
 /*
  * Move a quorum shard's high-water mark to hwm_end, if the shard is still
- * led here at `generation` and it is an advance.  Called only once the
- * report naming the followers that hold those records has landed at the
- * control plane.  Wakes quorum waiters.
+ * led here at `generation` under a lease that has not run out, and it is
+ * an advance.  Called only when what the control plane believes of the
+ * followers is true of the new mark (report.c).  Wakes quorum waiters.
  */
 extern void shard_set_hwm(FelixShard *s, uint64 generation, uint64 hwm_end);
 
