@@ -579,7 +579,7 @@ mark_le() { awk -v v="${1:-}" -v t="$2" 'BEGIN { if (v == "" || v == "n/a") prin
 	echo
 	echo "### felix points: flushes and control-plane reports"
 	echo
-	echo "felix_metrics deltas over each point: on the leader, records published, fsyncs (group flushes) and felix.cp_report requests (each is a transaction on the control plane, node1, which must land before a quorum mark moves); the followers' fsyncs summed."
+	echo "felix_metrics deltas over each point: on the leader, records published, fsyncs (group flushes) and felix.cp_report requests (each a transaction on the control plane, node1: periodic and after lease renewals, and whenever a quorum mark cannot move until the control plane hears that a follower is behind); the followers' fsyncs summed."
 	echo
 	echo "| point | records | leader fsyncs | follower fsyncs | records/leader fsync | report requests | records/report | rows/report |"
 	echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
