@@ -9,6 +9,7 @@ OBJS = \
 	src/shmem.o \
 	src/metrics.o \
 	src/isolate.o \
+	src/storage/crc.o \
 	src/storage/format.o \
 	src/storage/segment.o \
 	src/storage/index.o \

@@ -27,6 +27,7 @@
 #include "postgres.h"
 
 #include "felix.h"
+#include "storage/crc.h"
 #include "storage/format.h"
 #include "utils/timestamp.h"
 
@@ -118,7 +119,7 @@ batch_seal_body(StringInfo buf, uint16 kind)
 	h.flags = 0;
 	h.body_len = (uint32) body_len;
 	INIT_CRC32C(crc);
-	COMP_CRC32C(crc, buf->data + HDR_SIZE, body_len);
+	crc = felix_crc32c_update(crc, buf->data + HDR_SIZE, body_len);
 	FIN_CRC32C(crc);
 	h.body_crc = crc;
 	memcpy(buf->data, &h, sizeof(h));
@@ -253,7 +254,7 @@ batch_body_check(const FelixBatchHeader *h, const char *body)
 	uint64		off = 0;
 
 	INIT_CRC32C(crc);
-	COMP_CRC32C(crc, body, h->body_len);
+	crc = felix_crc32c_update(crc, body, h->body_len);
 	FIN_CRC32C(crc);
 	if (crc != h->body_crc)
 		return false;

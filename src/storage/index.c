@@ -33,6 +33,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "storage/crc.h"
 #include "felix.h"
 #include "log_internal.h"
 #include "metrics.h"
@@ -393,7 +394,7 @@ segment_walk(FelixSegFile *sf, const char *what, uint64 off, uint64 seq,
 				felix_report_corruption(what, sf->path, off + batch_len - BATCH_TRAILER_SIZE,
 										"The batch trailer does not match the batch header.");
 			if (crc != NULL)
-				COMP_CRC32C(*crc, p, batch_len);
+				*crc = felix_crc32c_update(*crc, p, batch_len);
 		}
 
 		if (h.kind == FELIX_BATCH_SEAL)

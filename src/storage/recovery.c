@@ -34,6 +34,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include "storage/crc.h"
 #include "felix.h"
 #include "log_internal.h"
 #include "metrics.h"
@@ -261,7 +262,7 @@ recover_sealed_segment(const char *dir, const char *what, uint64 base,
 					(errcode_for_file_access(),
 					 errmsg("%s: could not read segment file \"%s\" at offset %llu: %m",
 							what, path, (unsigned long long) off)));
-		COMP_CRC32C(crc, buf, want);
+		crc = felix_crc32c_update(crc, buf, want);
 		off += want;
 	}
 	FIN_CRC32C(crc);
@@ -427,7 +428,7 @@ complete_batch_with_bad_header(FelixSegFile *sf, uint64 off, uint64 size,
 			if (batch_trailer_check(&h, p + len - BATCH_TRAILER_SIZE) != FELIX_TRAILER_ABSENT)
 				return true;
 			INIT_CRC32C(crc);
-			COMP_CRC32C(crc, p + BATCH_HEADER_SIZE, h.body_len);
+			crc = felix_crc32c_update(crc, p + BATCH_HEADER_SIZE, h.body_len);
 			FIN_CRC32C(crc);
 			if (crc == h.body_crc)
 				return true;
@@ -858,11 +859,11 @@ recover_last_segment(const char *dir, const char *what, uint64 base,
 		/* the running CRC covers the bytes as they will be: trailer fixed */
 		if (tc != FELIX_TRAILER_OK)
 		{
-			COMP_CRC32C(crc, p, len - BATCH_TRAILER_SIZE);
-			COMP_CRC32C(crc, &fix, sizeof(fix));
+			crc = felix_crc32c_update(crc, p, len - BATCH_TRAILER_SIZE);
+			crc = felix_crc32c_update(crc, &fix, sizeof(fix));
 		}
 		else
-			COMP_CRC32C(crc, p, len);
+			crc = felix_crc32c_update(crc, p, len);
 		off += len;
 	}
 

@@ -47,6 +47,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "storage/crc.h"
 #include "felix.h"
 #include "log_internal.h"
 #include "metrics.h"
@@ -775,7 +776,7 @@ segment_seal(const char *dir, const char *what, FelixLogState *st)
 	felix_fdatasync(e->seg_fd, path);
 
 	/* sealed and durable: from here on the segment is never written again */
-	COMP_CRC32C(st->active_crc, buf.data, buf.len);
+	st->active_crc = felix_crc32c_update(st->active_crc, buf.data, buf.len);
 	st->active_bytes = end;
 	st->total_bytes += buf.len;
 	st->has_active = false;
@@ -834,7 +835,7 @@ log_append(const char *dir, const char *what, FelixLogState *st,
 			fxidx_append_entry(e->idx_fd, dir, st->active_base, h.base_seq, off);
 		st->index_mark = off;
 	}
-	COMP_CRC32C(st->active_crc, batch, len);
+	st->active_crc = felix_crc32c_update(st->active_crc, batch, len);
 	st->active_bytes += len;
 	st->total_bytes += len;
 	st->next_seq += h.count;

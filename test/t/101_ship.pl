@@ -111,12 +111,13 @@ for my $shard (0, 1)
 		my @fseg = $c->segment_bytes($f, $stream, $shard);
 		is(join(',', map { $_->[0] } @fseg), join(',', map { $_->[0] } @lseg),
 			"shard $shard: $fname has the same segment files");
-		# A sealed segment ends in a seal batch (48-byte header, empty body,
-		# 8-byte trailer) that each node writes itself when it rolls, with
-		# its own timestamp: the shipped batches before it must match.
+		# A sealed segment ends in a seal batch (48-byte header, 4-byte body:
+		# the file's CRC, 8-byte trailer) that each node writes itself when
+		# it rolls, with its own timestamp and file header: the shipped
+		# batches before it must match.
 		for my $i (0 .. $#lseg - 1)
 		{
-			$_->[1] = substr($_->[1], 0, -56) for grep { defined } $lseg[$i], $fseg[$i];
+			$_->[1] = substr($_->[1], 0, -60) for grep { defined } $lseg[$i], $fseg[$i];
 		}
 		my $same = @lseg == @fseg;
 		for my $i (0 .. $#lseg)

@@ -103,7 +103,8 @@ sub write_at
 }
 
 # The whole batches of a segment file, in file order: hashes with offset,
-# size (header, body and trailer), kind, count, base_seq and body_len.
+# size (header, body and trailer), kind, count, base_seq, body_len and
+# body_crc.
 # Stops at the first header that is not a batch (such as the zeros of a
 # preallocated tail) or whose batch runs past the end of the file.
 sub read_batches
@@ -131,6 +132,7 @@ sub read_batches
 			base_seq   => $base,
 			generation => $gen,
 			body_len   => $blen,
+			body_crc   => $bcrc,
 		  };
 		$off += BATCH_HEADER_BYTES + $blen + BATCH_TRAILER_BYTES;
 	}
