@@ -220,6 +220,13 @@ SELECT shard, count(*), min(seq), max(seq), count(DISTINCT seq) FROM bulk GROUP 
 INSERT INTO bulk (key, payload) VALUES ('route-me', '{"via": "insert"}');
 SELECT (felix_publish('bulk', '{"via": "publish"}'::jsonb, key => 'route-me')).shard
      = (SELECT shard FROM bulk WHERE key = 'route-me' AND payload->>'via' = 'insert') AS same_shard;
+-- RETURNING shows the shard a row goes to (given, or routed by its key);
+-- seq and published_at are assigned at commit, so they are NULL there.
+BEGIN;
+INSERT INTO bulk (shard, key, payload) VALUES (2, 'given', '{}') RETURNING shard, seq, published_at;
+INSERT INTO bulk (key, payload) VALUES ('route-me', '{"via": "returning"}') RETURNING shard
+     = (SELECT shard FROM bulk WHERE key = 'route-me' AND payload->>'via' = 'insert') AS routed_alike;
+ROLLBACK;
 -- Text and bytea streams take INSERTs too.
 INSERT INTO notes (key, payload) VALUES ('ins', 'inserted text');
 INSERT INTO blobs (shard, payload) VALUES (0, '\xcafe');

@@ -982,6 +982,22 @@ felix_index_validate_scan(Relation table_rel, Relation index_rel,
  * Writing: INSERT and COPY buffer rows until commit; nothing else writes
  * ---------------------------------------------------------------------
  */
+/*
+ * Buffer one row (pending.c).  The slot (virtual: felix_slot_callbacks)
+ * then shows what is known before commit -- the shard the row goes to, for
+ * RETURNING; seq and published_at stay NULL until the commit assigns them.
+ */
+static void
+insert_one(const FelixStream *stream, Relation rel, TupleTableSlot *slot)
+{
+	int			shard = pending_add(stream, slot);
+
+	slot->tts_values[FELIX_ATTNUM_SHARD - 1] = Int32GetDatum(shard);
+	slot->tts_isnull[FELIX_ATTNUM_SHARD - 1] = false;
+	slot->tts_tableOid = RelationGetRelid(rel);
+	ItemPointerSetInvalid(&slot->tts_tid);
+}
+
 static void
 felix_tuple_insert(Relation rel, TupleTableSlot *slot, CommandId cid,
 				   int options, struct BulkInsertStateData *bistate)
@@ -989,9 +1005,7 @@ felix_tuple_insert(Relation rel, TupleTableSlot *slot, CommandId cid,
 	/* a copy: the catalog cache may be reset while the row is checked */
 	FelixStream stream = *stream_or_error(rel);
 
-	pending_add(&stream, slot);
-	slot->tts_tableOid = RelationGetRelid(rel);
-	ItemPointerSetInvalid(&slot->tts_tid);
+	insert_one(&stream, rel, slot);
 }
 
 static void
@@ -1001,11 +1015,7 @@ felix_multi_insert(Relation rel, TupleTableSlot **slots, int nslots,
 	FelixStream copy = *stream_or_error(rel);
 
 	for (int i = 0; i < nslots; i++)
-	{
-		pending_add(&copy, slots[i]);
-		slots[i]->tts_tableOid = RelationGetRelid(rel);
-		ItemPointerSetInvalid(&slots[i]->tts_tid);
-	}
+		insert_one(&copy, rel, slots[i]);
 }
 
 static void

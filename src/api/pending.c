@@ -124,7 +124,7 @@ refuse_column(const FelixStream *stream, const char *column)
 					 column)));
 }
 
-void
+int
 pending_add(const FelixStream *stream, TupleTableSlot *slot)
 {
 	bool		isnull;
@@ -180,6 +180,7 @@ pending_add(const FelixStream *stream, TupleTableSlot *slot)
 		MemoryContextSwitchTo(old);
 	}
 	ps->count++;
+	return shard;
 }
 
 /*

@@ -17,7 +17,7 @@
 #include "executor/tuptable.h"
 
 /* Buffer the slot's row for the stream (validates it first). */
-extern void pending_add(const FelixStream *stream, TupleTableSlot *slot);
+extern int	pending_add(const FelixStream *stream, TupleTableSlot *slot);
 
 extern void pending_init(void);
 
