@@ -235,7 +235,7 @@ finish_request(bool landed, int64 now_ns)
 			same = s->in_use && key_equal(&s->key, &ps->key);
 			SpinLockRelease(&s->mutex);
 			if (same)
-				shard_set_hwm(s, ps->generation, ps->mark);
+				(void) shard_set_hwm(s, ps->generation, ps->mark);
 		}
 		if (rs->active && key_equal(&rs->key, &ps->key) &&
 			rs->generation == ps->generation)
@@ -449,9 +449,9 @@ consider_slot(int slot, FelixReplShard *e, StringInfo json, int *nrows,
 			row->caught_up = row->acked_end >= caught_up_at;
 	}
 
-	if (quorum && mark > hwm_end && report_still_true(rs, e, mark))
+	if (quorum && mark > hwm_end && report_still_true(rs, e, mark) &&
+		shard_set_hwm(s, e->generation, mark))
 	{
-		shard_set_hwm(s, e->generation, mark);
 		felix_count(FELIX_CTR_MARKS_ON_STANDING_REPORT, 1);
 		hwm_end = mark;
 	}

@@ -876,7 +876,7 @@ shard_apply_assignment(FelixShard *s, const FelixAssignment *a)
 		shard_wake_shipper();
 }
 
-void
+bool
 shard_set_hwm(FelixShard *s, uint64 generation, uint64 hwm_end)
 {
 	bool		moved = false;
@@ -901,6 +901,7 @@ shard_set_hwm(FelixShard *s, uint64 generation, uint64 hwm_end)
 	SpinLockRelease(&s->mutex);
 	if (moved)
 		shard_wake_acks(s, old_end, hwm_end);
+	return moved;
 }
 
 void

@@ -214,9 +214,10 @@ extern void shard_apply_assignment(FelixShard *s, const FelixAssignment *a);
  * Move a quorum shard's high-water mark to hwm_end, if the shard is still
  * led here at `generation` under a lease that has not run out, and it is
  * an advance.  Called only when what the control plane believes of the
- * followers is true of the new mark (report.c).  Wakes quorum waiters.
+ * followers is true of the new mark (report.c).  Wakes the quorum waiters
+ * it releases; false if the mark did not move.
  */
-extern void shard_set_hwm(FelixShard *s, uint64 generation, uint64 hwm_end);
+extern bool shard_set_hwm(FelixShard *s, uint64 generation, uint64 hwm_end);
 
 /*
  * Follower side: hold the append lock around a check-and-append of shipped
