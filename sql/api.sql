@@ -399,6 +399,29 @@ SELECT felix_drop_stream('to_drop');
 -- Dropping a stream that does not exist.
 SELECT felix_drop_stream('to_drop');
 \echo SQLSTATE :SQLSTATE
+-- A creation that rolls back is undone at the control plane too: the node
+-- agent does not bring the stream back (several heartbeats pass here), and
+-- the name is free again.  The same for a savepoint rolled back.
+BEGIN;
+SELECT felix_create_stream('never') IS NOT NULL AS created;
+ROLLBACK;
+BEGIN;
+SAVEPOINT s;
+SELECT felix_create_stream('never_either') IS NOT NULL AS created;
+ROLLBACK TO SAVEPOINT s;
+COMMIT;
+SELECT count(*) AS at_control_plane FROM felix.cluster_streams WHERE name IN ('never', 'never_either');
+SELECT pg_sleep(1);
+SELECT count(*) AS here FROM felix_streams WHERE stream IN ('never', 'never_either');
+SELECT to_regclass('never') IS NULL AND to_regclass('never_either') IS NULL AS no_tables;
+SELECT felix_create_stream('never') IS NOT NULL AS created_again;
+SELECT felix_drop_stream('never');
+-- A creation cannot be prepared.
+BEGIN;
+SELECT felix_create_stream('create_prepared') IS NOT NULL AS created;
+PREPARE TRANSACTION 'felix_create';
+\echo SQLSTATE :SQLSTATE
+SELECT count(*) AS at_control_plane FROM felix.cluster_streams WHERE name = 'create_prepared';
 -- A drop cannot be prepared.
 SELECT felix_create_stream('drop_prepared');
 BEGIN;

@@ -8,7 +8,9 @@
  *	  dropped (felix_drop_stream, DROP TABLE, DROP SCHEMA ... CASCADE): an
  *	  object-access hook notes the drop, the pre-commit callback tells the
  *	  control plane, the commit callback removes the files, an abort
- *	  forgets the note.
+ *	  forgets the note.  A creation registers the stream at the control
+ *	  plane at once; an abort of its transaction (or subtransaction) undoes
+ *	  that registration.
  *
  * Locking rule: backend-local bookkeeping; catalog changes run through
  * SPI in the caller's transaction; file removal happens after commit,
@@ -45,6 +47,35 @@
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
+
+/* ---------------------------------------------------------------------
+ * What this transaction did to streams, for its commit or abort
+ * ---------------------------------------------------------------------
+ */
+typedef struct StreamNote
+{
+	Oid			relid;			/* dropped: its table */
+	char		name[NAMEDATALEN];	/* the stream's name: its table's */
+	SubTransactionId subid;
+} StreamNote;
+
+/* StreamNote *, in TopTransactionContext */
+static List *dropped = NIL;		/* tables of streams dropped */
+static List *registered = NIL;	/* streams registered at the control plane */
+
+static StreamNote *
+note_stream(List **list, Oid relid, const char *name)
+{
+	MemoryContext old = MemoryContextSwitchTo(TopTransactionContext);
+	StreamNote *n = palloc(sizeof(StreamNote));
+
+	n->relid = relid;
+	strlcpy(n->name, name, NAMEDATALEN);
+	n->subid = GetCurrentSubTransactionId();
+	*list = lappend(*list, n);
+	MemoryContextSwitchTo(old);
+	return n;
+}
 
 /* ---------------------------------------------------------------------
  * Argument checks for felix_create_stream
@@ -224,6 +255,8 @@ felix_create_stream(PG_FUNCTION_ARGS)
 								PG_ARGISNULL(7) ? NULL :
 								DatumGetCString(DirectFunctionCall1(interval_out,
 																	PG_GETARG_DATUM(7))));
+	/* from here, an abort must undo the registration (unregister_streams) */
+	(void) note_stream(&registered, InvalidOid, name);
 	relid = felix_stream_create_local(name, shards, replication_factor, consistency,
 									  payload_type,
 									  PG_ARGISNULL(6) ? 0 : PG_GETARG_INT64(6),
@@ -374,14 +407,37 @@ felix_drop_stream(PG_FUNCTION_ARGS)
  * Removing a dropped stream's files at commit
  * ---------------------------------------------------------------------
  */
-typedef struct DroppedStream
+/*
+ * A transaction that registered a stream at the control plane is aborting
+ * (or the subtransaction that did): undo the registration, so that the
+ * stream does not come into being anyway -- the node agents would create
+ * its table from the control plane's rows.  This runs inside the abort,
+ * so it never raises: a control plane that cannot be told leaves the
+ * stream registered, and says so.  The name is still locked here, and the
+ * agents learn that their rows may list a stream gone.
+ */
+static void
+unregister_streams(SubTransactionId from_subid)
 {
-	Oid			relid;
-	char		name[NAMEDATALEN];	/* the stream's name: its table's */
-	SubTransactionId subid;
-} DroppedStream;
+	ListCell   *lc;
 
-static List *dropped = NIL;		/* DroppedStream *, in TopTransactionContext */
+	foreach(lc, registered)
+	{
+		StreamNote *n = lfirst(lc);
+
+		if (n->subid < from_subid)
+			continue;
+		if (!felix_cp_call_unregister_stream(n->name))
+			ereport(WARNING,
+					(errmsg("stream \"%s\": its creation was rolled back, but the control plane still lists it",
+							n->name),
+					 errdetail("The nodes will create the stream's table from the control plane's definition."),
+					 errhint("Drop it with felix_drop_stream('%s') once the control plane is reachable.",
+							 n->name)));
+		shard_note_stream_gone();
+		registered = foreach_delete_current(registered, lc);
+	}
+}
 static object_access_hook_type prev_object_access_hook = NULL;
 
 static void
@@ -394,14 +450,7 @@ stream_object_access(ObjectAccessType access, Oid classId, Oid objectId,
 	if (access == OAT_DROP && classId == RelationRelationId && subId == 0 &&
 		felix_is_stream_relid(objectId))
 	{
-		MemoryContext old = MemoryContextSwitchTo(TopTransactionContext);
-		DroppedStream *d = palloc(sizeof(DroppedStream));
-
-		d->relid = objectId;
-		strlcpy(d->name, get_rel_name(objectId), NAMEDATALEN);
-		d->subid = GetCurrentSubTransactionId();
-		dropped = lappend(dropped, d);
-		MemoryContextSwitchTo(old);
+		StreamNote *d = note_stream(&dropped, objectId, get_rel_name(objectId));
 
 		/*
 		 * Hold the name until commit, as a creation does: the node agent
@@ -431,24 +480,29 @@ stream_xact_callback(XactEvent event, void *arg)
 			if (dropped != NIL && OidIsValid(get_extension_oid("felix", true)))
 			{
 				foreach(lc, dropped)
-					felix_cp_call_drop_stream(((DroppedStream *) lfirst(lc))->name);
+					felix_cp_call_drop_stream(((StreamNote *) lfirst(lc))->name);
 			}
 			break;
 		case XACT_EVENT_COMMIT:
 			foreach(lc, dropped)
-				shard_forget_stream(MyDatabaseId, ((DroppedStream *) lfirst(lc))->relid);
-			dropped = NIL;
+				shard_forget_stream(MyDatabaseId, ((StreamNote *) lfirst(lc))->relid);
+			dropped = registered = NIL;
 			break;
 		case XACT_EVENT_ABORT:
+			unregister_streams(InvalidSubTransactionId);
+			dropped = registered = NIL;
+			break;
 		case XACT_EVENT_PREPARE:
-			dropped = NIL;
+			dropped = registered = NIL;
 			break;
 		case XACT_EVENT_PRE_PREPARE:
-			if (dropped != NIL)
+			if (dropped != NIL || registered != NIL)
 				ereport(ERROR,
 						(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-						 errmsg("cannot PREPARE a transaction that dropped a felix stream"),
-						 errhint("Drop streams in an ordinary transaction.")));
+						 errmsg("cannot PREPARE a transaction that created or dropped stream \"%s\"",
+								((StreamNote *) linitial(registered != NIL ? registered : dropped))->name),
+						 errdetail("A prepared transaction may be finished by another session, which could not tell the control plane."),
+						 errhint("Create and drop streams in an ordinary transaction.")));
 			break;
 		default:
 			break;
@@ -466,9 +520,10 @@ stream_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 		return;
 	foreach(lc, dropped)
 	{
-		if (((DroppedStream *) lfirst(lc))->subid >= mySubid)
+		if (((StreamNote *) lfirst(lc))->subid >= mySubid)
 			dropped = foreach_delete_current(dropped, lc);
 	}
+	unregister_streams(mySubid);
 }
 
 void

@@ -633,8 +633,9 @@ felix_conn_set_statement_timeout(PGconn *conn, int timeout_ms, int elevel)
  */
 
 /*
- * Open, run, close; the control plane's error is raised here.  With
- * register_first, this node heartbeats (registers) on the same connection
+ * Open, run, close; the control plane's error is raised here at elevel
+ * ERROR, or logged at a lower elevel, and then the result is false.  Each
+ * step has timeout_ms.  With register_first, this node heartbeats (registers) on the same connection
  * before the call: a placement counts only alive nodes, and the node
  * asking is certainly alive even when its heartbeat worker has not yet
  * registered it (just after CREATE EXTENSION or a restart).  That
@@ -643,38 +644,48 @@ felix_conn_set_statement_timeout(PGconn *conn, int timeout_ms, int elevel)
  * so the node only ever believes in less lease than the control plane
  * granted, which is the safe side.
  */
-static void
+static bool
 cp_call(const char *fn, const char *sql, int nparams, const char *const *values,
-		bool register_first)
+		bool register_first, int elevel, int timeout_ms)
 {
 	PGconn	   *volatile conn = NULL;
+	volatile bool ok = false;
 
 	felix_require_preload();
 	PG_TRY();
 	{
-		PGresult   *res;
+		PGresult   *res = NULL;
 
 		conn = felix_conn_open(felix_cp_conninfo_resolved(), CP_PURPOSE, "felix",
-							   FELIX_CP_CALL_TIMEOUT_MS, ERROR);
-		(void) felix_conn_set_statement_timeout(conn, FELIX_CP_CALL_TIMEOUT_MS, ERROR);
-		if (register_first)
+							   timeout_ms, elevel);
+		if (conn != NULL &&
+			felix_conn_set_statement_timeout(conn, timeout_ms, elevel))
 		{
-			const char *me[2] = {felix_node_name_resolved(), felix_node_conninfo_resolved()};
+			ok = true;
+			if (register_first)
+			{
+				const char *me[2] = {felix_node_name_resolved(), felix_node_conninfo_resolved()};
 
-			res = felix_conn_exec(conn, "felix.cp_heartbeat",
-								  "SELECT count(*) FROM felix.cp_heartbeat($1, $2)",
-								  2, me, FELIX_CP_CALL_TIMEOUT_MS, ERROR);
-			PQclear(res);
+				res = felix_conn_exec(conn, "felix.cp_heartbeat",
+									  "SELECT count(*) FROM felix.cp_heartbeat($1, $2)",
+									  2, me, timeout_ms, elevel);
+				ok = res != NULL;
+				PQclear(res);
+			}
+			if (ok)
+			{
+				res = felix_conn_exec(conn, fn, sql, nparams, values, timeout_ms, elevel);
+				ok = res != NULL;
+				PQclear(res);
+			}
 		}
-		res = felix_conn_exec(conn, fn, sql, nparams, values,
-							  FELIX_CP_CALL_TIMEOUT_MS, ERROR);
-		PQclear(res);
 	}
 	PG_FINALLY();
 	{
 		felix_conn_close(conn);
 	}
 	PG_END_TRY();
+	return ok;
 }
 
 void
@@ -699,10 +710,10 @@ felix_cp_call_create_stream(const char *name, int shards, int replication_factor
 	values[5] = storage;
 	values[6] = retention_bytes < 0 ? NULL : rb_s;
 	values[7] = retention;
-	cp_call("felix.cp_create_stream",
-			"SELECT felix.cp_create_stream($1, $2::integer, $3::integer, $4, $5, $6, "
-			"$7::bigint, $8::interval)",
-			8, values, true);
+	(void) cp_call("felix.cp_create_stream",
+				   "SELECT felix.cp_create_stream($1, $2::integer, $3::integer, $4, $5, $6, "
+				   "$7::bigint, $8::interval)",
+				   8, values, true, ERROR, FELIX_CP_CALL_TIMEOUT_MS);
 }
 
 void
@@ -710,7 +721,17 @@ felix_cp_call_drop_stream(const char *name)
 {
 	const char *values[1] = {name};
 
-	cp_call("felix.cp_drop_stream", "SELECT felix.cp_drop_stream($1, true)", 1, values, false);
+	(void) cp_call("felix.cp_drop_stream", "SELECT felix.cp_drop_stream($1, true)",
+				   1, values, false, ERROR, FELIX_CP_CALL_TIMEOUT_MS);
+}
+
+bool
+felix_cp_call_unregister_stream(const char *name)
+{
+	const char *values[1] = {name};
+
+	return cp_call("felix.cp_drop_stream", "SELECT felix.cp_drop_stream($1, true)",
+				   1, values, false, WARNING, FELIX_CP_ABORT_TIMEOUT_MS);
 }
 
 /* ---------------------------------------------------------------------

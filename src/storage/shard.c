@@ -41,7 +41,7 @@ typedef struct FelixShardRegistry
 	int			append_tranche_id;	/* every shard's append_lock */
 	int			flush_tranche_id;	/* every shard's flush_lock */
 	Latch	   *shipper_latch;	/* the ship worker's latch, or NULL */
-	pg_atomic_uint64 streams_forgotten; /* committed stream drops so far */
+	pg_atomic_uint64 streams_forgotten; /* streams gone so far (see shard.h) */
 	pg_atomic_uint32 slots_used;	/* slots [0, slots_used) were ever used */
 	int			nslots;
 	FelixShard	slots[FLEXIBLE_ARRAY_MEMBER];
@@ -1035,10 +1035,17 @@ shard_forget_stream(Oid dboid, Oid relid)
 		}
 	}
 	LWLockRelease(&registry->lock);
-	pg_atomic_fetch_add_u64(&registry->streams_forgotten, 1);
+	shard_note_stream_gone();
 
 	felix_stream_dir(dboid, relid, dir);
 	log_remove_all(dir);
+}
+
+void
+shard_note_stream_gone(void)
+{
+	registry_attach();
+	pg_atomic_fetch_add_u64(&registry->streams_forgotten, 1);
 }
 
 uint64

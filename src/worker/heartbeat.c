@@ -146,9 +146,10 @@ static HTAB *row_errors = NULL;
 /*
  * shard_streams_forgotten() just before this heartbeat's rows were asked
  * for.  A stream drop commits its control-plane change first and its local
- * one second, so rows fetched before a drop finished may still list the
- * dropped stream while the table is already gone here: a missing stream is
- * created only if no drop has committed since the rows were fetched.
+ * one second, and a creation that rolls back undoes its control-plane
+ * registration as it aborts, so rows fetched before either finished may
+ * still list a stream that has gone here: a missing stream is created only
+ * if no stream has gone since the rows were fetched.
  */
 static uint64 drops_before_rows = 0;
 
@@ -722,11 +723,11 @@ create_stream_guts(void *arg)
 
 	/*
 	 * A backend creating or dropping this very stream holds the name until
-	 * it commits: the backend makes (or removed) the table.  Holding the
-	 * name ourselves, the facts below cannot change under us: the table is
-	 * looked for with a fresh snapshot, and a drop that committed after the
-	 * rows were fetched means they may be stale (the next heartbeat's
-	 * rows will say).
+	 * it commits or aborts: the backend makes (or removed) the table.
+	 * Holding the name ourselves, the facts below cannot change under us:
+	 * the table is looked for with a fresh snapshot, and a stream gone
+	 * since the rows were fetched means they may be stale (the next
+	 * heartbeat's rows will say).
 	 */
 	if (!felix_stream_lock_name(r->stream, false))
 		return;

@@ -22,6 +22,7 @@
 
 /* Deadline for a backend's call to the control plane (connect + query). */
 #define FELIX_CP_CALL_TIMEOUT_MS	10000
+#define FELIX_CP_ABORT_TIMEOUT_MS	2000
 
 /*
  * Connect to conninfo within timeout_ms; with several hosts (host=a,b),
@@ -77,5 +78,12 @@ extern void felix_cp_call_create_stream(const char *name, int shards,
 										int64 retention_bytes,
 										const char *retention);
 extern void felix_cp_call_drop_stream(const char *name);
+
+/*
+ * Forget a stream this transaction registered, as it aborts: never raises
+ * (a failure is a WARNING and false), and each step gives up after
+ * FELIX_CP_ABORT_TIMEOUT_MS, since an abort must not hang on the network.
+ */
+extern bool felix_cp_call_unregister_stream(const char *name);
 
 #endif							/* FELIX_CONTROL_CLIENT_H */

@@ -191,8 +191,10 @@ extern FelixShard *shard_slot(int i);
  * shards' slots and remove its files. */
 extern void shard_forget_stream(Oid dboid, Oid relid);
 
-/* How many stream drops have committed since startup (any database): a
- * change tells the node agent its control-plane rows may predate a drop. */
+/* How many streams have gone since startup (any database): drops that
+ * committed, creations undone at the control plane as they rolled back.  A
+ * change tells the node agent its control-plane rows may predate one. */
+extern void shard_note_stream_gone(void);
 extern uint64 shard_streams_forgotten(void);
 
 /* ---- replication (issue 3) ---- */
