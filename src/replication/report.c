@@ -260,6 +260,13 @@ cmp_desc(const void *a, const void *b)
 	return x < y ? 1 : (x > y ? -1 : 0);
 }
 
+/* May the control plane take follower i for caught up (see ReportSlot)? */
+static bool
+may_believe_caught_up(const ReportSlot *rs, int i)
+{
+	return rs->doubtful[i] || (rs->last[i].present && rs->last[i].caught_up);
+}
+
 /*
  * Is what the control plane may believe of this shard still true once the
  * mark is at `mark`?  It is if every follower it may take for caught up
@@ -279,7 +286,7 @@ report_still_true(const ReportSlot *rs, const FelixReplShard *e, uint64 mark)
 	{
 		const FelixFollower *f = &e->followers[i];
 
-		if (!rs->doubtful[i] && !(rs->last[i].present && rs->last[i].caught_up))
+		if (!may_believe_caught_up(rs, i))
 			continue;
 		if (strcmp(rs->last[i].name, f->name) != 0 || !f->answered ||
 			f->acked_end < mark)
@@ -308,7 +315,7 @@ answers_due_by(int slot, const ReportSlot *rs, const FelixReplShard *e,
 		const FelixFollower *f = &e->followers[i];
 		int64		since;
 
-		if (!rs->doubtful[i] && !(rs->last[i].present && rs->last[i].caught_up))
+		if (!may_believe_caught_up(rs, i))
 			continue;
 		if (f->answered && f->acked_end >= mark)
 			continue;

@@ -314,8 +314,10 @@ pgbench_run() {
 	log "  $label: c=$c tps=${PB_TPS:-?} avg=${PB_LAT:-?} ms p50=${PB_P50:-?} ms tx=${PB_TX:-?}"
 }
 
+# Three decimals: a target is judged on the ratio as printed, and 0.996
+# must not pass for 1.00.
 ratio() {
-	awk -v a="${1:-}" -v b="${2:-}" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "n/a"; else printf "%.2f", a / b }'
+	awk -v a="${1:-}" -v b="${2:-}" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "n/a"; else printf "%.3f", a / b }'
 }
 median() { printf '%s\n' "$@" | grep . | sort -n | awk '{a[NR]=$1} END{ if (NR == 0) print ""; else if (NR % 2) print a[(NR+1)/2]; else printf "%.3f\n", (a[NR/2] + a[NR/2+1]) / 2 }'; }
 

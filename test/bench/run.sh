@@ -308,8 +308,8 @@ sampler_summary() {	# file -> "IPC:X 45%, CPU:running 30%, ..." (top 4)
 metric() { q -c "SELECT coalesce(max(value), 0)::bigint FROM felix_metrics WHERE name = '$1'"; }
 wal_syncs() { q -c "SELECT wal_sync FROM pg_stat_wal"; }
 
-ratio() {	# a b -> a/b with two decimals, or n/a
-	awk -v a="${1:-}" -v b="${2:-}" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "n/a"; else printf "%.2f", a / b }'
+ratio() {	# a b -> a/b with three decimals (targets are judged on it), or n/a
+	awk -v a="${1:-}" -v b="${2:-}" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "n/a"; else printf "%.3f", a / b }'
 }
 mark() {	# value target(>=) -> met/MISSED
 	awk -v v="${1:-}" -v t="$2" 'BEGIN { if (v == "" || v == "n/a") print "n/a"; else if (v + 0 >= t + 0) print "met"; else print "**MISSED**" }'
