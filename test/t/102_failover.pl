@@ -122,9 +122,11 @@ else
 	}
 }
 
-SKIP:
+# Without a promotion there is nothing below to check: the assertion
+# 'a follower leads the shard at a newer generation' above has already
+# failed, so the script fails; nothing is skipped.
+if (defined $new)
 {
-	skip 'nobody was promoted', 7 unless defined $new;
 	my $nname = $new->{felix_name};
 	my $row = $c->shard_row($new, $stream, 0);
 	is($row->{generation}, $g + 1, "$nname leads at generation G+1 = " . ($g + 1));

@@ -121,11 +121,12 @@ for my $s ($sq, $sl)
 		  . join(', ', map { "$_ x$codes{$_}" } sort keys %codes)
 		  . ") and acknowledged " . scalar(@late_acks));
 
-	SKIP:
+	# Without a successor the control plane rightly gives G+1 back to the
+	# old leader once it is alive again, and its writes count: then the
+	# assertion 'G+1 granted to another node while paused' above has
+	# already failed the script, and the checks below do not apply.
+	if ($grant{$s} && $new{$s} != $leader)
 	{
-		# Without a successor the control plane rightly gives G+1 back to
-		# the old leader once it is alive again, and its writes count.
-		skip "$s: G+1 was not granted to another node (see above)", 9 unless $grant{$s};
 
 		cmp_ok(scalar(@late_tries) + scalar(@late_acks), '>', 0, "$s: the woken leader's sessions tried to publish");
 		is(scalar(@late_acks), 0, "$s: no publish started after SIGCONT was acknowledged");
@@ -152,7 +153,7 @@ for my $s ($sq, $sl)
 		# Quorum: everything it acknowledged is on the new leader, at G.
 		# (Leader acknowledgement promises no such thing: records not yet
 		# shipped when the leader stopped may be lost -- the lag.)
-		skip "$s: leader acknowledgement", 2 if $s eq $sl;
+		next if $s eq $sl;	# the quorum stream only
 		my $nl = $new{$s};
 		my %gen_of;
 		for my $b ($c->batch_generations($nl, $s, 0))
