@@ -76,21 +76,17 @@ done
 [[ $DURATION =~ ^[0-9]+$ && $DURATION -ge 1 ]] || { echo "replication.sh: DURATION must be a positive integer" >&2; exit 2; }
 [[ $FAILOVERS =~ ^[0-9]+$ && $FAILOVERS -ge 1 && $FAILOVERS -le 20 ]] || { echo "replication.sh: FAILOVERS must be 1..20" >&2; exit 2; }
 
-log() { printf '[bench-repl %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
+BENCH_NAME=bench-repl
+# shellcheck source=test/bench/lib.sh
+. "$SCRIPT_DIR/lib.sh"
 
 # ---------------------------------------------------------------------------
 # Who runs the servers
 # ---------------------------------------------------------------------------
+bench_run_user
 if [[ $(id -u) == 0 ]]; then
-	RUN_USER=postgres
-	if ! id -u "$RUN_USER" >/dev/null 2>&1; then
-		log "creating system user $RUN_USER"
-		useradd --system --home-dir /var/lib/postgresql --shell /bin/bash "$RUN_USER"
-	fi
 	AS_USER=(runuser -u "$RUN_USER" --)
 else
-	RUN_USER=$(id -un)
 	AS_USER=()
 fi
 # pgc <port> cmd...: run a client command as the servers' user against a port.
@@ -102,13 +98,7 @@ pgc() {
 # q <port> [psql args]: quiet, unaligned, stop on the first error.
 q() { local port=$1; shift; pgc "$port" "$PGBIN/psql" -X -q -v ON_ERROR_STOP=1 -At "$@"; }
 
-for b in postgres initdb pg_ctl psql pgbench pg_basebackup pg_isready pg_config; do
-	[[ -x $PGBIN/$b ]] || die "$PGBIN/$b not found (install postgresql-15 and postgresql-contrib-15 / set PGBIN)"
-done
-PKGLIB=$("$PGBIN/pg_config" --pkglibdir)
-SHAREDIR=$("$PGBIN/pg_config" --sharedir)
-[[ -f $PKGLIB/felix.so && -f $SHAREDIR/extension/felix.control ]] ||
-	die "felix is not installed in $PKGLIB (run: make PG_CONFIG=$PGBIN/pg_config && sudo make install PG_CONFIG=$PGBIN/pg_config)"
+bench_require postgres initdb pg_ctl psql pgbench pg_basebackup pg_isready pg_config
 
 # ---------------------------------------------------------------------------
 # Servers, cleanup
@@ -314,12 +304,6 @@ pgbench_run() {
 	log "  $label: c=$c tps=${PB_TPS:-?} avg=${PB_LAT:-?} ms p50=${PB_P50:-?} ms tx=${PB_TX:-?}"
 }
 
-# Three decimals: a target is judged on the ratio as printed, and 0.996
-# must not pass for 1.00.
-ratio() {
-	awk -v a="${1:-}" -v b="${2:-}" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "n/a"; else printf "%.3f", a / b }'
-}
-median() { printf '%s\n' "$@" | grep . | sort -n | awk '{a[NR]=$1} END{ if (NR == 0) print ""; else if (NR % 2) print a[(NR+1)/2]; else printf "%.3f\n", (a[NR/2] + a[NR/2+1]) / 2 }'; }
 
 # fsnap <leader port>: the leader's records_published fsyncs report_requests
 # replica_reports, then the fsyncs of the two other nodes summed.
@@ -519,8 +503,6 @@ LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
 CPU_MODEL=$(awk -F': ' '/^model name/{print $2; exit}' /proc/cpuinfo)
 MEM=$(awk '/^MemTotal/{printf "%.1f GiB", $2/1048576}' /proc/meminfo)
 FS=$(df -T "$BASE" | awk 'NR==2{print $2 " on " $1}')
-mark_ge() { awk -v v="${1:-}" -v t="$2" 'BEGIN { if (v == "" || v == "n/a") print "n/a"; else if (v + 0 >= t + 0) print "met"; else print "**MISSED**" }'; }
-mark_le() { awk -v v="${1:-}" -v t="$2" 'BEGIN { if (v == "" || v == "n/a") print "n/a"; else if (v + 0 <= t + 0) print "met"; else print "**MISSED**" }'; }
 {
 	echo "# felix replication benchmark results ($(date -u '+%Y-%m-%d %H:%M UTC'))"
 	echo

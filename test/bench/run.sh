@@ -84,21 +84,14 @@ done
 (( RECORDS % LOAD_CHUNK == 0 )) || { echo "run.sh: RECORDS must be a multiple of $LOAD_CHUNK" >&2; exit 2; }
 SEEK_AT=$(( RECORDS * 9 / 10 ))
 
-log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
+BENCH_NAME=bench
+# shellcheck source=test/bench/lib.sh
+. "$SCRIPT_DIR/lib.sh"
 
 # ---------------------------------------------------------------------------
 # Who runs the server
 # ---------------------------------------------------------------------------
-if [[ $(id -u) == 0 ]]; then
-	RUN_USER=postgres
-	if ! id -u "$RUN_USER" >/dev/null 2>&1; then
-		log "creating system user $RUN_USER"
-		useradd --system --home-dir /var/lib/postgresql --shell /bin/bash "$RUN_USER"
-	fi
-else
-	RUN_USER=$(id -un)
-fi
+bench_run_user
 PGENV=(PGHOST="$SOCK" PGPORT="$PORT" PGUSER=postgres PGDATABASE=postgres PGAPPNAME=felix-bench
        PGOPTIONS="-c client_min_messages=warning")
 # AS_PG: prefix that runs a command as the server's user with the connection
@@ -112,13 +105,7 @@ as_pg() { "${AS_PG[@]}" "$@"; }
 # psql: quiet, no psqlrc, stop on the first error, unaligned tuples only.
 q() { as_pg "$PGBIN/psql" -X -q -v ON_ERROR_STOP=1 -At "$@"; }
 
-for b in postgres initdb pg_ctl psql pgbench pg_isready pg_config; do
-	[[ -x $PGBIN/$b ]] || die "$PGBIN/$b not found (install postgresql-15 and postgresql-contrib-15 / set PGBIN)"
-done
-PKGLIB=$("$PGBIN/pg_config" --pkglibdir)
-SHAREDIR=$("$PGBIN/pg_config" --sharedir)
-[[ -f $PKGLIB/felix.so && -f $SHAREDIR/extension/felix.control ]] ||
-	die "felix is not installed in $PKGLIB (run: make PG_CONFIG=$PGBIN/pg_config && sudo make install PG_CONFIG=$PGBIN/pg_config)"
+bench_require postgres initdb pg_ctl psql pgbench pg_isready pg_config
 
 # ---------------------------------------------------------------------------
 # Scratch directory, server start, cleanup
@@ -308,12 +295,6 @@ sampler_summary() {	# file -> "IPC:X 45%, CPU:running 30%, ..." (top 4)
 metric() { q -c "SELECT coalesce(max(value), 0)::bigint FROM felix_metrics WHERE name = '$1'"; }
 wal_syncs() { q -c "SELECT wal_sync FROM pg_stat_wal"; }
 
-ratio() {	# a b -> a/b with three decimals (targets are judged on it), or n/a
-	awk -v a="${1:-}" -v b="${2:-}" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "n/a"; else printf "%.3f", a / b }'
-}
-mark() {	# value target(>=) -> met/MISSED
-	awk -v v="${1:-}" -v t="$2" 'BEGIN { if (v == "" || v == "n/a") print "n/a"; else if (v + 0 >= t + 0) print "met"; else print "**MISSED**" }'
-}
 
 # create_stream <name> <shards>: felix_create_stream, retried (bounded).  If
 # the call fails but the stream exists afterwards (felix's node agent can
@@ -470,7 +451,7 @@ done
 	for c in "${CLIENTS_PUBLISH[@]}"; do
 		th=$(mean_tps "pub-heap-c$c"); t1=$(mean_tps "pub-felix1-c$c"); t8=$(mean_tps "pub-felix8-c$c")
 		r1=$(ratio "$t1" "$th"); r8=$(ratio "$t8" "$th")
-		echo "| $c | ${th:-error} [${T_LIST[pub-heap-c$c]}] | ${t1:-error} [${T_LIST[pub-felix1-c$c]}] | $r1 | ${t8:-error} [${T_LIST[pub-felix8-c$c]}] | $r8 | $(mark "$r1" 1.0) |"
+		echo "| $c | ${th:-error} [${T_LIST[pub-heap-c$c]}] | ${t1:-error} [${T_LIST[pub-felix1-c$c]}] | $r1 | ${t8:-error} [${T_LIST[pub-felix8-c$c]}] | $r8 | $(mark_ge "$r1" 1.0) |"
 	done
 	echo
 	echo "Mean latency (ms):"
@@ -530,7 +511,7 @@ done
 	for c in "${CLIENTS_BATCH[@]}"; do
 		rh=$(mean_tps "batch-heap-c$c" "$BATCH_SIZE"); rf=$(mean_tps "batch-felix-c$c" "$BATCH_SIZE")
 		r=$(ratio "$rf" "$rh")
-		echo "| $c | ${rh:-error} [${T_LIST[batch-heap-c$c]}] | ${rf:-error} [${T_LIST[batch-felix-c$c]}] | $r | $(mark "$r" 3.0) |"
+		echo "| $c | ${rh:-error} [${T_LIST[batch-heap-c$c]}] | ${rf:-error} [${T_LIST[batch-felix-c$c]}] | $r | $(mark_ge "$r" 3.0) |"
 	done
 	echo
 	echo "Mean latency per $BATCH_SIZE-row call (ms): $(for c in "${CLIENTS_BATCH[@]}"; do printf '%s client(s): heap %s, felix %s. ' "$c" "$(mean_lat "batch-heap-c$c")" "$(mean_lat "batch-felix-c$c")"; done)"
@@ -692,7 +673,7 @@ rows_per_s() { awk -v ms="${1:-}" -v n="$RECORDS" 'BEGIN{ if (ms == "" || ms + 0
 	for v in 1 2 3; do
 		hr=$(rows_per_s "${SCAN_MS[h$v]}"); fr=$(rows_per_s "${SCAN_MS[f$v]}")
 		r=$(ratio "$fr" "$hr")
-		t=""; [[ $v == 1 ]] && t=$(mark "$r" 1.0)
+		t=""; [[ $v == 1 ]] && t=$(mark_ge "$r" 1.0)
 		echo "| ${labels[$((v-1))]} | ${SCAN_MS[h$v]:-error} | ${SCAN_MS[f$v]:-error} | $hr | $fr | $r | $t |"
 	done
 	echo
@@ -740,8 +721,8 @@ if [[ $FSYNC_TEST == 1 ]]; then
 		ow+=("$(dd_rate of="$WORK/probe.over" oflag=dsync conv=notrunc)")
 	done
 	rm -f "$WORK/probe.append" "$WORK/probe.over"
-	med() { printf '%s\n' "$@" | grep . | sort -n | awk '{a[NR]=$1} END{ if (NR) print a[int((NR+1)/2)]; else print "?" }'; }
-	APPEND_PROBE="150-byte O_DSYNC writes: appending (file grows) $(med "${ap[@]}")/s vs overwriting a preallocated file $(med "${ow[@]}")/s (dd, median of 4 alternated runs: append ${ap[*]}; overwrite ${ow[*]})"
+	ap_med=$(median "${ap[@]}"); ow_med=$(median "${ow[@]}")
+	APPEND_PROBE="150-byte O_DSYNC writes: appending (file grows) ${ap_med:-?}/s vs overwriting a preallocated file ${ow_med:-?}/s (dd, median of 4 alternated runs: append ${ap[*]}; overwrite ${ow[*]})"
 fi
 CPU_MODEL=$(awk -F': ' '/^model name/{print $2; exit}' /proc/cpuinfo)
 MEM=$(awk '/^MemTotal/{printf "%.1f GiB", $2/1048576}' /proc/meminfo)
