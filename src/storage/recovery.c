@@ -492,6 +492,25 @@ find_valid_header_after(FelixSegFile *sf, uint64 from, uint64 size,
 	return 0;
 }
 
+/*
+ * A bad header at `off` ends the data only if nothing valid follows it: a
+ * valid batch later in the file makes it damage, not `not_what` (the end of
+ * the data, an unfinished write), and the segment refuses to serve.
+ */
+static void
+refuse_if_valid_follows(FelixSegFile *sf, uint64 off, uint64 size, uint64 seq,
+						FelixHeaderCheck hc, const char *what, const char *path,
+						const char *not_what)
+{
+	uint64		later = find_valid_header_after(sf, off + 1, size, seq);
+
+	if (later != 0)
+		felix_report_corruption(what, path, off,
+								psprintf("%s A valid batch follows at byte offset %llu, so this is damage, not %s.",
+										 felix_header_problem(hc),
+										 (unsigned long long) later, not_what));
+}
+
 typedef struct LastInfo
 {
 	uint64		size;			/* logical end: after the last batch */
@@ -743,12 +762,8 @@ recover_last_segment(const char *dir, const char *what, uint64 base,
 		/* (b) */
 		if (hc == FELIX_HDR_ZERO)
 		{
-			later = find_valid_header_after(&sf, off + 1, size, seq);
-			if (later != 0)
-				felix_report_corruption(what, path, off,
-										psprintf("%s A valid batch follows at byte offset %llu, so this is damage, not the end of the data.",
-												 felix_header_problem(hc),
-												 (unsigned long long) later));
+			refuse_if_valid_follows(&sf, off, size, seq, hc, what, path,
+									"the end of the data");
 			if (!region_all_zero(&sf, off, size))
 				torn = psprintf("%s Non-zero bytes follow it, but nothing valid.",
 								felix_header_problem(hc));
@@ -762,12 +777,8 @@ recover_last_segment(const char *dir, const char *what, uint64 base,
 				felix_report_corruption(what, path, off,
 										psprintf("%s The bytes after it form a complete batch, so this is damage, not an unfinished write.",
 												 felix_header_problem(hc)));
-			later = find_valid_header_after(&sf, off + 1, size, seq);
-			if (later != 0)
-				felix_report_corruption(what, path, off,
-										psprintf("%s A valid batch follows at byte offset %llu, so this is damage, not an unfinished write.",
-												 felix_header_problem(hc),
-												 (unsigned long long) later));
+			refuse_if_valid_follows(&sf, off, size, seq, hc, what, path,
+									"an unfinished write");
 			torn = psprintf("%s Nothing valid follows it.", felix_header_problem(hc));
 			break;
 		}

@@ -257,18 +257,18 @@ log_truncate_after(const char *dir, const char *what, FelixLogState *st,
 	if (straddle)
 	{
 		uint64		new_end = cut_off + batch_stored_len(&keep_hdr);
+		bool		ok;
 
-		if (!felix_pwrite_all(fd, &keep_hdr, sizeof(keep_hdr), cut_off))
-			ereport(ERROR,
-					(errcode_for_file_access(),
-					 errmsg("%s: could not rewrite the batch at offset %llu of segment file \"%s\": %m",
-							what, (unsigned long long) cut_off, path),
-					 errhint("Restart the server: recovery finishes or undoes this truncation.")));
+		ok = felix_pwrite_all(fd, &keep_hdr, sizeof(keep_hdr), cut_off);
 		/* the header must be on disk before the trailer (see the file header) */
-		felix_fdatasync(fd, path);
-		if (!felix_pwrite_all(fd, &keep_trailer, sizeof(keep_trailer),
-							  new_end - BATCH_TRAILER_SIZE) ||
-			ftruncate(fd, (off_t) new_end) != 0)
+		if (ok)
+		{
+			felix_fdatasync(fd, path);
+			ok = felix_pwrite_all(fd, &keep_trailer, sizeof(keep_trailer),
+								  new_end - BATCH_TRAILER_SIZE) &&
+				ftruncate(fd, (off_t) new_end) == 0;
+		}
+		if (!ok)
 			ereport(ERROR,
 					(errcode_for_file_access(),
 					 errmsg("%s: could not rewrite the batch at offset %llu of segment file \"%s\": %m",

@@ -65,13 +65,11 @@ sub new
 		$node->append_conf(
 			'postgresql.conf',
 			join("\n",
-				"shared_preload_libraries = 'felix'",
-				"felix.database = 'postgres'",
+				felix_base_conf(),
 				"felix.node_name = '$name'",
 				"felix.node_conninfo = '" . _conninfo($node) . "'",
 				"felix.control_conninfo = '"
 				  . ($k == 1 ? '' : $cp_conninfo) . "'",
-				"lc_messages = 'C'",
 				"max_connections = 40",
 				"log_min_messages = info",
 				@{ $opt{conf} // [] },

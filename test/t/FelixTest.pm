@@ -19,7 +19,7 @@ use Test::More;
 use Time::HiRes qw(usleep time);
 
 our @EXPORT = qw(
-  felix_node shard_dir segment_files read_file write_file write_at
+  felix_base_conf felix_node shard_dir segment_files read_file write_file write_at
   read_batches record_batches data_end flip_byte crash_node metric
   psql_error crc32c batch_header batch_trailer
 );
@@ -31,6 +31,15 @@ use constant BATCH_MAGIC          => 0x31425846;
 use constant TRAILER_MAGIC        => 0x45425846;
 use constant BATCH_RECORDS        => 1;
 
+# The postgresql.conf lines every felix test node has: felix preloaded,
+# its worker in the "postgres" database, messages untranslated.
+sub felix_base_conf
+{
+	return ("shared_preload_libraries = 'felix'",
+		"felix.database = 'postgres'",
+		"lc_messages = 'C'");
+}
+
 # A started node with felix preloaded and the extension created in the
 # "postgres" database (where the node worker runs).  Extra lines go into
 # postgresql.conf.
@@ -39,14 +48,7 @@ sub felix_node
 	my ($name, @conf) = @_;
 	my $node = PostgreSQL::Test::Cluster->new($name);
 	$node->init;
-	$node->append_conf(
-		'postgresql.conf',
-		join("\n",
-			"shared_preload_libraries = 'felix'",
-			"felix.database = 'postgres'",
-			"lc_messages = 'C'",
-			@conf)
-		  . "\n");
+	$node->append_conf('postgresql.conf', join("\n", felix_base_conf(), @conf) . "\n");
 	$node->start;
 	$node->safe_psql('postgres', 'CREATE EXTENSION felix');
 	return $node;
