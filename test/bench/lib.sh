@@ -7,6 +7,9 @@
 #   bench_require    <binaries...>: each in PGBIN, and felix installed;
 #                    sets PKGLIB and SHAREDIR
 #   ratio, median, mark_ge, mark_le   for the reports
+#   bench_log_errors <logs...>        their first distinct ERROR/FATAL/PANIC
+#                                     lines, in a code block
+#   bench_publish <report> <file>     print the report, copy it to file
 
 log() { printf '[%s %s] %s\n' "$BENCH_NAME" "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -44,3 +47,19 @@ mark_ge() { awk -v v="${1:-}" -v t="$2" 'BEGIN { if (v == "" || v == "n/a") prin
 mark_le() { awk -v v="${1:-}" -v t="$2" 'BEGIN { if (v == "" || v == "n/a") print "n/a"; else if (v + 0 <= t + 0) print "met"; else print "**MISSED**" }'; }
 # values... -> their median (empty values ignored), or "" for none
 median() { printf '%s\n' "$@" | grep . | sort -n | awk '{a[NR]=$1} END{ if (NR == 0) print ""; else if (NR % 2) print a[(NR+1)/2]; else printf "%.3f\n", (a[NR/2] + a[NR/2+1]) / 2 }'; }
+
+bench_log_errors() {
+	echo '```'
+	cat "$@" | grep -E 'ERROR|FATAL|PANIC|TRAP|terminated by signal' |
+		sed -E 's/^[0-9-]+ [0-9:.]+ [A-Z]+ \[[0-9]+\] //' | awk '!seen[$0]++' | head -20
+	echo '```'
+}
+
+bench_publish() {
+	cat "$1"
+	if cp "$1" "$2" 2>/dev/null; then
+		log "results written to $2"
+	else
+		log "could not write $2 (read-only checkout?); results are above"
+	fi
+}

@@ -588,16 +588,9 @@ FS=$(df -T "$BASE" | awk 'NR==2{print $2 " on " $1}')
 		echo
 		echo "First distinct ERROR/FATAL/PANIC lines of the felix servers' logs:"
 		echo
-		echo '```'
-		cat "$WORK"/server-f*.log | grep -E 'ERROR|FATAL|PANIC|TRAP|terminated by signal' | sed -E 's/^[0-9-]+ [0-9:.]+ [A-Z]+ \[[0-9]+\] //' | awk '!seen[$0]++' | head -20
-		echo '```'
+		bench_log_errors "$WORK"/server-f*.log
 	fi
 	echo
 } >"$WORK/final.md"
 
-cat "$WORK/final.md"
-if cp "$WORK/final.md" "$RESULT_FILE" 2>/dev/null; then
-	log "results written to $RESULT_FILE"
-else
-	log "could not write $RESULT_FILE (read-only checkout?); results are above"
-fi
+bench_publish "$WORK/final.md" "$RESULT_FILE"

@@ -774,19 +774,12 @@ FS=$(df -T "$BASE" | awk 'NR==2{print $2 " on " $1}')
 		echo
 		echo "First distinct ERROR/FATAL/PANIC lines of the server log:"
 		echo
-		echo '```'
-		grep -E 'ERROR|FATAL|PANIC|TRAP|terminated by signal' "$WORK/server.log" | sed -E 's/^[0-9-]+ [0-9:.]+ [A-Z]+ \[[0-9]+\] //' | awk '!seen[$0]++' | head -20
-		echo '```'
+		bench_log_errors "$WORK/server.log"
 	fi
 	echo
 } >"$WORK/final.md"
 
-cat "$WORK/final.md"
-if cp "$WORK/final.md" "$RESULT_FILE" 2>/dev/null; then
-	log "results written to $RESULT_FILE"
-else
-	log "could not write $RESULT_FILE (read-only checkout?); results are above"
-fi
+bench_publish "$WORK/final.md" "$RESULT_FILE"
 if [[ $(crashes) != 0 ]] || grep -q 'PANIC\|TRAP' "$WORK/server.log"; then
 	log "WARNING: the server log shows a crash; tail of $WORK/server.log:"
 	tail -30 "$WORK/server.log" >&2
