@@ -9,6 +9,7 @@ OBJS = \
 	src/shmem.o \
 	src/metrics.o \
 	src/isolate.o \
+	src/privilege.o \
 	src/storage/crc.o \
 	src/storage/format.o \
 	src/storage/segment.o \
@@ -27,9 +28,11 @@ OBJS = \
 	src/api/publish.o \
 	src/api/pending.o \
 	src/api/views.o \
+	src/api/payload.o \
 	src/worker/node.o \
 	src/worker/heartbeat.o \
 	src/control/client.o \
+	src/control/conninfo.o \
 	src/control/nodes.o \
 	src/replication/state.o \
 	src/replication/ship.o \

@@ -28,9 +28,13 @@ SELECT p.proname, pg_get_function_arguments(p.oid) AS arguments,
  WHERE p.pronamespace = 'felix'::regnamespace AND p.proname LIKE 'cp\_%'
  ORDER BY p.proname;
 
--- Nodes connect as felix_replication, which may log in and inherits nothing.
+-- felix_replication is the group the nodes' roles belong to: it cannot log
+-- in; a node logs in as felix_node_<name>, which inherits its grants.
 SELECT rolname, rolcanlogin, rolinherit, rolsuper FROM pg_roles
  WHERE rolname = 'felix_replication';
+SELECT r.rolname, r.rolcanlogin, r.rolinherit, r.rolsuper,
+       pg_has_role(r.rolname, 'felix_replication', 'USAGE') AS in_group
+  FROM pg_roles r WHERE r.rolname = felix.node_role(felix.node_name());
 
 -- ---------------------------------------------------------------------
 -- Heartbeats register nodes; passwords never show
@@ -39,7 +43,11 @@ SELECT count(*) FROM felix.cp_heartbeat('node_a', 'host=/tmp port=1 user=felix_r
 SELECT count(*) FROM felix.cp_heartbeat('node_b', 'postgresql://felix_replication:pw@hostb:5432/db?password=x&sslmode=disable');
 SELECT count(*) FROM felix.cp_heartbeat('node_c', 'host=hostc password = ''a b\'' c'' port=3');
 SELECT count(*) FROM felix.cp_heartbeat('node_d', 'host=hostd');
+SELECT count(*) FROM felix.cp_heartbeat('node_e', 'host=hoste sslpassword=k3y sslmode=require');
 SELECT name, conninfo, alive, last_heartbeat IS NOT NULL AS seen FROM felix.cp_nodes();
+-- The control plane keeps no secret: conninfo is stored masked.
+SELECT name, conninfo FROM felix.nodes ORDER BY name;
+DELETE FROM felix.nodes WHERE name = 'node_e';
 -- A later heartbeat updates the conninfo, keeps the registration.
 SELECT registered_at AS a_registered FROM felix.nodes WHERE name = 'node_a' \gset
 SELECT count(*) FROM felix.cp_heartbeat('node_a', 'host=hosta port=1 user=felix_replication');
@@ -104,15 +112,19 @@ SELECT count(*) AS streams FROM felix.cluster_streams;
 -- ---------------------------------------------------------------------
 SELECT count(*) FROM unnest(ARRAY['node_a', 'node_b', 'node_c']) AS n, LATERAL felix.cp_heartbeat(n, 'host=' || n) AS h;
 SELECT felix.cp_create_stream('orders', shards => 4, replication_factor => 3,
-                              consistency => 'quorum', retention => '7 days');
-SELECT felix.cp_create_stream('solo');
+                              consistency => 'quorum', retention => '7 days') IS NOT NULL AS created;
+SELECT felix.cp_create_stream('solo') IS NOT NULL AS created;
 SELECT felix.cp_create_stream('pair', replication_factor => 2, payload_type => 'text',
-                              retention_bytes => 1048576);
+                              retention_bytes => 1048576, schema => 'app') IS NOT NULL AS created;
 SELECT felix.cp_create_stream('orders');
 \echo SQLSTATE :SQLSTATE
-SELECT name, shards, replication_factor, consistency, payload_type, storage,
+SELECT felix.cp_create_stream('bad', schema => NULL);
+\echo SQLSTATE :SQLSTATE
+-- Each stream gets an identity of its own: a drop names it.
+SELECT name, schema, shards, replication_factor, consistency, payload_type, storage,
        retention_bytes, retention
   FROM felix.cluster_streams ORDER BY name;
+SELECT count(DISTINCT creation_id) AS identities FROM felix.cluster_streams;
 SELECT stream, shard, generation, leader, replicas, lease_granted_at IS NULL AS no_lease_yet,
        unplaced_reason
   FROM felix.assignments ORDER BY stream, shard;
@@ -408,13 +420,23 @@ SELECT generation, lease_granted, unplaced_reason
 -- ---------------------------------------------------------------------
 -- cp_drop_stream
 -- ---------------------------------------------------------------------
-SELECT felix.cp_drop_stream('orders');
+-- Only the stream registered under that name with that creation id goes:
+-- another identity of the same name (a table someone made by hand and
+-- dropped, an older incarnation) forgets nothing.
+SELECT felix.cp_drop_stream('orders', '00000000-0000-0000-0000-000000000000', true);
+SELECT felix.cp_drop_stream('orders', '00000000-0000-0000-0000-000000000000');
+\echo SQLSTATE :SQLSTATE
+SELECT count(*) AS still_there FROM felix.cluster_streams WHERE name = 'orders';
+SELECT creation_id AS orders_id FROM felix.cluster_streams WHERE name = 'orders' \gset
+SELECT felix.cp_drop_stream('orders', :'orders_id');
 SELECT (SELECT count(*) FROM felix.cluster_streams WHERE name = 'orders') AS streams,
        (SELECT count(*) FROM felix.assignments WHERE stream = 'orders') AS assignments,
        (SELECT count(*) FROM felix.replica_reports WHERE stream = 'orders') AS reports;
-SELECT felix.cp_drop_stream('orders');
+\set VERBOSITY terse
+SELECT felix.cp_drop_stream('orders', :'orders_id');
 \echo SQLSTATE :SQLSTATE
-SELECT felix.cp_drop_stream(NULL);
+\set VERBOSITY default
+SELECT felix.cp_drop_stream(NULL, NULL);
 \echo SQLSTATE :SQLSTATE
 SELECT DISTINCT stream FROM felix.cp_heartbeat('node_a', 'host=hosta') ORDER BY 1;
 
@@ -428,7 +450,7 @@ SELECT * FROM felix.cp_heartbeat('node_z', 'host=z');
 \echo SQLSTATE :SQLSTATE
 SELECT felix.cp_create_stream('z');
 \echo SQLSTATE :SQLSTATE
-SELECT felix.cp_drop_stream('pair');
+SELECT felix.cp_drop_stream('pair', '00000000-0000-0000-0000-000000000000');
 \echo SQLSTATE :SQLSTATE
 SELECT felix.cp_report('node_a', '[]');
 \echo SQLSTATE :SQLSTATE
@@ -447,12 +469,43 @@ SELECT felix.cp_tick() >= 0 AS ticked;
 SELECT * FROM felix.replica_reports;
 \echo SQLSTATE :SQLSTATE
 RESET ROLE;
+
+-- A node acts only for itself: node_a's role may not heartbeat (and so
+-- register, or take or renew a lease) or report for node_b.  Any node's
+-- role may tick and list; a role in felix_replication that is not a
+-- node's may not.
+SELECT felix_create_node_role('node_a'), felix_create_node_role('node_b');
+SELECT felix_create_node_role(repeat('n', 53));
+\echo SQLSTATE :SQLSTATE
+CREATE ROLE regress_cp_member LOGIN IN ROLE felix_replication;
+SET SESSION AUTHORIZATION felix_node_node_a;
+SELECT count(*) > 0 AS own_heartbeat FROM felix.cp_heartbeat('node_a', 'host=hosta');
+SELECT * FROM felix.cp_heartbeat('node_b', 'host=evil');
+\echo SQLSTATE :SQLSTATE
+SELECT felix.cp_report('node_b', '[]');
+\echo SQLSTATE :SQLSTATE
+SELECT felix.cp_report('node_a', '[]') AS own_report;
+SELECT felix.cp_tick() >= 0 AS ticked;
+SELECT count(*) > 0 AS listed FROM felix.cp_nodes();
+RESET SESSION AUTHORIZATION;
+SET SESSION AUTHORIZATION regress_cp_member;
+SELECT * FROM felix.cp_heartbeat('node_a', 'host=hosta');
+\echo SQLSTATE :SQLSTATE
+SELECT felix.cp_tick();
+\echo SQLSTATE :SQLSTATE
+SELECT felix.cp_drop_stream('pair', '00000000-0000-0000-0000-000000000000');
+\echo SQLSTATE :SQLSTATE
+RESET SESSION AUTHORIZATION;
+SELECT conninfo FROM felix.nodes WHERE name = 'node_b';
+DROP ROLE regress_cp_member;
+
 SELECT p.proname, has_function_privilege('public', p.oid, 'EXECUTE') AS public_may_execute,
        has_function_privilege('felix_replication', p.oid, 'EXECUTE') AS replication_may_execute
   FROM pg_proc p
  WHERE p.pronamespace = 'felix'::regnamespace AND p.proname LIKE 'cp\_%'
  ORDER BY p.proname;
 DROP ROLE regress_cp_ordinary;
+DROP ROLE felix_node_node_a, felix_node_node_b;
 
 \c contrib_regression
 DROP DATABASE felix_cp_regress WITH (FORCE);

@@ -20,6 +20,7 @@
 #include "api/catalog.h"
 #include "api/pending.h"
 #include "api/stream.h"
+#include "control/conninfo.h"
 #include "felix.h"
 #include "fmgr.h"
 #include "miscadmin.h"
@@ -50,6 +51,9 @@ int			felix_lease_margin = 200;
 int			felix_lease_epsilon = 100;
 int			felix_quorum_timeout = 5000;
 int			felix_node_expiry = 1500;
+int			felix_max_transaction_bytes = 256 * 1024 * 1024;
+int			felix_max_streams_per_role = 64;
+int			felix_max_shards_per_role = 256;
 
 bool		felix_preloaded = false;
 
@@ -81,7 +85,22 @@ define_gucs(void)
 							"Largest record (key plus payload) a stream accepts.",
 							NULL,
 							&felix_max_record_bytes, 1024 * 1024, 16, 64 * 1024 * 1024,
-							PGC_USERSET, GUC_UNIT_BYTE, NULL, NULL, NULL);
+							PGC_SUSET, GUC_UNIT_BYTE, NULL, NULL, NULL);
+	DefineCustomIntVariable("felix.max_transaction_bytes",
+							"Most record bytes one transaction may buffer for INSERT and COPY into streams.",
+							"Buffered records wait in the session's memory until COMMIT.",
+							&felix_max_transaction_bytes, 256 * 1024 * 1024, 1024, INT_MAX,
+							PGC_SUSET, GUC_UNIT_BYTE, NULL, NULL, NULL);
+	DefineCustomIntVariable("felix.max_streams_per_role",
+							"Most streams a role that is not a superuser may own.",
+							NULL,
+							&felix_max_streams_per_role, 64, 0, 1000000,
+							PGC_SUSET, 0, NULL, NULL, NULL);
+	DefineCustomIntVariable("felix.max_shards_per_role",
+							"Most shards, over all its streams, a role that is not a superuser may own.",
+							"Every shard holds one of the node's felix.max_shards slots.",
+							&felix_max_shards_per_role, 256, 0, 1000000,
+							PGC_SUSET, 0, NULL, NULL, NULL);
 	DefineCustomIntVariable("felix.max_shards_per_stream",
 							"Most shards one stream may be created with.",
 							NULL,
@@ -104,16 +123,18 @@ define_gucs(void)
 							   &felix_node_name, "",
 							   PGC_POSTMASTER, 0, NULL, NULL, NULL);
 	DefineCustomStringVariable("felix.node_conninfo",
-							   "How peers and the control plane reach this node (libpq conninfo).",
+							   "Where peers reach this node, and how it logs in to them (libpq conninfo).",
 							   "Empty means this server's first Unix socket directory and port, "
-							   "database felix.database, user felix_replication.",
+							   "database felix.database; the user is felix_node_<name> unless it names one.",
 							   &felix_node_conninfo, "",
-							   PGC_POSTMASTER, 0, NULL, NULL, NULL);
+							   PGC_POSTMASTER, GUC_SUPERUSER_ONLY,
+							   felix_check_node_conninfo, NULL, felix_show_node_conninfo);
 	DefineCustomStringVariable("felix.control_conninfo",
-							   "How to reach the control plane (libpq conninfo).",
+							   "Where the control plane is (libpq conninfo, without credentials).",
 							   "Empty means this node hosts the control plane itself.",
 							   &felix_control_conninfo, "",
-							   PGC_POSTMASTER, 0, NULL, NULL, NULL);
+							   PGC_POSTMASTER, GUC_SUPERUSER_ONLY,
+							   felix_check_control_conninfo, NULL, felix_show_control_conninfo);
 	DefineCustomIntVariable("felix.lease_duration",
 							"How long a granted lease lasts.",
 							NULL,
@@ -145,52 +166,6 @@ define_gucs(void)
 							&felix_node_expiry, 1500, 10, 3600000,
 							PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
 	MarkGUCPrefixReserved("felix");
-}
-
-const char *
-felix_node_name_resolved(void)
-{
-	static char name[NAMEDATALEN];
-
-	if (felix_node_name != NULL && felix_node_name[0] != '\0')
-		return felix_node_name;
-	if (name[0] == '\0')
-		snprintf(name, sizeof(name), "node_%d", PostPortNumber);
-	return name;
-}
-
-const char *
-felix_node_conninfo_resolved(void)
-{
-	static char conninfo[1024];
-
-	if (felix_node_conninfo != NULL && felix_node_conninfo[0] != '\0')
-		return felix_node_conninfo;
-	if (conninfo[0] == '\0')
-	{
-		char	   *dirs = pstrdup(Unix_socket_directories ? Unix_socket_directories : "");
-		char	   *comma = strchr(dirs, ',');
-
-		if (comma)
-			*comma = '\0';
-		snprintf(conninfo, sizeof(conninfo),
-				 "host='%s' port=%d dbname='%s' user=felix_replication",
-				 dirs[0] ? dirs : "/var/run/postgresql", PostPortNumber, felix_database);
-		pfree(dirs);
-	}
-	return conninfo;
-}
-
-bool
-felix_cp_embedded(void)
-{
-	return felix_control_conninfo == NULL || felix_control_conninfo[0] == '\0';
-}
-
-const char *
-felix_cp_conninfo_resolved(void)
-{
-	return felix_cp_embedded() ? felix_node_conninfo_resolved() : felix_control_conninfo;
 }
 
 void

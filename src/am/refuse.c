@@ -62,7 +62,7 @@ felix_refuse_feature(const char *relname, const char *feature, const char *hint)
 static const char *
 stream_name(Oid relid)
 {
-	if (!OidIsValid(relid) || !felix_is_stream_relid(relid))
+	if (!OidIsValid(relid) || !felix_uses_felix_am_relid(relid))
 		return NULL;
 	return get_rel_name(relid);
 }

@@ -643,7 +643,7 @@ felix_set_rel_pathlist(PlannerInfo *root, RelOptInfo *rel, Index rti,
 		return;
 	if (rel->reloptkind != RELOPT_BASEREL && rel->reloptkind != RELOPT_OTHER_MEMBER_REL)
 		return;
-	if (!felix_is_stream_relid(rte->relid))
+	if (!felix_uses_felix_am_relid(rte->relid))
 		return;
 
 	/* A stream is read by one process: no partial paths, nothing parallel. */

@@ -410,12 +410,22 @@ cursor_preset(FelixCursor *c, int32 shard, FelixShard *slot, uint64 start, uint6
  * Stream lookup and shard statistics
  * ---------------------------------------------------------------------
  */
+/*
+ * The stream this relation is, or NULL when it is not one (a table made
+ * USING felix by hand is not).  A registered stream whose columns are not
+ * what its definition says is refused outright (catalog.c).
+ */
 static const FelixStream *
 stream_or_null(Relation rel)
 {
-	if (!felix_is_stream_rel(rel))
+	const FelixStream *s;
+
+	if (!felix_uses_felix_am(rel))
 		return NULL;
-	return felix_stream_by_relid(RelationGetRelid(rel));
+	s = felix_stream_by_relid(RelationGetRelid(rel));
+	if (s != NULL)
+		felix_stream_check_shape(s, RelationGetDescr(rel));
+	return s;
 }
 
 static const FelixStream *

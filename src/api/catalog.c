@@ -11,8 +11,16 @@
  *	  invalidation, so a dropped or recreated stream is never served from a
  *	  stale entry.  Misses are never cached.
  *
- * Locking rule: backend-local; lookups read felix.streams through SPI
- * under the caller's snapshot.
+ *	  Only a relation with a row here is a stream.  A table created USING
+ *	  felix by hand has none: every read and write of it is refused
+ *	  (tableam.c), and dropping it tells nobody anything (stream.c).
+ *
+ *	  felix.streams is readable by its owner only; every statement on it
+ *	  runs as that owner with the search_path pinned (catalog_exec), so a
+ *	  caller's search_path never picks an operator or type for it.
+ *
+ * Locking rule: backend-local; statements on felix.streams run through
+ * SPI under the caller's snapshot.
  *
  *-------------------------------------------------------------------------
  */
@@ -20,22 +28,26 @@
 
 #include "access/htup_details.h"
 #include "access/table.h"
-#include "api/catalog.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_am.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_type.h"
 #include "commands/defrem.h"
 #include "executor/spi.h"
-#include "felix.h"
 #include "miscadmin.h"
 #include "nodes/makefuncs.h"
 #include "utils/builtins.h"
+#include "utils/datetime.h"
 #include "utils/hsearch.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/syscache.h"
+#include "utils/uuid.h"
+
+#include "api/catalog.h"
+#include "felix.h"
+#include "privilege.h"
 
 typedef struct StreamByName
 {
@@ -114,6 +126,75 @@ cache_ensure(void)
 						   HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 }
 
+/* The columns every catalog read fetches, in FelixStream order. */
+#define CATALOG_COLUMNS \
+	"id, relid, name, shards, replication_factor, consistency, payload_type, " \
+	"storage, retention_bytes, retention, creation_id"
+
+/* Milliseconds of an interval, counted as extract(epoch ...) counts them. */
+static int64
+interval_ms(const Interval *iv)
+{
+	double		secs = iv->time / 1000000.0 +
+		((double) DAYS_PER_YEAR * SECS_PER_DAY) * (iv->month / MONTHS_PER_YEAR) +
+		((double) DAYS_PER_MONTH * SECS_PER_DAY) * (iv->month % MONTHS_PER_YEAR) +
+		((double) SECS_PER_DAY) * iv->day;
+
+	return (int64) (secs * 1000.0);
+}
+
+/* Row i of the last SPI result (CATALOG_COLUMNS) as a FelixStream. */
+static void
+catalog_row(uint64 i, FelixStream *row)
+{
+	HeapTuple	tup = SPI_tuptable->vals[i];
+	TupleDesc	desc = SPI_tuptable->tupdesc;
+	bool		isnull;
+	Datum		d;
+
+	memset(row, 0, sizeof(FelixStream));
+	row->id = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
+	row->relid = DatumGetObjectId(SPI_getbinval(tup, desc, 2, &isnull));
+	strlcpy(row->name, SPI_getvalue(tup, desc, 3), NAMEDATALEN);
+	row->shards = DatumGetInt32(SPI_getbinval(tup, desc, 4, &isnull));
+	row->replication_factor = DatumGetInt32(SPI_getbinval(tup, desc, 5, &isnull));
+	row->consistency = strcmp(SPI_getvalue(tup, desc, 6), "quorum") == 0 ?
+		FELIX_CONSISTENCY_QUORUM : FELIX_CONSISTENCY_LEADER;
+	row->payload_type = DatumGetObjectId(SPI_getbinval(tup, desc, 7, &isnull));
+	row->storage = strcmp(SPI_getvalue(tup, desc, 8), "object") == 0 ?
+		FELIX_STORAGE_OBJECT : FELIX_STORAGE_LOCAL;
+	d = SPI_getbinval(tup, desc, 9, &isnull);
+	row->retention_bytes = isnull ? 0 : DatumGetInt64(d);
+	d = SPI_getbinval(tup, desc, 10, &isnull);
+	row->retention_ms = isnull ? 0 : interval_ms(DatumGetIntervalP(d));
+	strlcpy(row->creation_id, SPI_getvalue(tup, desc, 11), FELIX_CREATION_ID_LEN);
+}
+
+/*
+ * Run one statement on felix.streams as the catalog's owner, with the
+ * search_path pinned (privilege.c): the caller's search_path must not
+ * choose an operator or type for a query that runs with the owner's
+ * privileges.  Between SPI_connect and SPI_finish, which the caller does.
+ */
+static void
+catalog_exec(const char *sql, int nargs, Oid *argtypes, Datum *values,
+			 const char *nulls, bool read_only, int expected)
+{
+	FelixContext cxt;
+	int			rc;
+
+	felix_context_begin(&cxt, felix_catalog_owner());
+	/*
+	 * Reads are not read-only either: a fresh snapshot sees rows this
+	 * transaction wrote (a stream it just created).
+	 */
+	rc = SPI_execute_with_args(sql, nargs, argtypes, values, nulls, read_only, 0);
+	felix_context_end(&cxt);
+	if (rc != expected)
+		elog(ERROR, "felix: statement on felix.streams failed (%s): %s",
+			 SPI_result_code_string(rc), sql);
+}
+
 /* Read one stream's row into the cache; NULL when no row matches. */
 static FelixStream *
 catalog_fetch(const char *column, Datum value, Oid type)
@@ -128,35 +209,15 @@ catalog_fetch(const char *column, Datum value, Oid type)
 	StreamByRelid *r;
 	bool		found;
 
-	memset(&row, 0, sizeof(row));
-	sql = psprintf("SELECT id, relid, name, shards, replication_factor, consistency, "
-				   "payload_type::oid, storage, coalesce(retention_bytes, 0), "
-				   "coalesce((extract(epoch from retention) * 1000)::bigint, 0) "
-				   "FROM felix.streams WHERE %s = $1", column);
+	sql = psprintf("SELECT " CATALOG_COLUMNS " FROM felix.streams "
+				   "WHERE %s OPERATOR(pg_catalog.=) $1", column);
 	streams_relid = get_relname_relid("streams", get_namespace_oid("felix", false));
 	SPI_connect();
-	/* Not read-only: see rows this transaction wrote (a stream it just created). */
-	if (SPI_execute_with_args(sql, 1, argtypes, values, NULL, false, 1) != SPI_OK_SELECT)
-		elog(ERROR, "felix: reading felix.streams failed");
+	catalog_exec(sql, 1, argtypes, values, NULL, false, SPI_OK_SELECT);
 	if (SPI_processed == 1)
 	{
-		HeapTuple	tup = SPI_tuptable->vals[0];
-		TupleDesc	desc = SPI_tuptable->tupdesc;
-		bool		isnull;
-
+		catalog_row(0, &row);
 		found_row = true;
-		row.id = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
-		row.relid = DatumGetObjectId(SPI_getbinval(tup, desc, 2, &isnull));
-		strlcpy(row.name, SPI_getvalue(tup, desc, 3), NAMEDATALEN);
-		row.shards = DatumGetInt32(SPI_getbinval(tup, desc, 4, &isnull));
-		row.replication_factor = DatumGetInt32(SPI_getbinval(tup, desc, 5, &isnull));
-		row.consistency = strcmp(SPI_getvalue(tup, desc, 6), "quorum") == 0 ?
-			FELIX_CONSISTENCY_QUORUM : FELIX_CONSISTENCY_LEADER;
-		row.payload_type = DatumGetObjectId(SPI_getbinval(tup, desc, 7, &isnull));
-		row.storage = strcmp(SPI_getvalue(tup, desc, 8), "object") == 0 ?
-			FELIX_STORAGE_OBJECT : FELIX_STORAGE_LOCAL;
-		row.retention_bytes = DatumGetInt64(SPI_getbinval(tup, desc, 9, &isnull));
-		row.retention_ms = DatumGetInt64(SPI_getbinval(tup, desc, 10, &isnull));
 	}
 	SPI_finish();
 	pfree(sql);
@@ -172,6 +233,95 @@ catalog_fetch(const char *column, Datum value, Oid type)
 	r = hash_search(by_relid, &stream->relid, HASH_ENTER, &found);
 	r->stream = stream;
 	return stream;
+}
+
+List *
+felix_stream_list(void)
+{
+	List	   *streams = NIL;
+	MemoryContext caller = CurrentMemoryContext;
+
+	if (!OidIsValid(get_namespace_oid("felix", true)))
+		return NIL;
+	SPI_connect();
+	catalog_exec("SELECT " CATALOG_COLUMNS " FROM felix.streams ORDER BY name",
+				 0, NULL, NULL, NULL, false, SPI_OK_SELECT);
+	for (uint64 i = 0; i < SPI_processed; i++)
+	{
+		FelixStream *row = MemoryContextAlloc(caller, sizeof(FelixStream));
+		MemoryContext old;
+
+		catalog_row(i, row);
+		old = MemoryContextSwitchTo(caller);
+		streams = lappend(streams, row);
+		MemoryContextSwitchTo(old);
+	}
+	SPI_finish();
+	return streams;
+}
+
+bool
+felix_stream_name_taken(const char *name)
+{
+	Oid			argtypes[1] = {TEXTOID};
+	Datum		values[1] = {CStringGetTextDatum(name)};
+	bool		taken;
+
+	SPI_connect();
+	catalog_exec("SELECT 1 FROM felix.streams WHERE name OPERATOR(pg_catalog.=) $1",
+				 1, argtypes, values, NULL, false, SPI_OK_SELECT);
+	taken = SPI_processed > 0;
+	SPI_finish();
+	return taken;
+}
+
+void
+felix_catalog_owned(Oid role, int64 *streams, int64 *shards)
+{
+	Oid			argtypes[1] = {OIDOID};
+	Datum		values[1] = {ObjectIdGetDatum(role)};
+	bool		isnull;
+
+	SPI_connect();
+	catalog_exec("SELECT pg_catalog.count(*), COALESCE(pg_catalog.sum(s.shards), 0) "
+				 "FROM felix.streams s JOIN pg_catalog.pg_class c "
+				 "ON c.oid OPERATOR(pg_catalog.=) s.relid "
+				 "WHERE c.relowner OPERATOR(pg_catalog.=) $1",
+				 1, argtypes, values, NULL, false, SPI_OK_SELECT);
+	*streams = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	*shards = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
+	SPI_finish();
+}
+
+void
+felix_catalog_register(const FelixStream *def, Interval *retention)
+{
+	Oid			argtypes[10] = {TEXTOID, OIDOID, INT4OID, INT4OID, TEXTOID,
+	REGTYPEOID, TEXTOID, INT8OID, INTERVALOID, UUIDOID};
+	Datum		values[10];
+	char		nulls[10] = "          ";
+
+	values[0] = CStringGetTextDatum(def->name);
+	values[1] = ObjectIdGetDatum(def->relid);
+	values[2] = Int32GetDatum(def->shards);
+	values[3] = Int32GetDatum(def->replication_factor);
+	values[4] = CStringGetTextDatum(def->consistency == FELIX_CONSISTENCY_QUORUM ?
+									"quorum" : "leader");
+	values[5] = ObjectIdGetDatum(def->payload_type);
+	values[6] = CStringGetTextDatum("local");
+	values[7] = Int64GetDatum(def->retention_bytes);
+	values[8] = PointerGetDatum(retention);
+	values[9] = DirectFunctionCall1(uuid_in, CStringGetDatum(def->creation_id));
+	if (def->retention_bytes <= 0)
+		nulls[7] = 'n';
+	if (retention == NULL)
+		nulls[8] = 'n';
+	SPI_connect();
+	catalog_exec("INSERT INTO felix.streams (name, relid, shards, replication_factor, "
+				 "consistency, payload_type, storage, retention_bytes, retention, creation_id) "
+				 "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+				 10, argtypes, values, nulls, false, SPI_OK_INSERT);
+	SPI_finish();
 }
 
 static void
@@ -235,12 +385,15 @@ const FelixStream *
 felix_stream_by_relid(Oid relid)
 {
 	StreamByRelid *r;
+	Oid			nsp;
 
 	cache_ensure();
 	r = hash_search(by_relid, &relid, HASH_FIND, NULL);
 	if (r != NULL)
 		return r->stream;
-	if (!OidIsValid(get_namespace_oid("felix", true)))
+	/* No catalog (not installed, or being dropped): no streams. */
+	nsp = get_namespace_oid("felix", true);
+	if (!OidIsValid(nsp) || !OidIsValid(get_relname_relid("streams", nsp)))
 		return NULL;
 	return catalog_fetch("relid", ObjectIdGetDatum(relid), OIDOID);
 }
@@ -252,7 +405,7 @@ felix_am_oid(void)
 }
 
 bool
-felix_is_stream_rel(Relation rel)
+felix_uses_felix_am(Relation rel)
 {
 	return rel->rd_rel->relkind == RELKIND_RELATION &&
 		OidIsValid(rel->rd_rel->relam) &&
@@ -260,7 +413,7 @@ felix_is_stream_rel(Relation rel)
 }
 
 bool
-felix_is_stream_relid(Oid relid)
+felix_uses_felix_am_relid(Oid relid)
 {
 	HeapTuple	tup;
 	bool		result = false;
@@ -275,6 +428,46 @@ felix_is_stream_relid(Oid relid)
 		ReleaseSysCache(tup);
 	}
 	return result;
+}
+
+/*
+ * A stream's table as felix_create_stream makes it.  The types were named
+ * schema-qualified when it was created and the shape cannot be altered
+ * since (refuse.c), so a mismatch means the table is not what felix.streams
+ * says it is; reading records into it as if it were could crash the
+ * server (a payload in a column of another type), so it is refused.
+ */
+void
+felix_stream_check_shape(const FelixStream *stream, TupleDesc desc)
+{
+	static const char *const names[FELIX_NATTS] = {"shard", "seq", "key", "payload", "published_at"};
+	Oid			types[FELIX_NATTS] = {INT4OID, INT8OID, TEXTOID, stream->payload_type, TIMESTAMPTZOID};
+	int			bad = -1;
+
+	if (desc->natts != FELIX_NATTS)
+		bad = Min(desc->natts, FELIX_NATTS);
+	for (int i = 0; bad < 0 && i < FELIX_NATTS; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, i);
+
+		if (att->attisdropped || att->atttypid != types[i] ||
+			strcmp(NameStr(att->attname), names[i]) != 0)
+			bad = i;
+	}
+	if (bad < 0)
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_DATA_CORRUPTED),
+			 errmsg("table of stream \"%s\" does not have the columns felix.streams describes",
+					stream->name),
+			 bad < desc->natts && bad < FELIX_NATTS ?
+			 errdetail("Column %d is \"%s\" of type %s; a stream's column %d is \"%s\" of type %s.",
+					   bad + 1, NameStr(TupleDescAttr(desc, bad)->attname),
+					   format_type_be(TupleDescAttr(desc, bad)->atttypid),
+					   bad + 1, names[bad], format_type_be(types[bad])) :
+			 errdetail("The table has %d columns; a stream has %d.", desc->natts, FELIX_NATTS),
+			 errhint("Drop the stream with felix_drop_stream('%s') and create it again.",
+					 stream->name)));
 }
 
 void

@@ -18,9 +18,14 @@
  *	  subtransaction begun after X while X is open descends from X).
  *
  *	  Records are appended in the pre-commit callback, before the commit
- *	  record is written: an append error aborts the transaction cleanly.
- *	  The residual window — appended, then the commit itself fails — is the
+ *	  record is written: an append error aborts the transaction cleanly,
+ *	  and what the commit had appended on any shard is cut back, so a
+ *	  failed commit publishes nothing (pending_publish_all).  The residual
+ *	  window — appended, then the commit itself fails — is the
  *	  crash-during-commit case and is documented in docs/sql-api.md.
+ *
+ *	  A transaction buffers at most felix.max_transaction_bytes; a row
+ *	  that would take it past is refused before its memory is taken.
  *
  * Locking rule: backend-local.  The INSERT already holds RowExclusiveLock
  * on the stream's table until commit, so the stream cannot be dropped
@@ -64,6 +69,7 @@ typedef struct PendingShard
 
 static MemoryContext pending_cxt = NULL;	/* child of TopTransactionContext */
 static List *pending = NIL;		/* PendingShard * */
+static Size pending_bytes = 0;	/* sum of every buffer's length */
 
 static PendingShard *
 pending_shard(const FelixStream *stream, int shard)
@@ -135,6 +141,7 @@ pending_add(const FelixStream *stream, TupleTableSlot *slot)
 	int			shard;
 	const char *bytes;
 	uint32		len;
+	Size		need;
 	PendingShard *ps;
 
 	slot_getallattrs(slot);
@@ -166,7 +173,17 @@ pending_add(const FelixStream *stream, TupleTableSlot *slot)
 						  stream->payload_type, &bytes, &len, key_len);
 
 	ps = pending_shard(stream, shard);
-	if ((Size) ps->buf.len + len + FELIX_RECORD_OVERHEAD + Max(key_len, 0) > FELIX_MAX_PENDING_BYTES)
+	need = len + FELIX_RECORD_OVERHEAD + Max(key_len, 0);
+	/* Refused before the memory is taken, never after. */
+	if (pending_bytes + need > (Size) felix_max_transaction_bytes)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("transaction would buffer more than felix.max_transaction_bytes (%d bytes) of records; "
+						"refused at stream \"%s\" shard %d",
+						felix_max_transaction_bytes, stream->name, shard),
+				 errdetail("Rows inserted into a stream wait in the session's memory until COMMIT."),
+				 errhint("Commit in smaller transactions, or publish with felix_publish_batch.")));
+	if ((Size) ps->buf.len + need > FELIX_MAX_PENDING_BYTES)
 		ereport(ERROR,
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
 				 errmsg("transaction buffers more than %d bytes for stream \"%s\" shard %d",
@@ -175,8 +192,10 @@ pending_add(const FelixStream *stream, TupleTableSlot *slot)
 	pending_mark(ps);
 	{
 		MemoryContext old = MemoryContextSwitchTo(pending_cxt);
+		int			before = ps->buf.len;
 
 		batch_add(&ps->buf, key, key_len, bytes, len);
+		pending_bytes += ps->buf.len - before;
 		MemoryContextSwitchTo(old);
 	}
 	ps->count++;
@@ -184,14 +203,14 @@ pending_add(const FelixStream *stream, TupleTableSlot *slot)
 }
 
 /*
- * Publish a shard's buffered records.  Up to FELIX_COMMIT_BATCH_BYTES they
- * go as the one batch they were buffered in; a larger buffer is re-encoded
- * into batches of about that size, so that a seek into the shard never has
- * to read and check more than one such batch, and the batches are appended
- * together so they still become visible at once.
+ * A shard's buffered records as the batches they are appended in: up to
+ * FELIX_COMMIT_BATCH_BYTES the one batch they were buffered in; a larger
+ * buffer re-encoded into batches of about that size, so that a seek into
+ * the shard never has to read and check more than one such batch.
+ * Returns the number of batches (*batches and *counts palloc'd).
  */
-static void
-pending_publish_shard(PendingShard *ps, FelixShard *s)
+static int
+pending_batches(PendingShard *ps, StringInfo **batches_out, uint32 **counts_out)
 {
 	FelixBatchHeader h;
 	FelixBatchIter it;
@@ -204,8 +223,11 @@ pending_publish_shard(PendingShard *ps, FelixShard *s)
 	if (ps->buf.len <= FELIX_COMMIT_BATCH_BYTES)
 	{
 		batch_seal_body(&ps->buf, FELIX_BATCH_RECORDS);
-		shard_publish(s, &ps->buf, ps->count);
-		return;
+		*batches_out = palloc(sizeof(StringInfo));
+		(*batches_out)[0] = &ps->buf;
+		*counts_out = palloc(sizeof(uint32));
+		(*counts_out)[0] = ps->count;
+		return 1;
 	}
 
 	/* batch_add keeps the buffer's header count current: walk it as is. */
@@ -233,38 +255,98 @@ pending_publish_shard(PendingShard *ps, FelixShard *s)
 	}
 	for (int i = 0; i < n; i++)
 		batch_seal_body(batches[i], FELIX_BATCH_RECORDS);
-	shard_publish_batches(s, batches, counts, n);
+	*batches_out = batches;
+	*counts_out = counts;
+	return n;
 }
 
+/* One shard's part of a commit. */
+typedef struct CommitShard
+{
+	FelixShard *s;
+	StringInfo *batches;
+	uint32	   *counts;
+	int			nbatches;
+	FelixCommitPart part;
+} CommitShard;
+
+static int
+cmp_slot(const void *a, const void *b)
+{
+	int			x = shard_slot_index(((const CommitShard *) a)->s);
+	int			y = shard_slot_index(((const CommitShard *) b)->s);
+
+	return x < y ? -1 : (x > y ? 1 : 0);
+}
+
+/*
+ * Publish every buffered record, or none.  A commit's batches on one shard
+ * are appended under one hold of its tail and cut back together if one
+ * fails (shard_publish_batches).  Over several shards, every shard's
+ * batches are appended behind its commit gate, in slot order, and only
+ * once all of them are down are any published; if one shard's append
+ * fails, the others are cut back and the commit fails having published
+ * nothing (shard.h).
+ */
 static void
 pending_publish_all(void)
 {
 	ListCell   *lc;
+	CommitShard *cs;
+	volatile int n = 0;
+	MemoryContext oldcxt;
 
-	/*
-	 * Admit every shard first, so a shard this node cannot write (damaged,
-	 * not led here) refuses the commit before any shard's batch is appended.
-	 * What remains possible is an I/O error or a crash between two shards'
-	 * appends; docs/sql-api.md states it.
-	 */
+	cs = palloc0(sizeof(CommitShard) * Max(list_length(pending), 1));
 	foreach(lc, pending)
 	{
 		PendingShard *ps = lfirst(lc);
-
-		if (ps->count > 0)
-			shard_admit(felix_stream_shard(ps->stream, ps->shard));
-	}
-
-	foreach(lc, pending)
-	{
-		PendingShard *ps = lfirst(lc);
-		FelixShard *s;
 
 		if (ps->count == 0)
 			continue;
-		s = felix_stream_shard(ps->stream, ps->shard);
-		pending_publish_shard(ps, s);
+		cs[n].s = felix_stream_shard(ps->stream, ps->shard);
+		cs[n].nbatches = pending_batches(ps, &cs[n].batches, &cs[n].counts);
+		n++;
 	}
+	if (n == 0)
+		return;
+	if (n == 1)
+	{
+		(void) shard_publish_batches(cs[0].s, cs[0].batches, cs[0].counts, cs[0].nbatches);
+		return;
+	}
+
+	/*
+	 * Admit every shard first, so a shard this node cannot write (damaged,
+	 * not led here) refuses the commit before any gate is held.
+	 */
+	for (int i = 0; i < n; i++)
+		shard_admit(cs[i].s);
+
+	qsort(cs, n, sizeof(CommitShard), cmp_slot);
+	oldcxt = CurrentMemoryContext;
+	PG_TRY();
+	{
+		for (int i = 0; i < n; i++)
+			shard_commit_append(cs[i].s, cs[i].batches, cs[i].counts, cs[i].nbatches,
+								&cs[i].part);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(oldcxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		for (int i = 0; i < n; i++)
+			shard_commit_abandon(&cs[i].part);
+		ReThrowError(edata);
+	}
+	PG_END_TRY();
+
+	for (int i = 0; i < n; i++)
+		shard_commit_publish(&cs[i].part);
+	for (int i = 0; i < n; i++)
+		shard_commit_wait(&cs[i].part);
 }
 
 static void
@@ -273,6 +355,7 @@ pending_forget(void)
 	/* The memory goes with TopTransactionContext. */
 	pending = NIL;
 	pending_cxt = NULL;
+	pending_bytes = 0;
 }
 
 static void
@@ -334,6 +417,7 @@ pending_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 
 			if (m->subid >= mySubid)
 			{
+				pending_bytes -= ps->buf.len - m->len;
 				ps->buf.len = m->len;
 				ps->buf.data[ps->buf.len] = '\0';
 				ps->count = m->count;

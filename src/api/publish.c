@@ -11,8 +11,9 @@
  *	  (pending.c).
  *
  * Locking rule: takes RowExclusiveLock on the stream's table for the rest
- * of the transaction, as an INSERT would, so a concurrent drop waits; the
- * shard's own locks are taken inside shard_publish.
+ * of the transaction, as an INSERT would, so a concurrent drop waits --
+ * after checking INSERT privilege, never before; the shard's own locks are
+ * taken inside shard_publish.
  *
  *-------------------------------------------------------------------------
  */
@@ -23,13 +24,13 @@
 #include "api/publish.h"
 #include "catalog/pg_type.h"
 #include "felix.h"
+#include "privilege.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "port/pg_crc32c.h"
 #include "storage/lmgr.h"
 #include "storage/shard.h"
-#include "utils/acl.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
@@ -37,19 +38,15 @@
 
 static uint32 spread_next = 0;
 
+/*
+ * INSERT privilege first, then the lock: a role without the privilege
+ * must not be able to queue behind (or hold up) the stream's lock.
+ */
 void
 publish_check_access(const FelixStream *stream)
 {
-	AclResult	aclresult;
-
+	felix_check_stream_acl(stream->relid, stream->name, ACL_INSERT, "publish to");
 	LockRelationOid(stream->relid, RowExclusiveLock);
-	aclresult = pg_class_aclcheck(stream->relid, GetUserId(), ACL_INSERT);
-	if (aclresult != ACLCHECK_OK)
-		ereport(ERROR,
-				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-				 errmsg("permission denied to publish to stream \"%s\"", stream->name),
-				 errhint("Publishing needs INSERT privilege on the stream's table: GRANT INSERT ON \"%s\" TO ...",
-						 stream->name)));
 }
 
 int

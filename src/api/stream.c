@@ -20,33 +20,36 @@
  */
 #include "postgres.h"
 
-#include "access/xact.h"
-#include "api/catalog.h"
-#include "api/publish.h"
-#include "api/stream.h"
-#include "control/client.h"
-#include "worker/heartbeat.h"
 #include "access/htup_details.h"
-#include "utils/syscache.h"
+#include "access/xact.h"
 #include "catalog/namespace.h"
-#include "common/hashfn.h"
 #include "catalog/objectaccess.h"
-#include "commands/dbcommands.h"
-#include "commands/extension.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_type.h"
+#include "commands/dbcommands.h"
+#include "commands/extension.h"
+#include "common/hashfn.h"
 #include "executor/spi.h"
-#include "felix.h"
 #include "fmgr.h"
 #include "miscadmin.h"
 #include "nodes/makefuncs.h"
 #include "storage/fd.h"
 #include "storage/lmgr.h"
-#include "storage/shard.h"
+#include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
+#include "utils/syscache.h"
 #include "utils/timestamp.h"
+
+#include "api/catalog.h"
+#include "api/publish.h"
+#include "api/stream.h"
+#include "control/client.h"
+#include "felix.h"
+#include "privilege.h"
+#include "storage/shard.h"
+#include "worker/heartbeat.h"
 
 /* ---------------------------------------------------------------------
  * What this transaction did to streams, for its commit or abort
@@ -56,6 +59,7 @@ typedef struct StreamNote
 {
 	Oid			relid;			/* dropped: its table */
 	char		name[NAMEDATALEN];	/* the stream's name: its table's */
+	char		creation_id[FELIX_CREATION_ID_LEN]; /* its control-plane identity */
 	SubTransactionId subid;
 } StreamNote;
 
@@ -64,13 +68,14 @@ static List *dropped = NIL;		/* tables of streams dropped */
 static List *registered = NIL;	/* streams registered at the control plane */
 
 static StreamNote *
-note_stream(List **list, Oid relid, const char *name)
+note_stream(List **list, Oid relid, const char *name, const char *creation_id)
 {
 	MemoryContext old = MemoryContextSwitchTo(TopTransactionContext);
 	StreamNote *n = palloc(sizeof(StreamNote));
 
 	n->relid = relid;
 	strlcpy(n->name, name, NAMEDATALEN);
+	strlcpy(n->creation_id, creation_id, FELIX_CREATION_ID_LEN);
 	n->subid = GetCurrentSubTransactionId();
 	*list = lappend(*list, n);
 	MemoryContextSwitchTo(old);
@@ -113,29 +118,60 @@ payload_type_oid(const char *name, const char *value)
 	return InvalidOid;
 }
 
-/* Run SQL as the owner of felix.streams (the extension's owner). */
-static void
-spi_exec_as_catalog_owner(const char *sql, int nargs, Oid *argtypes, Datum *values,
-						  const char *nulls, int expected)
+/*
+ * The schema a stream named `name` is created in: the caller's creation
+ * namespace, which must not be a temporary one (a stream's name is
+ * cluster-wide and outlives the session) and in which the caller needs
+ * CREATE, checked before the control plane is asked anything.
+ */
+static char *
+stream_creation_schema(const char *name)
 {
-	Oid			saved_user;
-	int			saved_sec;
-	Oid			owner;
-	Oid			streams = get_relname_relid("streams", get_namespace_oid("felix", false));
+	Oid			nsp = RangeVarGetCreationNamespace(makeRangeVar(NULL, pstrdup(name), -1));
 
-	{
-		HeapTuple	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(streams));
+	if (isAnyTempNamespace(nsp))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("cannot create stream \"%s\" in a temporary schema", name),
+				 errdetail("A stream is known to every node of the cluster by its name and outlives the session."),
+				 errhint("Put a permanent schema first in search_path, or create the stream from a session whose search_path does not start with pg_temp.")));
+	if (pg_namespace_aclcheck(nsp, GetUserId(), ACL_CREATE) != ACLCHECK_OK)
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("permission denied to create stream \"%s\" in schema \"%s\"",
+						name, get_namespace_name(nsp)),
+				 errhint("Creating a stream needs CREATE privilege on the schema it is created in.")));
+	return get_namespace_name(nsp);
+}
 
-		if (!HeapTupleIsValid(tup))
-			elog(ERROR, "felix: cache lookup failed for felix.streams");
-		owner = ((Form_pg_class) GETSTRUCT(tup))->relowner;
-		ReleaseSysCache(tup);
-	}
-	GetUserIdAndSecContext(&saved_user, &saved_sec);
-	SetUserIdAndSecContext(owner, saved_sec | SECURITY_LOCAL_USERID_CHANGE);
-	if (SPI_execute_with_args(sql, nargs, argtypes, values, nulls, false, 0) != expected)
-		elog(ERROR, "felix: catalog update failed: %s", sql);
-	SetUserIdAndSecContext(saved_user, saved_sec);
+/*
+ * A role that is not a superuser may own at most felix.max_streams_per_role
+ * streams holding at most felix.max_shards_per_role shards: every shard
+ * takes one of the node's felix.max_shards slots for good.
+ */
+static void
+stream_check_quota(const char *name, int shards)
+{
+	int64		streams_owned;
+	int64		shards_owned;
+
+	if (superuser())
+		return;
+	felix_catalog_owned(GetUserId(), &streams_owned, &shards_owned);
+	if (streams_owned + 1 > felix_max_streams_per_role)
+		ereport(ERROR,
+				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+				 errmsg("cannot create stream \"%s\": role \"%s\" already owns " INT64_FORMAT " streams",
+						name, GetUserNameFromId(GetUserId(), false), streams_owned),
+				 errdetail("felix.max_streams_per_role is %d.", felix_max_streams_per_role),
+				 errhint("Drop streams you no longer need, or ask a superuser to raise felix.max_streams_per_role.")));
+	if (shards_owned + shards > felix_max_shards_per_role)
+		ereport(ERROR,
+				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+				 errmsg("cannot create stream \"%s\" with %d shards: role \"%s\" already owns " INT64_FORMAT " shards",
+						name, shards, GetUserNameFromId(GetUserId(), false), shards_owned),
+				 errdetail("felix.max_shards_per_role is %d.", felix_max_shards_per_role),
+				 errhint("Use fewer shards, drop streams you no longer need, or ask a superuser to raise felix.max_shards_per_role.")));
 }
 
 PG_FUNCTION_INFO_V1(felix_create_stream);
@@ -148,6 +184,8 @@ felix_create_stream(PG_FUNCTION_ARGS)
 	char	   *consistency;
 	char	   *payload_type;
 	char	   *storage;
+	char	   *schema;
+	char	   *creation_id;
 	Oid			relid;
 
 	felix_require_preload();
@@ -241,6 +279,10 @@ felix_create_stream(PG_FUNCTION_ARGS)
 				 errdetail("This felix release keeps shards in local segment files only."),
 				 errhint("Create the stream with storage => 'local'.")));
 
+	/* Privileges and quota, before anything is asked of the control plane. */
+	schema = stream_creation_schema(name);
+	stream_check_quota(name, shards);
+
 	/*
 	 * The control plane places the stream (and refuses it, e.g. when fewer
 	 * nodes are alive than replication_factor asks for) before this node
@@ -248,17 +290,17 @@ felix_create_stream(PG_FUNCTION_ARGS)
 	 * heartbeat.  A name taken here locally is refused before asking.
 	 */
 	felix_stream_lock_name(name, true);
-	felix_stream_check_name_free(name);
-	felix_cp_call_create_stream(name, shards, replication_factor, consistency,
-								payload_type, storage,
-								PG_ARGISNULL(6) ? -1 : PG_GETARG_INT64(6),
-								PG_ARGISNULL(7) ? NULL :
-								DatumGetCString(DirectFunctionCall1(interval_out,
-																	PG_GETARG_DATUM(7))));
+	felix_stream_check_name_free(name, schema);
+	creation_id = felix_cp_call_create_stream(name, schema, shards, replication_factor,
+											  consistency, payload_type, storage,
+											  PG_ARGISNULL(6) ? -1 : PG_GETARG_INT64(6),
+											  PG_ARGISNULL(7) ? NULL :
+											  DatumGetCString(DirectFunctionCall1(interval_out,
+																				  PG_GETARG_DATUM(7))));
 	/* from here, an abort must undo the registration (unregister_streams) */
-	(void) note_stream(&registered, InvalidOid, name);
-	relid = felix_stream_create_local(name, shards, replication_factor, consistency,
-									  payload_type,
+	(void) note_stream(&registered, InvalidOid, name, creation_id);
+	relid = felix_stream_create_local(name, schema, creation_id, shards,
+									  replication_factor, consistency, payload_type,
 									  PG_ARGISNULL(6) ? 0 : PG_GETARG_INT64(6),
 									  PG_ARGISNULL(7) ? NULL : PG_GETARG_INTERVAL_P(7));
 	felix_heartbeat_apply_stream(name);
@@ -283,88 +325,88 @@ felix_stream_lock_name(const char *name, bool wait)
 	return LockAcquire(&tag, ExclusiveLock, false, !wait) != LOCKACQUIRE_NOT_AVAIL;
 }
 
-/* Refuse a name already taken by a stream or relation on this node. */
+/* Refuse a name already taken by a stream, or by a relation in `schema`. */
 void
-felix_stream_check_name_free(const char *name)
+felix_stream_check_name_free(const char *name, const char *schema)
 {
-	Oid			namespace = RangeVarGetCreationNamespace(makeRangeVar(NULL, pstrdup(name), -1));
-	Oid			argtypes[1] = {TEXTOID};
-	Datum		values[1];
+	Oid			nsp = get_namespace_oid(schema, false);
 
-	values[0] = CStringGetTextDatum(name);
-	SPI_connect();
-	if (SPI_execute_with_args("SELECT 1 FROM felix.streams WHERE name = $1",
-							  1, argtypes, values, NULL, true, 1) != SPI_OK_SELECT)
-		elog(ERROR, "felix: reading felix.streams failed");
-	if (SPI_processed > 0)
+	if (felix_stream_name_taken(name))
 		ereport(ERROR,
 				(errcode(ERRCODE_DUPLICATE_OBJECT),
 				 errmsg("stream \"%s\" already exists", name),
 				 errhint("Choose another name, or drop the stream with felix_drop_stream('%s').", name)));
-	SPI_finish();
-	if (OidIsValid(get_relname_relid(name, namespace)))
+	if (OidIsValid(get_relname_relid(name, nsp)))
 		ereport(ERROR,
 				(errcode(ERRCODE_DUPLICATE_TABLE),
 				 errmsg("cannot create stream \"%s\": relation \"%s\" already exists in schema \"%s\"",
-						name, name, get_namespace_name(namespace)),
+						name, name, schema),
 				 errhint("Choose another name for the stream, or drop or rename the existing relation.")));
 }
 
 /*
- * Create the stream's table and catalog row on this node, in the caller's
- * transaction.  Refuses a name taken by another stream or relation.
+ * Create the stream's table in `schema` and its catalog row on this node,
+ * in the caller's transaction, owned by the current user.  Refuses a name
+ * taken by another stream or relation, and a temporary schema.  The
+ * table's DDL names every type schema-qualified and runs with the
+ * search_path pinned: a type of the caller's must never stand in for a
+ * payload type (reading records into it could crash the server).
  */
 Oid
-felix_stream_create_local(const char *name, int shards, int replication_factor,
+felix_stream_create_local(const char *name, const char *schema, const char *creation_id,
+						  int shards, int replication_factor,
 						  const char *consistency, const char *payload_type,
 						  int64 retention_bytes, Interval *retention)
 {
-	Oid			namespace;
+	Oid			nsp;
 	Oid			relid;
 	char		dir[MAXPGPATH];
 	StringInfoData sql;
-	Oid			payload_oid = payload_type_oid(name, payload_type);
+	FelixStream def;
+	FelixContext cxt;
 
-	felix_stream_check_name_free(name);
-	namespace = RangeVarGetCreationNamespace(makeRangeVar(NULL, pstrdup(name), -1));
-	SPI_connect();
+	memset(&def, 0, sizeof(def));
+	def.payload_type = payload_type_oid(name, payload_type);
+	nsp = get_namespace_oid(schema, true);
+	if (!OidIsValid(nsp))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_SCHEMA),
+				 errmsg("cannot create stream \"%s\": schema \"%s\" does not exist on this node",
+						name, schema),
+				 errhint("Create schema \"%s\" in database \"%s\" on every node.",
+						 schema, felix_database)));
+	if (isAnyTempNamespace(nsp))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("cannot create stream \"%s\" in a temporary schema", name),
+				 errhint("Create streams in a permanent schema.")));
+	felix_stream_check_name_free(name, schema);
+
 	initStringInfo(&sql);
 	appendStringInfo(&sql,
-					 "CREATE TABLE %s.%s (shard integer, seq bigint, key text, "
-					 "payload %s, published_at timestamptz) USING felix",
-					 quote_identifier(get_namespace_name(namespace)),
-					 quote_identifier(name), payload_type);
+					 "CREATE TABLE %s.%s (shard pg_catalog.int4, seq pg_catalog.int8, "
+					 "key pg_catalog.text, payload pg_catalog.%s, "
+					 "published_at pg_catalog.timestamptz) USING felix",
+					 quote_identifier(schema), quote_identifier(name),
+					 quote_identifier(format_type_be(def.payload_type)));
+	SPI_connect();
+	felix_context_begin(&cxt, InvalidOid);
 	if (SPI_execute(sql.data, false, 0) != SPI_OK_UTILITY)
 		elog(ERROR, "felix: creating the table of stream \"%s\" failed", name);
-	CommandCounterIncrement();
-	relid = get_relname_relid(name, namespace);
-
-	{
-		Oid			argtypes[9] = {TEXTOID, OIDOID, INT4OID, INT4OID, TEXTOID,
-		REGTYPEOID, TEXTOID, INT8OID, INTERVALOID};
-		Datum		values[9];
-		char		nulls[9] = "         ";
-
-		values[0] = CStringGetTextDatum(name);
-		values[1] = ObjectIdGetDatum(relid);
-		values[2] = Int32GetDatum(shards);
-		values[3] = Int32GetDatum(replication_factor);
-		values[4] = CStringGetTextDatum(consistency);
-		values[5] = ObjectIdGetDatum(payload_oid);
-		values[6] = CStringGetTextDatum("local");
-		values[7] = Int64GetDatum(retention_bytes);
-		values[8] = PointerGetDatum(retention);
-		if (retention_bytes <= 0)
-			nulls[7] = 'n';
-		if (retention == NULL)
-			nulls[8] = 'n';
-		spi_exec_as_catalog_owner("INSERT INTO felix.streams (name, relid, shards, "
-								  "replication_factor, consistency, payload_type, storage, "
-								  "retention_bytes, retention) "
-								  "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-								  9, argtypes, values, nulls, SPI_OK_INSERT);
-	}
+	felix_context_end(&cxt);
 	SPI_finish();
+	CommandCounterIncrement();
+	relid = get_relname_relid(name, nsp);
+
+	def.relid = relid;
+	strlcpy(def.name, name, NAMEDATALEN);
+	strlcpy(def.creation_id, creation_id, FELIX_CREATION_ID_LEN);
+	def.shards = shards;
+	def.replication_factor = replication_factor;
+	def.consistency = strcmp(consistency, "quorum") == 0 ?
+		FELIX_CONSISTENCY_QUORUM : FELIX_CONSISTENCY_LEADER;
+	def.retention_bytes = retention_bytes;
+	felix_catalog_register(&def, retention);
 
 	/* A fresh OID owns no files; anything there is a crash's leftover. */
 	felix_stream_dir(MyDatabaseId, relid, dir);
@@ -388,10 +430,11 @@ felix_drop_stream(PG_FUNCTION_ARGS)
 				 errhint("Pass the name of the stream to drop; felix_streams lists them.")));
 	stream = felix_stream_by_name(text_to_cstring(PG_GETARG_TEXT_PP(0)));
 	relid = stream->relid;
+	felix_check_stream_owner(relid, stream->name, "drop");
 
 	/*
-	 * DROP TABLE checks ownership; the drop hook and event trigger take care
-	 * of the catalog row and, at commit, the files.
+	 * DROP TABLE checks ownership too; the drop hook and event trigger take
+	 * care of the catalog row and, at commit, the files.
 	 */
 	sql = psprintf("DROP TABLE %s.%s",
 				   quote_identifier(get_namespace_name(get_rel_namespace(relid))),
@@ -427,7 +470,7 @@ unregister_streams(SubTransactionId from_subid)
 
 		if (n->subid < from_subid)
 			continue;
-		if (!felix_cp_call_unregister_stream(n->name))
+		if (!felix_cp_call_unregister_stream(n->name, n->creation_id))
 			ereport(WARNING,
 					(errmsg("stream \"%s\": its creation was rolled back, but the control plane still lists it",
 							n->name),
@@ -444,13 +487,22 @@ static void
 stream_object_access(ObjectAccessType access, Oid classId, Oid objectId,
 					 int subId, void *arg)
 {
+	const FelixStream *stream;
+
 	if (prev_object_access_hook)
 		prev_object_access_hook(access, classId, objectId, subId, arg);
 
+	/*
+	 * Only a registered stream's drop is told to the control plane, and
+	 * with the identity the control plane gave it: dropping a table
+	 * someone made USING felix by hand (temporary, or in another schema,
+	 * with a stream's name) must not make that stream disappear.
+	 */
 	if (access == OAT_DROP && classId == RelationRelationId && subId == 0 &&
-		felix_is_stream_relid(objectId))
+		felix_uses_felix_am_relid(objectId) &&
+		(stream = felix_stream_by_relid(objectId)) != NULL)
 	{
-		StreamNote *d = note_stream(&dropped, objectId, get_rel_name(objectId));
+		StreamNote *d = note_stream(&dropped, objectId, stream->name, stream->creation_id);
 
 		/*
 		 * Hold the name until commit, as a creation does: the node agent
@@ -480,7 +532,11 @@ stream_xact_callback(XactEvent event, void *arg)
 			if (dropped != NIL && OidIsValid(get_extension_oid("felix", true)))
 			{
 				foreach(lc, dropped)
-					felix_cp_call_drop_stream(((StreamNote *) lfirst(lc))->name);
+				{
+					StreamNote *n = lfirst(lc);
+
+					felix_cp_call_drop_stream(n->name, n->creation_id);
+				}
 			}
 			break;
 		case XACT_EVENT_COMMIT:
@@ -543,12 +599,18 @@ PG_FUNCTION_INFO_V1(felix_enforce_retention);
 Datum
 felix_enforce_retention(PG_FUNCTION_ARGS)
 {
-	const FelixStream *stream = felix_stream_by_name(text_to_cstring(PG_GETARG_TEXT_PP(0)));
+	FelixStream copy = *felix_stream_by_name(text_to_cstring(PG_GETARG_TEXT_PP(0)));
+
+	FelixContext cxt;
 	int			removed = 0;
 
-	LockRelationOid(stream->relid, AccessShareLock);
-	for (int i = 0; i < stream->shards; i++)
-		removed += shard_trim(felix_stream_shard(stream, i));
+	felix_check_stream_owner(copy.relid, copy.name, "apply the retention of");
+	LockRelationOid(copy.relid, AccessShareLock);
+	/* Maintenance of a table: as its owner, restricted (privilege.c). */
+	felix_context_begin(&cxt, felix_relation_owner(copy.relid));
+	for (int i = 0; i < copy.shards; i++)
+		removed += shard_trim(felix_stream_shard(&copy, i));
+	felix_context_end(&cxt);
 	PG_RETURN_INT32(removed);
 }
 
@@ -556,10 +618,12 @@ PG_FUNCTION_INFO_V1(felix_truncate_after);
 Datum
 felix_truncate_after(PG_FUNCTION_ARGS)
 {
-	const FelixStream *stream = felix_stream_by_name(text_to_cstring(PG_GETARG_TEXT_PP(0)));
+	const FelixStream *stream;
 	int32		shard = PG_GETARG_INT32(1);
 	int64		seq = PG_GETARG_INT64(2);
 
+	felix_require_superuser("felix.truncate_after");
+	stream = felix_stream_by_name(text_to_cstring(PG_GETARG_TEXT_PP(0)));
 	felix_check_shard(stream, shard);
 	if (seq < 0)
 		ereport(ERROR,

@@ -1,12 +1,15 @@
 /*-------------------------------------------------------------------------
  *
  * views.c
- *	  The functions behind felix_shards and felix_metrics.
+ *	  The functions behind felix_shards, felix_metrics and felix_nodes.
  *
- *	  felix_shards lists every shard of every stream of this database.  A
- *	  shard not yet opened since the start is opened here, each inside its
- *	  own subtransaction, so one damaged shard shows as 'failed' with its
- *	  reason instead of hiding every other row behind an error.
+ *	  The views are readable the way pg_stat_replication is: everyone sees
+ *	  the streams they may SELECT, members of pg_read_all_stats see all
+ *	  (privilege.c), and reading a view does nothing but read: no shard is
+ *	  opened (the node worker opens every shard after a start, and a shard
+ *	  not opened yet shows as 'closed') and no connection is made
+ *	  (felix_nodes shows the node list the heartbeat worker keeps in shared
+ *	  memory).
  *
  * Locking rule: reads the shard mirrors under each shard's spinlock; the
  * rows of one shard are consistent with each other, rows of different
@@ -16,59 +19,23 @@
  */
 #include "postgres.h"
 
-#include "access/xact.h"
-#include "api/catalog.h"
-#include "executor/spi.h"
-#include "felix.h"
-#include "isolate.h"
+#include "catalog/pg_type.h"
 #include "fmgr.h"
 #include "funcapi.h"
-#include "metrics.h"
-#include "replication/state.h"
 #include "miscadmin.h"
-#include "storage/shard.h"
 #include "storage/spin.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
-#include "catalog/pg_type.h"
-#include "utils/memutils.h"
-#include "utils/resowner.h"
 #include "utils/tuplestore.h"
 
-typedef struct StreamRow
-{
-	char		name[NAMEDATALEN];
-	Oid			relid;
-} StreamRow;
-
-typedef struct OpenArgs
-{
-	const FelixStream *stream;
-	int			shard;
-	FelixShard *result;
-} OpenArgs;
-
-static void
-open_shard(void *arg)
-{
-	OpenArgs   *o = arg;
-
-	o->result = felix_stream_shard(o->stream, o->shard);
-}
-
-/*
- * Open the shard if it is not open yet, without letting an error escape:
- * a failure is caught in a subtransaction and its message returned.
- */
-static FelixShard *
-open_quietly(const FelixStream *stream, int shard, char **error)
-{
-	OpenArgs	o = {stream, shard, NULL};
-	ErrorData  *edata = felix_run_isolated(open_shard, &o);
-
-	*error = edata ? edata->message : NULL;
-	return o.result;
-}
+#include "api/catalog.h"
+#include "control/conninfo.h"
+#include "control/nodes.h"
+#include "felix.h"
+#include "metrics.h"
+#include "privilege.h"
+#include "replication/state.h"
+#include "storage/shard.h"
 
 static const char *
 phase_name(FelixShardPhase phase)
@@ -90,40 +57,19 @@ Datum
 felix_shard_states(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	List	   *rows = NIL;
+	List	   *streams;
 	ListCell   *lc;
 
 	felix_require_preload();
 	InitMaterializedSRF(fcinfo, 0);
 
-	SPI_connect();
-	if (SPI_execute("SELECT name, relid FROM felix.streams ORDER BY name", true, 0) != SPI_OK_SELECT)
-		elog(ERROR, "felix: reading felix.streams failed");
-	for (uint64 i = 0; i < SPI_processed; i++)
+	streams = felix_stream_list();
+	foreach(lc, streams)
 	{
-		MemoryContext old = MemoryContextSwitchTo(rsinfo->econtext->ecxt_per_query_memory);
-		StreamRow  *r = palloc(sizeof(StreamRow));
-		bool		isnull;
+		FelixStream copy = *(FelixStream *) lfirst(lc);
 
-		strlcpy(r->name, SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1), NAMEDATALEN);
-		r->relid = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[i],
-												  SPI_tuptable->tupdesc, 2, &isnull));
-		rows = lappend(rows, r);
-		MemoryContextSwitchTo(old);
-	}
-	SPI_finish();
-
-	foreach(lc, rows)
-	{
-		StreamRow  *r = lfirst(lc);
-		const FelixStream *stream = felix_stream_by_relid(r->relid);
-		FelixStream copy;
-
-		if (stream == NULL)
+		if (!felix_sees_stream(copy.relid))
 			continue;
-		/* The cache may be reset by the subtransactions below. */
-		copy = *stream;
-
 		for (int sh = 0; sh < copy.shards; sh++)
 		{
 			Datum		values[14];
@@ -134,10 +80,6 @@ felix_shard_states(PG_FUNCTION_ARGS)
 
 			CHECK_FOR_INTERRUPTS();
 			s = shard_lookup(&key);
-			if (s == NULL || s->phase == FELIX_SHARD_CLOSED)
-				s = open_quietly(&copy, sh, &error);
-			if (s == NULL)
-				s = shard_lookup(&key);
 
 			values[0] = CStringGetTextDatum(copy.name);
 			values[1] = Int32GetDatum(sh);
@@ -292,6 +234,36 @@ felix_metrics(PG_FUNCTION_ARGS)
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 		values[0] = CStringGetTextDatum("replica_reports_per_request");
 		values[1] = Float8GetDatum(per_request);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	return (Datum) 0;
+}
+
+PG_FUNCTION_INFO_V1(felix_nodes_view);
+Datum
+felix_nodes_view(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	FelixNodeInfo *nodes;
+	int			n;
+	bool		all = felix_sees_all_streams();
+
+	felix_require_preload();
+	InitMaterializedSRF(fcinfo, 0);
+	n = felix_nodes_list(&nodes);
+	for (int i = 0; i < n; i++)
+	{
+		Datum		values[4];
+		bool		nulls[4] = {false, false, false, false};
+
+		values[0] = CStringGetTextDatum(nodes[i].name);
+		/* addresses are for pg_read_all_stats, masked even then */
+		if (all)
+			values[1] = CStringGetTextDatum(felix_conninfo_mask(nodes[i].conninfo));
+		else
+			nulls[1] = true;
+		values[2] = BoolGetDatum(nodes[i].alive);
+		values[3] = TimestampTzGetDatum(nodes[i].last_heartbeat);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	return (Datum) 0;

@@ -29,8 +29,9 @@
  *
  *	  The heartbeat worker (worker/heartbeat.c) keeps one connection open
  *	  for the process's life; backends open one per call and close it in
- *	  PG_FINALLY.  felix.nodes_view(), behind the felix_nodes view, lives
- *	  here too: it is a control-plane call like the others.
+ *	  PG_FINALLY.  Every session felix opens runs with search_path pinned
+ *	  to pg_catalog, pg_temp, as felix's own queries do (privilege.c), and
+ *	  logs in as this node's own role (conninfo.c).
  *
  * Locking rule: none.  A connection is private to the process that opened
  * it; nothing here touches shared memory.
@@ -41,10 +42,7 @@
 
 #include "libpq-fe.h"
 
-#include "control/client.h"
-#include "felix.h"
 #include "fmgr.h"
-#include "funcapi.h"
 #include "lib/stringinfo.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
@@ -52,8 +50,12 @@
 #include "storage/latch.h"
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
-#include "utils/tuplestore.h"
 #include "utils/wait_event.h"
+
+#include "api/catalog.h"
+#include "control/client.h"
+#include "control/conninfo.h"
+#include "felix.h"
 
 #define CP_PURPOSE		"the felix control plane"
 
@@ -114,65 +116,6 @@ notice_receiver(void *arg, const PGresult *res)
  * Connections
  * ---------------------------------------------------------------------
  */
-
-/* Append value to buf as a conninfo value: quoted when it needs to be. */
-static void
-append_conninfo_value(StringInfo buf, const char *value)
-{
-	bool		plain = value[0] != '\0';
-
-	for (const char *p = value; *p && plain; p++)
-		if (*p == ' ' || *p == '\'' || *p == '\\' || *p == '=' ||
-			*p == '\t' || *p == '\n' || *p == '\r')
-			plain = false;
-	if (plain)
-	{
-		appendStringInfoString(buf, value);
-		return;
-	}
-	appendStringInfoChar(buf, '\'');
-	for (const char *p = value; *p; p++)
-	{
-		if (*p == '\'' || *p == '\\')
-			appendStringInfoChar(buf, '\\');
-		appendStringInfoChar(buf, *p);
-	}
-	appendStringInfoChar(buf, '\'');
-}
-
-char *
-felix_conninfo_mask(const char *conninfo)
-{
-	PQconninfoOption *opts;
-	char	   *err = NULL;
-	StringInfoData buf;
-
-	if (conninfo == NULL)
-		return pstrdup("");
-	opts = PQconninfoParse(conninfo, &err);
-	if (opts == NULL)
-	{
-		if (err)
-			PQfreemem(err);
-		/* Unparsable: show nothing that might be a secret. */
-		return pstrdup("(invalid connection string)");
-	}
-	initStringInfo(&buf);
-	for (PQconninfoOption *o = opts; o->keyword != NULL; o++)
-	{
-		if (o->val == NULL)
-			continue;
-		if (buf.len > 0)
-			appendStringInfoChar(&buf, ' ');
-		appendStringInfo(&buf, "%s=", o->keyword);
-		if (strcmp(o->keyword, "password") == 0)
-			appendStringInfoString(&buf, "********");
-		else
-			append_conninfo_value(&buf, o->val);
-	}
-	PQconninfoFree(opts);
-	return buf.data;
-}
 
 void
 felix_conn_close(PGconn *conn)
@@ -381,8 +324,8 @@ felix_conn_open(const char *conninfo, const char *purpose,
 	nhosts = Max(1, Max(list_length(hosts), list_length(hostaddrs)));
 
 	/* The user's options, then ours (later keywords win in libpq). */
-	keywords = palloc0(sizeof(char *) * (nopts + 3));
-	values = palloc0(sizeof(char *) * (nopts + 3));
+	keywords = palloc0(sizeof(char *) * (nopts + 4));
+	values = palloc0(sizeof(char *) * (nopts + 4));
 	initStringInfo(&failures);
 
 	for (int i = 0; i < nhosts; i++)
@@ -422,6 +365,8 @@ felix_conn_open(const char *conninfo, const char *purpose,
 		values[k++] = application_name;
 		keywords[k] = "client_encoding";
 		values[k++] = GetDatabaseEncodingName();
+		keywords[k] = "options";
+		values[k++] = "-c search_path=pg_catalog,pg_temp";
 		keywords[k] = NULL;
 		values[k] = NULL;
 
@@ -646,7 +591,7 @@ felix_conn_set_statement_timeout(PGconn *conn, int timeout_ms, int elevel)
  */
 static bool
 cp_call(const char *fn, const char *sql, int nparams, const char *const *values,
-		bool register_first, int elevel, int timeout_ms)
+		bool register_first, int elevel, int timeout_ms, char **first_value)
 {
 	PGconn	   *volatile conn = NULL;
 	volatile bool ok = false;
@@ -656,7 +601,7 @@ cp_call(const char *fn, const char *sql, int nparams, const char *const *values,
 	{
 		PGresult   *res = NULL;
 
-		conn = felix_conn_open(felix_cp_conninfo_resolved(), CP_PURPOSE, "felix",
+		conn = felix_conn_open(felix_cp_conninfo(), CP_PURPOSE, "felix",
 							   timeout_ms, elevel);
 		if (conn != NULL &&
 			felix_conn_set_statement_timeout(conn, timeout_ms, elevel))
@@ -664,10 +609,11 @@ cp_call(const char *fn, const char *sql, int nparams, const char *const *values,
 			ok = true;
 			if (register_first)
 			{
-				const char *me[2] = {felix_node_name_resolved(), felix_node_conninfo_resolved()};
+				const char *me[2] = {felix_node_name_resolved(),
+					felix_conninfo_address(felix_node_conninfo_resolved())};
 
 				res = felix_conn_exec(conn, "felix.cp_heartbeat",
-									  "SELECT count(*) FROM felix.cp_heartbeat($1, $2)",
+									  "SELECT pg_catalog.count(*) FROM felix.cp_heartbeat($1, $2)",
 									  2, me, timeout_ms, elevel);
 				ok = res != NULL;
 				PQclear(res);
@@ -676,6 +622,18 @@ cp_call(const char *fn, const char *sql, int nparams, const char *const *values,
 			{
 				res = felix_conn_exec(conn, fn, sql, nparams, values, timeout_ms, elevel);
 				ok = res != NULL;
+				if (ok && first_value != NULL)
+				{
+					if (PQntuples(res) != 1 || PQnfields(res) != 1 || PQgetisnull(res, 0, 0))
+					{
+						PQclear(res);
+						ereport(ERROR,
+								(errcode(ERRCODE_PROTOCOL_VIOLATION),
+								 errmsg("%s on the control plane returned no value", fn),
+								 errhint("Run the same felix version on every node and on the control plane.")));
+					}
+					*first_value = pstrdup(PQgetvalue(res, 0, 0));
+				}
 				PQclear(res);
 			}
 		}
@@ -688,122 +646,59 @@ cp_call(const char *fn, const char *sql, int nparams, const char *const *values,
 	return ok;
 }
 
-void
-felix_cp_call_create_stream(const char *name, int shards, int replication_factor,
-							const char *consistency, const char *payload_type,
-							const char *storage, int64 retention_bytes,
-							const char *retention)
+char *
+felix_cp_call_create_stream(const char *name, const char *schema, int shards,
+							int replication_factor, const char *consistency,
+							const char *payload_type, const char *storage,
+							int64 retention_bytes, const char *retention)
 {
 	char		shards_s[16];
 	char		rf_s[16];
 	char		rb_s[32];
-	const char *values[8];
+	const char *values[9];
+	char	   *creation_id = NULL;
 
 	snprintf(shards_s, sizeof(shards_s), "%d", shards);
 	snprintf(rf_s, sizeof(rf_s), "%d", replication_factor);
 	snprintf(rb_s, sizeof(rb_s), INT64_FORMAT, retention_bytes);
 	values[0] = name;
-	values[1] = shards_s;
-	values[2] = rf_s;
-	values[3] = consistency;
-	values[4] = payload_type;
-	values[5] = storage;
-	values[6] = retention_bytes < 0 ? NULL : rb_s;
-	values[7] = retention;
+	values[1] = schema;
+	values[2] = shards_s;
+	values[3] = rf_s;
+	values[4] = consistency;
+	values[5] = payload_type;
+	values[6] = storage;
+	values[7] = retention_bytes < 0 ? NULL : rb_s;
+	values[8] = retention;
 	(void) cp_call("felix.cp_create_stream",
-				   "SELECT felix.cp_create_stream($1, $2::integer, $3::integer, $4, $5, $6, "
-				   "$7::bigint, $8::interval)",
-				   8, values, true, ERROR, FELIX_CP_CALL_TIMEOUT_MS);
+				   "SELECT felix.cp_create_stream($1, $3::integer, $4::integer, $5, $6, $7, "
+				   "$8::bigint, $9::interval, schema => $2)",
+				   9, values, true, ERROR, FELIX_CP_CALL_TIMEOUT_MS, &creation_id);
+	if (strlen(creation_id) >= FELIX_CREATION_ID_LEN)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROTOCOL_VIOLATION),
+				 errmsg("felix.cp_create_stream on the control plane returned a creation id that is not a uuid"),
+				 errhint("Run the same felix version on every node and on the control plane.")));
+	return creation_id;
 }
 
-void
-felix_cp_call_drop_stream(const char *name)
-{
-	const char *values[1] = {name};
+static const char *const drop_sql =
+"SELECT felix.cp_drop_stream($1, $2::pg_catalog.uuid, true)";
 
-	(void) cp_call("felix.cp_drop_stream", "SELECT felix.cp_drop_stream($1, true)",
-				   1, values, false, ERROR, FELIX_CP_CALL_TIMEOUT_MS);
+void
+felix_cp_call_drop_stream(const char *name, const char *creation_id)
+{
+	const char *values[2] = {name, creation_id};
+
+	(void) cp_call("felix.cp_drop_stream", drop_sql, 2, values, false, ERROR,
+				   FELIX_CP_CALL_TIMEOUT_MS, NULL);
 }
 
 bool
-felix_cp_call_unregister_stream(const char *name)
+felix_cp_call_unregister_stream(const char *name, const char *creation_id)
 {
-	const char *values[1] = {name};
+	const char *values[2] = {name, creation_id};
 
-	return cp_call("felix.cp_drop_stream", "SELECT felix.cp_drop_stream($1, true)",
-				   1, values, false, WARNING, FELIX_CP_ABORT_TIMEOUT_MS);
-}
-
-/* ---------------------------------------------------------------------
- * felix.nodes_view(): the rows behind the felix_nodes view
- * ---------------------------------------------------------------------
- */
-
-/* Microseconds since the Unix epoch to TimestampTz. */
-static TimestampTz
-unix_usec_to_timestamptz(int64 usec)
-{
-	return (TimestampTz) (usec -
-						  ((int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * USECS_PER_DAY));
-}
-
-PG_FUNCTION_INFO_V1(felix_nodes_view);
-Datum
-felix_nodes_view(PG_FUNCTION_ARGS)
-{
-	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	PGconn	   *volatile conn = NULL;
-	PGresult   *volatile res = NULL;
-
-	felix_require_preload();
-	InitMaterializedSRF(fcinfo, 0);
-
-	PG_TRY();
-	{
-		conn = felix_conn_open(felix_cp_conninfo_resolved(), CP_PURPOSE, "felix",
-							   FELIX_CP_CALL_TIMEOUT_MS, ERROR);
-		(void) felix_conn_set_statement_timeout(conn, FELIX_CP_CALL_TIMEOUT_MS, ERROR);
-		/* Epoch microseconds: independent of either side's DateStyle. */
-		res = felix_conn_exec(conn, "felix.cp_nodes",
-							  "SELECT name, conninfo, alive, "
-							  "(extract(epoch FROM last_heartbeat) * 1000000)::bigint "
-							  "FROM felix.cp_nodes() ORDER BY name",
-							  0, NULL, FELIX_CP_CALL_TIMEOUT_MS, ERROR);
-		if (PQnfields(res) != 4)
-			ereport(ERROR,
-					(errcode(ERRCODE_PROTOCOL_VIOLATION),
-					 errmsg("felix.cp_nodes() on the control plane returned %d columns, expected 4",
-							PQnfields(res)),
-					 errhint("The control plane runs another felix version; upgrade both to the same one.")));
-
-		for (int i = 0; i < PQntuples(res); i++)
-		{
-			Datum		values[4];
-			bool		nulls[4] = {false, false, false, false};
-
-			for (int c = 0; c < 4; c++)
-				nulls[c] = PQgetisnull(res, i, c);
-			if (!nulls[0])
-				values[0] = CStringGetTextDatum(PQgetvalue(res, i, 0));
-			if (!nulls[1])
-				values[1] = CStringGetTextDatum(PQgetvalue(res, i, 1));
-			if (!nulls[2])
-				values[2] = BoolGetDatum(PQgetvalue(res, i, 2)[0] == 't');
-			if (!nulls[3])
-			{
-				int64		usec = strtoi64(PQgetvalue(res, i, 3), NULL, 10);
-
-				values[3] = TimestampTzGetDatum(unix_usec_to_timestamptz(usec));
-			}
-			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-		}
-	}
-	PG_FINALLY();
-	{
-		PQclear(res);
-		felix_conn_close(conn);
-	}
-	PG_END_TRY();
-
-	return (Datum) 0;
+	return cp_call("felix.cp_drop_stream", drop_sql, 2, values, false, WARNING,
+				   FELIX_CP_ABORT_TIMEOUT_MS, NULL);
 }

@@ -4,10 +4,12 @@
  *	  The node directory: name -> conninfo for every node this node has
  *	  heard of through the control plane.  The heartbeat worker writes it
  *	  after each heartbeat (the leader and leader_conninfo of every shard
- *	  the control plane returned, and, every few seconds or when a name is
- *	  new, the control plane's node list, felix.cp_nodes()); the ship
- *	  worker reads it to reach a follower, and error hints read it to name
- *	  a leader's conninfo.
+ *	  the control plane returned, and the control plane's node list,
+ *	  felix.cp_nodes(), with each node's liveness); the ship worker reads
+ *	  it to reach a follower, error hints read it to name a leader's
+ *	  conninfo, and the felix_nodes view shows the node list from it, so
+ *	  that reading the view connects to nothing.  A conninfo here is an
+ *	  address only (conninfo.c): nodes register nothing else.
  *
  *	  The directory is a cache of the control plane's word, never an
  *	  authority: a stale entry costs a failed connection attempt, which the
@@ -28,14 +30,16 @@
 #include "storage/shmem.h"
 #include "utils/timestamp.h"
 
-#define FELIX_NODE_CONNINFO_LEN	1024
-
 typedef struct FelixNodeEntry
 {
 	bool		used;
 	char		name[NAMEDATALEN];
 	char		conninfo[FELIX_NODE_CONNINFO_LEN];
 	TimestampTz last_seen;		/* this node's clock: last noted */
+	/* from the control plane's last node list (felix_nodes_listed) */
+	bool		listed;
+	bool		alive;
+	TimestampTz last_heartbeat; /* the control plane's clock */
 } FelixNodeEntry;
 
 typedef struct FelixNodeDirectory
@@ -97,17 +101,13 @@ directory_find(const char *name)
 	return -1;
 }
 
-void
-felix_node_note(const char *name, const char *conninfo)
+/* The entry for `name`, made (or taken over) if need be.  Caller holds the lock. */
+static FelixNodeEntry *
+directory_entry(const char *name)
 {
-	int			i;
+	int			i = directory_find(name);
 	FelixNodeEntry *e;
 
-	if (name == NULL || name[0] == '\0' || conninfo == NULL || !directory_attach())
-		return;
-
-	LWLockAcquire(&directory->lock, LW_EXCLUSIVE);
-	i = directory_find(name);
 	if (i < 0)
 	{
 		/* A free entry, else the one least recently seen. */
@@ -127,10 +127,73 @@ felix_node_note(const char *name, const char *conninfo)
 		e->used = true;
 		strlcpy(e->name, name, NAMEDATALEN);
 	}
-	e = &directory->entries[i];
+	return &directory->entries[i];
+}
+
+void
+felix_node_note(const char *name, const char *conninfo)
+{
+	FelixNodeEntry *e;
+
+	if (name == NULL || name[0] == '\0' || conninfo == NULL || !directory_attach())
+		return;
+
+	LWLockAcquire(&directory->lock, LW_EXCLUSIVE);
+	e = directory_entry(name);
 	strlcpy(e->conninfo, conninfo, FELIX_NODE_CONNINFO_LEN);
 	e->last_seen = GetCurrentTimestamp();
 	LWLockRelease(&directory->lock);
+}
+
+void
+felix_nodes_listed(const FelixNodeInfo *nodes, int n)
+{
+	TimestampTz now = GetCurrentTimestamp();
+
+	if (!directory_attach())
+		return;
+	LWLockAcquire(&directory->lock, LW_EXCLUSIVE);
+	for (int i = 0; i < FELIX_MAX_NODES; i++)
+		directory->entries[i].listed = false;
+	for (int i = 0; i < n && i < FELIX_MAX_NODES; i++)
+	{
+		FelixNodeEntry *e;
+
+		if (nodes[i].name[0] == '\0')
+			continue;
+		e = directory_entry(nodes[i].name);
+		strlcpy(e->conninfo, nodes[i].conninfo, FELIX_NODE_CONNINFO_LEN);
+		e->last_seen = now;
+		e->listed = true;
+		e->alive = nodes[i].alive;
+		e->last_heartbeat = nodes[i].last_heartbeat;
+	}
+	LWLockRelease(&directory->lock);
+}
+
+int
+felix_nodes_list(FelixNodeInfo **out)
+{
+	int			n = 0;
+
+	*out = palloc0(sizeof(FelixNodeInfo) * FELIX_MAX_NODES);
+	if (!directory_attach())
+		return 0;
+	LWLockAcquire(&directory->lock, LW_SHARED);
+	for (int i = 0; i < FELIX_MAX_NODES; i++)
+	{
+		FelixNodeEntry *e = &directory->entries[i];
+
+		if (!e->used || !e->listed)
+			continue;
+		strlcpy((*out)[n].name, e->name, NAMEDATALEN);
+		strlcpy((*out)[n].conninfo, e->conninfo, FELIX_NODE_CONNINFO_LEN);
+		(*out)[n].alive = e->alive;
+		(*out)[n].last_heartbeat = e->last_heartbeat;
+		n++;
+	}
+	LWLockRelease(&directory->lock);
+	return n;
 }
 
 bool
@@ -152,19 +215,6 @@ felix_node_conninfo_of(const char *name, char *buf, Size len)
 			strlcpy(buf, directory->entries[i].conninfo, len);
 		found = true;
 	}
-	LWLockRelease(&directory->lock);
-	return found;
-}
-
-bool
-felix_node_known(const char *name)
-{
-	bool		found;
-
-	if (name == NULL || name[0] == '\0' || !directory_attach())
-		return false;
-	LWLockAcquire(&directory->lock, LW_SHARED);
-	found = directory_find(name) >= 0;
 	LWLockRelease(&directory->lock);
 	return found;
 }

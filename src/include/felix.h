@@ -34,12 +34,10 @@ extern int	felix_lease_epsilon;	/* ms */
 extern int	felix_quorum_timeout;	/* ms */
 extern int	felix_node_expiry;		/* ms */
 
-/* This node's name, conninfo, and whether it hosts the control plane. */
-extern const char *felix_node_name_resolved(void);
-extern const char *felix_node_conninfo_resolved(void);
-extern bool felix_cp_embedded(void);
-/* How to reach the control plane (embedded: this node's own conninfo). */
-extern const char *felix_cp_conninfo_resolved(void);
+/* ---- limits on what one role or transaction may take ---- */
+extern int	felix_max_transaction_bytes;	/* buffered INSERT/COPY bytes */
+extern int	felix_max_streams_per_role; /* streams a non-superuser may own */
+extern int	felix_max_shards_per_role;	/* shards a non-superuser may own */
 
 /* felix's own SQLSTATEs (class 55: object not in prerequisite state) */
 #define FELIX_ERRCODE_QUORUM_TIMEOUT	MAKE_SQLSTATE('5','5','F','0','1')

@@ -5,13 +5,21 @@
  *	  generation, from_seq, leader_hwm_end, batches), called over libpq by
  *	  the shard's leader (ship.c), and the append rule it applies.
  *
+ *	  Who may call it: only a node, as its felix_node_<name> role (a
+ *	  member of felix_replication), and at the generation this node knows
+ *	  the leader of, only that leader's role (superusers excepted).  A peer
+ *	  is checked, not believed: every record shipped is validated as a
+ *	  value of the stream's payload type (payload.c) before anything is
+ *	  stored, as COPY validates its input.
+ *
  *	  The rule, in the order it is checked:
  *	   1. generation below this node's generation for the shard: the
  *		  sender is a superseded leader; answer ('fenced', tail) and store
  *		  or discard nothing.  A generation above ours is accepted -- the
  *		  control plane grants generations only to leaders, this node has
  *		  just not heard yet -- but it is not adopted here: that is the
- *		  assignment's job (shard_apply_assignment).
+ *		  assignment's job (shard_apply_assignment).  A node that leads the
+ *		  shard itself stores nothing, whatever the generation.
  *	   2. from_seq past our tail: ('gap', tail), and the leader rewinds.
  *	   3. every shipped batch is verified (header CRC, body CRC, trailer,
  *		  contiguity) before anything else happens.
@@ -28,11 +36,13 @@
  *		  generation map noting any generation new to this log, and made
  *		  durable (fdatasync) BEFORE answering ('stored', end of the
  *		  batches sent) -- the end of what was compared or written, not our
- *		  tail, so the leader never moves past records nobody compared.
+ *		  tail, so the leader never moves past records nobody compared.  If
+ *		  appending batch k fails, the batches of this call before it are
+ *		  cut back: a failed shipment leaves the log as it was.
  *	  The high-water mark this node shows its readers then becomes
  *	  min(leader_hwm_end, durable end) (shard_after_replicated).
  *
- * Locking rule: the shard's append lock is held (shard_lock_append) from
+ * Locking rule: the shard's append lock is held (shard_lock_tail) from
  * reading the generation and tail until the new tail is published, so no
  * other append, trim or truncation interleaves with a check and the bytes
  * it allowed.  The shipped bytes are verified before the lock is taken.
@@ -42,7 +52,10 @@
 #include "postgres.h"
 
 #include "api/catalog.h"
+#include "api/payload.h"
+#include "control/conninfo.h"
 #include "felix.h"
+#include "privilege.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "metrics.h"
@@ -52,6 +65,7 @@
 #include "storage/shard.h"
 #include "storage/spin.h"
 #include "utils/builtins.h"
+#include "utils/lsyscache.h"
 #include "utils/tuplestore.h"
 
 /* One verified batch of a shipment. */
@@ -80,9 +94,42 @@ answer(FunctionCallInfo fcinfo, const char *status, uint64 seq)
  * from_seq, generations not past the sender's.  Any failure is an error:
  * nothing of a damaged shipment may be stored.
  */
+/*
+ * Every record of a verified batch body is a valid key (text) and a valid
+ * value of the stream's payload type, or the shipment is refused: bytes
+ * stored here are later handed to the type's output function.
+ */
+static void
+verify_records(const char *what, const FelixBatchHeader *h, const char *body,
+			   Oid payload_type)
+{
+	FelixBatchIter it;
+	FelixRecord rec;
+	char	   *why;
+
+	batch_iter_init(&it, h, body);
+	while (batch_iter_next(&it, &rec))
+	{
+		if (rec.key != NULL && !payload_is_valid(TEXTOID, rec.key, rec.key_len, &why))
+			ereport(ERROR,
+					(errcode(ERRCODE_CHARACTER_NOT_IN_REPERTOIRE),
+					 errmsg("%s: shipped record at seq " UINT64_FORMAT " has an invalid key: %s",
+							what, rec.seq, why),
+					 errhint("Nothing of the shipment was stored; the leader's copy of the record is damaged or the sender is not a felix leader.")));
+		if (!payload_is_valid(payload_type, rec.payload, rec.payload_len, &why))
+			ereport(ERROR,
+					(errcode(payload_type == TEXTOID ? ERRCODE_CHARACTER_NOT_IN_REPERTOIRE :
+							 ERRCODE_INVALID_BINARY_REPRESENTATION),
+					 errmsg("%s: shipped record at seq " UINT64_FORMAT " is not a valid %s value: %s",
+							what, rec.seq, format_type_be(payload_type), why),
+					 errhint("Nothing of the shipment was stored; the leader's copy of the record is damaged or the sender is not a felix leader.")));
+	}
+}
+
 static ShippedBatch *
 verify_shipment(const char *what, const char *data, uint64 size,
-				uint64 from_seq, uint64 generation, int *nbatches)
+				uint64 from_seq, uint64 generation, Oid payload_type,
+				int *nbatches)
 {
 	ShippedBatch *batches = NULL;
 	int			n = 0;
@@ -138,6 +185,7 @@ verify_shipment(const char *what, const char *data, uint64 size,
 					 errmsg("%s: shipped batch at seq " UINT64_FORMAT " carries generation " UINT64_FORMAT ", but it was sent at generation " UINT64_FORMAT,
 							what, h.base_seq, h.generation, generation),
 					 errhint("A leader can only ship records of its own generation or earlier ones.")));
+		verify_records(what, &h, data + off + sizeof(FelixBatchHeader), payload_type);
 
 		if (n == cap)
 		{
@@ -234,6 +282,102 @@ genmap_last_generation(const char *dir, const char *what)
 	return g;
 }
 
+/*
+ * Append shipped batches [from, n) at the tail (held), noting each
+ * generation new to the log in the generation map.  Returns n, or the
+ * index of the first batch whose generation is older than one the map
+ * says began earlier in this log -- the two histories part there; the
+ * batches before it stay appended.  If an append fails, everything this
+ * call appended is cut back before the error goes on: a failed shipment
+ * leaves the log as it was (shard_cut_back).
+ */
+static int
+append_shipped(FelixShard *s, const char *dir, const char *what,
+			   const ShippedBatch *batches, int from, int n)
+{
+	uint64		tail_before = s->log.next_seq;
+	volatile int stop = n;
+	MemoryContext oldcxt = CurrentMemoryContext;
+
+	PG_TRY();
+	{
+		uint64		map_generation = 0;
+		bool		map_loaded = false;
+
+		for (int i = from; i < n; i++)
+		{
+			const ShippedBatch *b = &batches[i];
+
+			CHECK_FOR_INTERRUPTS();
+			Assert(b->hdr.base_seq == s->log.next_seq);
+			if (b->hdr.generation > s->log.last_generation)
+			{
+				if (!map_loaded)
+				{
+					map_generation = genmap_last_generation(dir, what);
+					map_loaded = true;
+				}
+				if (b->hdr.generation < map_generation)
+				{
+					stop = i;
+					break;
+				}
+				if (b->hdr.generation > map_generation)
+				{
+					genmap_note(dir, what, b->hdr.generation, b->hdr.base_seq);
+					map_generation = b->hdr.generation;
+				}
+			}
+			log_append(dir, what, &s->log, b->bytes, (Size) b->len);
+		}
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(oldcxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		shard_cut_back(s, tail_before);
+		ReThrowError(edata);
+	}
+	PG_END_TRY();
+	return stop;
+}
+
+/*
+ * The sender must be the leader this node knows for the generation it
+ * ships at: a node's role is felix_node_<name>, and at our own generation
+ * we know the leader's name.  At a newer generation we do not know yet
+ * who leads it, so any node may ship (the fence and the append rule still
+ * hold).  Superusers, who may act for any node, pass.  Called with the
+ * tail held, which it releases on refusal.
+ */
+static void
+check_sender(FelixShard *s, const char *what, uint64 generation, uint64 shard_generation)
+{
+	char		leader[NAMEDATALEN];
+	char	   *caller;
+
+	if (superuser() || generation != shard_generation)
+		return;
+	SpinLockAcquire(&s->mutex);
+	strlcpy(leader, s->leader, sizeof(leader));
+	SpinLockRelease(&s->mutex);
+	if (leader[0] == '\0')
+		return;
+	caller = GetUserNameFromId(GetSessionUserId(), false);
+	if (strcmp(caller, felix_node_role(leader)) == 0)
+		return;
+	shard_unlock_tail(s);
+	ereport(ERROR,
+			(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+			 errmsg("%s: role \"%s\" may not ship generation " UINT64_FORMAT ", which node \"%s\" leads",
+					what, caller, generation, leader),
+			 errhint("Only the shard's leader ships to its followers, as role %s.",
+					 felix_node_role(leader))));
+}
+
 PG_FUNCTION_INFO_V1(felix_replicate);
 Datum
 felix_replicate(PG_FUNCTION_ARGS)
@@ -260,11 +404,11 @@ felix_replicate(PG_FUNCTION_ARGS)
 	uint64		start_seq;
 	int			nbelow;
 	int			mismatch;
-	bool		appended = false;
-	uint64		map_generation = 0;
-	bool		map_loaded = false;
+	bool		appended;
+	int			stop;
 
 	felix_require_preload();
+	felix_require_replication_role("felix.replicate");
 	for (int i = 0; i < 6; i++)
 		if (PG_ARGISNULL(i))
 			ereport(ERROR,
@@ -298,12 +442,12 @@ felix_replicate(PG_FUNCTION_ARGS)
 	/* 3. Verify everything shipped before looking at our log. */
 	batches = verify_shipment(what, VARDATA_ANY(shipment),
 							  VARSIZE_ANY_EXHDR(shipment), from_seq,
-							  generation, &nbatches);
+							  generation, stream_copy.payload_type, &nbatches);
 	sent_end = nbatches > 0 ?
 		batches[nbatches - 1].hdr.base_seq + batches[nbatches - 1].hdr.count :
 		from_seq;
 
-	shard_lock_append(s);
+	shard_lock_tail(s);
 
 	SpinLockAcquire(&s->mutex);
 	shard_generation = s->generation;
@@ -315,24 +459,33 @@ felix_replicate(PG_FUNCTION_ARGS)
 	/* 1. A superseded leader can make us store or discard nothing. */
 	if (generation < shard_generation)
 	{
-		shard_unlock_append(s);
+		shard_unlock_tail(s);
 		answer(fcinfo, "fenced", tail);
 		return (Datum) 0;
 	}
-	if (generation == shard_generation && role == FELIX_ROLE_LEADER)
+	/*
+	 * Only a follower stores shipments.  A leader at the shipment's
+	 * generation means two nodes believe they lead it; a leader at an older
+	 * one was deposed and has not heard yet -- either way nothing of the
+	 * shipment may land in a log this node serves writes from.
+	 */
+	if (role == FELIX_ROLE_LEADER)
 	{
-		shard_unlock_append(s);
+		shard_unlock_tail(s);
 		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("%s: this node leads the shard at generation " UINT64_FORMAT " itself and takes no shipment for it",
-						what, generation),
-				 errhint("Two nodes believe they lead the same generation; check felix_shards on both and the control plane's assignments.")));
+				(errcode(FELIX_ERRCODE_NOT_LEADER),
+				 errmsg("%s: this node leads the shard at generation " UINT64_FORMAT " and takes no shipment for it (sent at generation " UINT64_FORMAT ")",
+						what, shard_generation, generation),
+				 errhint(generation == shard_generation ?
+						 "Two nodes believe they lead the same generation; check felix_shards on both and the control plane's assignments." :
+						 "This node will learn of the newer generation from the control plane and follow it.")));
 	}
+	check_sender(s, what, generation, shard_generation);
 
 	/* 2. We lack records before the shipment: the leader rewinds to our tail. */
 	if (from_seq > tail)
 	{
-		shard_unlock_append(s);
+		shard_unlock_tail(s);
 		answer(fcinfo, "gap", tail);
 		return (Datum) 0;
 	}
@@ -381,53 +534,29 @@ felix_replicate(PG_FUNCTION_ARGS)
 					(errmsg("%s: dropped records from seq " UINT64_FORMAT " written at generation " UINT64_FORMAT ", which generation " UINT64_FORMAT " did not adopt",
 							what, cut, dropped_generation, batches[mismatch].hdr.generation)));
 			tail = s->log.next_seq;
-			shard_unlock_append(s);
+			shard_unlock_tail(s);
 			answer(fcinfo, "gap", tail);
 			return (Datum) 0;
 		}
-		shard_unlock_append(s);
+		shard_unlock_tail(s);
 		answer(fcinfo, "conflict", cut);
 		return (Datum) 0;
 	}
 
 	/* 5. Append the rest unchanged, noting each generation new to the log. */
-	for (int i = nbelow; i < nbatches; i++)
+	stop = append_shipped(s, dir, what, batches, nbelow, nbatches);
+	appended = stop > nbelow;
+	if (stop < nbatches)
 	{
-		ShippedBatch *b = &batches[i];
-
-		CHECK_FOR_INTERRUPTS();
-		Assert(b->hdr.base_seq == s->log.next_seq);
-		if (b->hdr.generation > s->log.last_generation)
+		/* the appended part before the conflict is kept, made durable */
+		if (appended)
 		{
-			if (!map_loaded)
-			{
-				map_generation = genmap_last_generation(dir, what);
-				map_loaded = true;
-			}
-			if (b->hdr.generation < map_generation)
-			{
-				/*
-				 * Our map says a later generation began at or before this
-				 * point of our log, yet the leader's history continues with
-				 * an earlier one: the two histories part here.
-				 */
-				if (appended)
-				{
-					log_sync(dir, what, s->log.active_base);
-					shard_after_replicated(s, Min((uint64) hwm_arg, b->hdr.base_seq));
-				}
-				shard_unlock_append(s);
-				answer(fcinfo, "conflict", b->hdr.base_seq);
-				return (Datum) 0;
-			}
-			if (b->hdr.generation > map_generation)
-			{
-				genmap_note(dir, what, b->hdr.generation, b->hdr.base_seq);
-				map_generation = b->hdr.generation;
-			}
+			log_sync(dir, what, s->log.active_base);
+			shard_after_replicated(s, Min((uint64) hwm_arg, batches[stop].hdr.base_seq));
 		}
-		log_append(dir, what, &s->log, b->bytes, (Size) b->len);
-		appended = true;
+		shard_unlock_tail(s);
+		answer(fcinfo, "conflict", batches[stop].hdr.base_seq);
+		return (Datum) 0;
 	}
 
 	/*
@@ -446,7 +575,7 @@ felix_replicate(PG_FUNCTION_ARGS)
 	 * holds, and only as far as this shipment has checked or written.
 	 */
 	shard_after_replicated(s, Min((uint64) hwm_arg, sent_end));
-	shard_unlock_append(s);
+	shard_unlock_tail(s);
 
 	answer(fcinfo, "stored", sent_end);
 	return (Datum) 0;

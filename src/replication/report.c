@@ -60,6 +60,7 @@
 
 #include "api/catalog.h"
 #include "catalog/pg_type.h"
+#include "control/conninfo.h"
 #include "felix.h"
 #include "libpq-fe.h"
 #include "metrics.h"
@@ -162,7 +163,7 @@ void
 report_init(void)
 {
 	async_init(&cp, "the control plane", false);
-	strlcpy(cp.conninfo, felix_cp_conninfo_resolved(), sizeof(cp.conninfo));
+	strlcpy(cp.conninfo, felix_cp_conninfo(), sizeof(cp.conninfo));
 	report_nslots = felix_max_shards;
 	report_slots = MemoryContextAllocZero(TopMemoryContext,
 										  sizeof(ReportSlot) * report_nslots);

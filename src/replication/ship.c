@@ -48,6 +48,7 @@
 
 #include "access/xact.h"
 #include "catalog/pg_type.h"
+#include "control/conninfo.h"
 #include "control/nodes.h"
 #include "felix.h"
 #include "isolate.h"
@@ -55,6 +56,7 @@
 #include "metrics.h"
 #include "miscadmin.h"
 #include "pgstat.h"
+#include "privilege.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
 #include "replication/report.h"
@@ -236,8 +238,8 @@ async_fail(FelixAsyncConn *c, const char *problem, int64 now_ns)
 void
 async_begin(FelixAsyncConn *c, int64 now_ns)
 {
-	const char *keywords[3];
-	const char *values[3];
+	const char *keywords[4];
+	const char *values[4];
 
 	if (c->state != FELIX_ASYNC_DOWN || now_ns < c->next_attempt_ns ||
 		c->conninfo[0] == '\0')
@@ -252,10 +254,12 @@ async_begin(FelixAsyncConn *c, int64 now_ns)
 	/* the conninfo comes last so that it may override the defaults */
 	keywords[0] = "application_name";
 	values[0] = "felix ship";
-	keywords[1] = "dbname";
-	values[1] = c->conninfo;
-	keywords[2] = NULL;
-	values[2] = NULL;
+	keywords[1] = "options";
+	values[1] = "-c search_path=pg_catalog,pg_temp";
+	keywords[2] = "dbname";
+	values[2] = c->conninfo;
+	keywords[3] = NULL;
+	values[3] = NULL;
 	c->conn = PQconnectStartParams(keywords, values, 1);
 	if (c->conn == NULL)
 	{
@@ -431,12 +435,15 @@ peer_close(Peer *p)
 static Peer *
 peer_get(const char *name, int64 now_ns)
 {
+	char		address[FELIX_ASYNC_CONNINFO_LEN];
 	char		conninfo[FELIX_ASYNC_CONNINFO_LEN];
 	Peer	   *p = NULL;
 	Peer	   *free_peer = NULL;
 
-	if (!felix_node_conninfo_of(name, conninfo, sizeof(conninfo)))
+	if (!felix_node_conninfo_of(name, address, sizeof(address)))
 		return NULL;
+	/* the peer's address, this node's own credentials (conninfo.c) */
+	strlcpy(conninfo, felix_peer_conninfo(address), sizeof(conninfo));
 	for (int i = 0; i < FELIX_MAX_NODES; i++)
 	{
 		if (peers[i].used && strcmp(peers[i].name, name) == 0)
@@ -881,6 +888,24 @@ ship_scan(int64 now_ns)
 	pfree(e);
 }
 
+/*
+ * Can the answer be true of the shipment it answers?  'stored' names
+ * exactly the end of what was sent (the follower compared or wrote all of
+ * it); 'gap' a tail before that end; 'conflict' the first seq of a batch
+ * that was sent; 'fenced' any tail.  Anything else is a protocol error.
+ */
+static bool
+answer_believable(const ShipRequest *r)
+{
+	if (strcmp(r->status, "stored") == 0)
+		return r->seq == r->sent_end;
+	if (strcmp(r->status, "gap") == 0)
+		return r->seq < r->sent_end;
+	if (strcmp(r->status, "conflict") == 0)
+		return r->seq >= r->from_seq && r->seq < r->sent_end;
+	return true;
+}
+
 /* Apply a finished request's answer to its follower's entry. */
 static void
 apply_answer(ShipRequest *r, int64 now_ns)
@@ -918,7 +943,26 @@ apply_answer(ShipRequest *r, int64 now_ns)
 	}
 
 	f.last_answer_at = GetCurrentTimestamp();
-	if (strcmp(r->status, "stored") == 0)
+	if (!answer_believable(r))
+	{
+		/*
+		 * A follower's word is checked against what was sent to it: an
+		 * acknowledgement past the shipment would let one lying or broken
+		 * follower complete a quorum alone.  It is out of every quorum
+		 * from here (a halted follower counts for nothing, report.c).
+		 */
+		f.state = FELIX_FOLLOWER_HALTED_PROTOCOL;
+		snprintf(f.last_error, sizeof(f.last_error),
+				 "it answered %s " UINT64_FORMAT " to a shipment of seqs [" UINT64_FORMAT ", " UINT64_FORMAT ")",
+				 r->status, r->seq, r->from_seq, r->sent_end);
+		ereport(WARNING,
+				(errcode(ERRCODE_PROTOCOL_VIOLATION),
+				 errmsg("felix ship: stream \"%s\" shard %d: follower \"%s\" halted at generation " UINT64_FORMAT ": %s",
+						snap.stream_name, snap.key.shard, f.name, r->generation, f.last_error),
+				 errdetail("A follower answers with the end of what it was sent, or a position inside it; this answer cannot be true."),
+				 errhint("The follower is out of every quorum; check that node's felix version and its felix.replicate.")));
+	}
+	else if (strcmp(r->status, "stored") == 0)
 	{
 		/* durable there up to the end of what we sent */
 		f.acked_end = r->seq;
@@ -1243,6 +1287,7 @@ felix_ship_worker_main(Datum arg)
 	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
 	BackgroundWorkerInitializeConnection(felix_database, NULL, 0);
+	felix_worker_pin_search_path();
 
 	worker_cxt = AllocSetContextCreate(TopMemoryContext, "felix ship",
 									   ALLOCSET_DEFAULT_SIZES);

@@ -26,6 +26,7 @@
 #include "funcapi.h"
 #include "metrics.h"
 #include "miscadmin.h"
+#include "privilege.h"
 #include "replication/state.h"
 #include "storage/shard.h"
 #include "storage/shmem.h"
@@ -146,6 +147,8 @@ felix_follower_state_name(FelixFollowerState st)
 			return "halted_fenced";
 		case FELIX_FOLLOWER_HALTED_BEHIND:
 			return "halted_behind";
+		case FELIX_FOLLOWER_HALTED_PROTOCOL:
+			return "halted_protocol";
 	}
 	return "unknown";
 }
@@ -235,7 +238,8 @@ felix_replication_view(PG_FUNCTION_ARGS)
 
 		repl_state_copy(i, e);
 		if (!e->valid || e->key.dboid != MyDatabaseId ||
-			!leader_position(i, e, &written_end))
+			!leader_position(i, e, &written_end) ||
+			!felix_sees_stream(e->key.relid))
 			continue;
 
 		for (int f = 0; f < e->nfollowers; f++)

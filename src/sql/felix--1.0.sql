@@ -24,10 +24,14 @@ CREATE TABLE felix.streams (
     storage            text NOT NULL CHECK (storage IN ('local', 'object')),
     retention_bytes    bigint CHECK (retention_bytes > 0),
     retention          interval,
+    -- The control plane's identity of the stream: a drop is told to it
+    -- with this, and it forgets only the stream it registered under it.
+    creation_id        uuid NOT NULL,
     created_at         timestamptz NOT NULL DEFAULT now()
 );
+-- Only its owner reads it; everyone else sees the streams they may SELECT
+-- through the felix_streams view.
 REVOKE ALL ON felix.streams FROM PUBLIC;
-GRANT SELECT ON felix.streams TO PUBLIC;
 GRANT USAGE ON SCHEMA felix TO PUBLIC;
 
 -- ---------------------------------------------------------------------
@@ -125,16 +129,59 @@ CREATE EVENT TRIGGER felix_sql_drop ON sql_drop EXECUTE FUNCTION felix.on_sql_dr
 -- plane's clock_timestamp(), read after the row lock is held.
 -- ---------------------------------------------------------------------
 
--- Nodes authenticate to peers and to the control plane as this role.  It
--- gets EXECUTE on the cp_* functions and nothing else; they run as the
--- extension's owner.  Roles are cluster-wide: DROP EXTENSION keeps it.
+-- Every node logs in to its peers and to the control plane as a role of
+-- its own, felix_node_<name> (felix_create_node_role), a member of the
+-- group felix_replication.  The group gets EXECUTE on the cp_* functions
+-- and felix.replicate and nothing else; they run as the extension's owner,
+-- and each checks that its caller acts for the node it names.  Roles are
+-- cluster-wide: DROP EXTENSION keeps them.
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'felix_replication') THEN
-        CREATE ROLE felix_replication LOGIN NOINHERIT;
+        CREATE ROLE felix_replication NOLOGIN;
     END IF;
 END
 $$;
+
+-- This node's name (felix.node_name, or node_<port>).
+CREATE FUNCTION felix.node_name() RETURNS text
+    AS 'MODULE_PATHNAME', 'felix_node_name_sql' LANGUAGE C STRICT STABLE;
+
+-- The role node `node` logs in as.
+CREATE FUNCTION felix.node_role(node text) RETURNS text
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+    SELECT 'felix_node_' OPERATOR(pg_catalog.||) node
+$$;
+
+-- Create (or complete) the role node `node` logs in as: LOGIN, a member
+-- of felix_replication, nothing else.  Run it on every server of the
+-- cluster for every node; set its password with \password.  The role of
+-- the node the extension is created on is made at CREATE EXTENSION.
+CREATE FUNCTION felix_create_node_role(node text) RETURNS text
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    r text;
+BEGIN
+    IF node IS NULL OR node = '' THEN
+        RAISE EXCEPTION 'a node name must not be NULL or empty'
+            USING ERRCODE = 'null_value_not_allowed',
+                  HINT = 'Pass the node''s felix.node_name.';
+    END IF;
+    IF octet_length(node) > 52 THEN
+        RAISE EXCEPTION 'node name "%" is too long', node
+            USING ERRCODE = 'name_too_long',
+                  HINT = 'A node name has at most 52 bytes, so that felix_node_<name> is a valid role name.';
+    END IF;
+    r := felix.node_role(node);
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles x WHERE x.rolname = r) THEN
+        EXECUTE format('CREATE ROLE %I LOGIN', r);
+    END IF;
+    EXECUTE format('GRANT felix_replication TO %I', r);
+    RETURN r;
+END
+$$;
+REVOKE ALL ON FUNCTION felix_create_node_role(text) FROM PUBLIC;
+SELECT felix_create_node_role(felix.node_name());
 
 -- Cluster members: a node is alive while its last heartbeat is younger
 -- than felix.node_expiry.
@@ -149,6 +196,8 @@ CREATE TABLE felix.nodes (
 -- felix.streams row from these.
 CREATE TABLE felix.cluster_streams (
     name               text PRIMARY KEY CHECK (name <> ''),
+    schema             text NOT NULL CHECK (schema <> ''),
+    creation_id        uuid NOT NULL DEFAULT pg_catalog.gen_random_uuid(),
     shards             integer NOT NULL CHECK (shards > 0),
     replication_factor integer NOT NULL CHECK (replication_factor > 0),
     consistency        text NOT NULL CHECK (consistency IN ('leader', 'quorum')),
@@ -232,19 +281,51 @@ CREATE FUNCTION felix.cp_score(node text, stream text, shard integer) RETURNS in
                                OPERATOR(pg_catalog.||) shard::pg_catalog.text)
 $$;
 
--- A conninfo with its password replaced by ********, in keyword/value or
--- URI form, for views and messages.
+-- A conninfo with the value of every secret keyword (password,
+-- sslpassword, any *password) replaced by ********, in keyword/value or
+-- URI form.  The control plane stores a node's conninfo only so masked: a
+-- node registers its address alone, and should one send a secret anyway,
+-- it is not kept.
 CREATE FUNCTION felix.cp_mask_conninfo(conninfo text) RETURNS text
     LANGUAGE sql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
     SELECT CASE
         WHEN conninfo ~* '^postgres(ql)?://' THEN
             regexp_replace(
                 regexp_replace(conninfo, '^(postgres(ql)?://[^/?#@:]*:)[^/?#@]*@', '\1********@', 'i'),
-                '([?&]password=)[^&#]*', '\1********', 'gi')
+                '([?&][a-z_]*password=)[^&#]*', '\1********', 'gi')
         ELSE
             regexp_replace(conninfo,
-                           '(^|\s)(password\s*=\s*)(''(\\.|[^''\\])*''|\S+)', '\1\2********', 'gi')
+                           '(^|\s)([a-z_]*password\s*=\s*)(''(\\.|[^''\\])*''|\S+)', '\1\2********', 'gi')
         END
+$$;
+
+-- Refuse a caller that does not act for `node`: a node logs in as its own
+-- role (felix.node_role) and acts only for itself; with node NULL, any
+-- node's role will do.  Superusers may act for any node.
+CREATE FUNCTION felix.cp_require_node(node text, call text) RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = session_user) THEN
+        RETURN;
+    END IF;
+    IF node IS NOT NULL THEN
+        IF session_user::text = felix.node_role(node) THEN
+            RETURN;
+        END IF;
+        RAISE EXCEPTION '%: role "%" may not act for node "%"', call, session_user, node
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = format('Node "%s" logs in as role "%s".', node, felix.node_role(node)),
+                  HINT = format('Set the user of felix.node_conninfo on node "%s" to %s (or leave it out), and create that role with felix_create_node_role(%L) on every server.',
+                                node, felix.node_role(node), node);
+    END IF;
+    IF session_user::text LIKE 'felix\_node\_%'
+       AND pg_catalog.pg_has_role(session_user, 'felix_replication', 'MEMBER') THEN
+        RETURN;
+    END IF;
+    RAISE EXCEPTION '%: role "%" is not the role of a felix node', call, session_user
+        USING ERRCODE = 'insufficient_privilege',
+              HINT = 'Only felix nodes call the control plane''s functions, each as its felix_node_<name> role.';
+END
 $$;
 
 -- ---------------------------------------------------------------------
@@ -256,7 +337,7 @@ RETURNS TABLE (stream text, shard integer, generation bigint, leader text,
                leader_conninfo text, replicas text[], lease_granted boolean,
                lease_ms integer, unplaced_reason text, shards integer,
                replication_factor integer, consistency text, payload_type text,
-               retention_bytes bigint, retention interval)
+               retention_bytes bigint, retention interval, schema text, creation_id uuid)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     cfg       record;
@@ -270,11 +351,13 @@ BEGIN
             USING ERRCODE = 'null_value_not_allowed',
                   HINT = 'Set felix.node_name, or leave it empty for node_<port>.';
     END IF;
-    IF octet_length(cp_heartbeat.node) >= 64 THEN
+    IF octet_length(cp_heartbeat.node) > 52 THEN
         RAISE EXCEPTION 'node name "%" is too long', cp_heartbeat.node
             USING ERRCODE = 'name_too_long',
-                  HINT = 'A node name has at most 63 bytes (felix.node_name).';
+                  HINT = 'A node name has at most 52 bytes (felix.node_name).';
     END IF;
+    -- A node registers and renews only for itself.
+    PERFORM felix.cp_require_node(cp_heartbeat.node, 'felix.cp_heartbeat');
     IF cp_heartbeat.conninfo IS NULL THEN
         RAISE EXCEPTION 'node "%": conninfo must not be NULL', cp_heartbeat.node
             USING ERRCODE = 'null_value_not_allowed',
@@ -284,7 +367,7 @@ BEGIN
 
     t := clock_timestamp();
     INSERT INTO felix.nodes AS n (name, conninfo, registered_at, last_heartbeat)
-    VALUES (cp_heartbeat.node, cp_heartbeat.conninfo, t, t)
+    VALUES (cp_heartbeat.node, felix.cp_mask_conninfo(cp_heartbeat.conninfo), t, t)
     ON CONFLICT ON CONSTRAINT nodes_pkey
     DO UPDATE SET conninfo = EXCLUDED.conninfo, last_heartbeat = EXCLUDED.last_heartbeat;
 
@@ -318,7 +401,8 @@ BEGIN
            EXISTS (SELECT 1 FROM unnest(g_streams, g_shards) AS g(s, h)
                     WHERE g.s = x.stream AND g.h = x.shard),
            x.lease_ms, x.unplaced_reason, s.shards, s.replication_factor,
-           s.consistency, s.payload_type, s.retention_bytes, s.retention
+           s.consistency, s.payload_type, s.retention_bytes, s.retention,
+           s.schema, s.creation_id
       FROM felix.assignments x
       JOIN felix.cluster_streams s ON s.name = x.stream
       LEFT JOIN felix.nodes n ON n.name = x.leader
@@ -338,11 +422,13 @@ CREATE FUNCTION felix.cp_create_stream(
     payload_type       text     DEFAULT 'jsonb',
     storage            text     DEFAULT 'local',
     retention_bytes    bigint   DEFAULT NULL,
-    retention          interval DEFAULT NULL)
-RETURNS void
+    retention          interval DEFAULT NULL,
+    schema             text     DEFAULT 'public')
+RETURNS uuid
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_name     text := cp_create_stream.name;
+    v_id       uuid;
     v_shards   integer := cp_create_stream.shards;
     v_rf       integer := cp_create_stream.replication_factor;
     cfg        record;
@@ -351,7 +437,7 @@ DECLARE
     max_slots  integer;
     alive      text[];
     arg_names  text[] := ARRAY['shards', 'replication_factor', 'consistency',
-                               'payload_type', 'storage'];
+                               'payload_type', 'storage', 'schema'];
     arg_nulls  boolean[];
     max_replicas constant integer := 7;  -- FELIX_MAX_REPLICAS (storage/shard.h)
 BEGIN
@@ -365,9 +451,11 @@ BEGIN
             USING ERRCODE = 'name_too_long',
                   HINT = 'A stream name has at most 63 bytes.';
     END IF;
+    PERFORM felix.cp_require_node(NULL, 'felix.cp_create_stream');
     arg_nulls := ARRAY[v_shards IS NULL, v_rf IS NULL, cp_create_stream.consistency IS NULL,
-                       cp_create_stream.payload_type IS NULL, cp_create_stream.storage IS NULL];
-    FOR i IN 1 .. 5 LOOP
+                       cp_create_stream.payload_type IS NULL, cp_create_stream.storage IS NULL,
+                       cp_create_stream.schema IS NULL OR cp_create_stream.schema = ''];
+    FOR i IN 1 .. 6 LOOP
         IF arg_nulls[i] THEN
             RAISE EXCEPTION 'stream "%": % must not be NULL', v_name, arg_names[i]
                 USING ERRCODE = 'null_value_not_allowed',
@@ -458,12 +546,13 @@ BEGIN
     END IF;
 
     INSERT INTO felix.cluster_streams AS cs
-           (name, shards, replication_factor, consistency, payload_type, storage,
+           (name, schema, shards, replication_factor, consistency, payload_type, storage,
             retention_bytes, retention, created_at)
-    VALUES (v_name, v_shards, v_rf, cp_create_stream.consistency, cp_create_stream.payload_type,
-            cp_create_stream.storage, cp_create_stream.retention_bytes,
-            cp_create_stream.retention, t)
-    ON CONFLICT ON CONSTRAINT cluster_streams_pkey DO NOTHING;
+    VALUES (v_name, cp_create_stream.schema, v_shards, v_rf, cp_create_stream.consistency,
+            cp_create_stream.payload_type, cp_create_stream.storage,
+            cp_create_stream.retention_bytes, cp_create_stream.retention, t)
+    ON CONFLICT ON CONSTRAINT cluster_streams_pkey DO NOTHING
+    RETURNING cs.creation_id INTO v_id;
     IF NOT FOUND THEN
         -- Created concurrently since the check above.
         RAISE EXCEPTION 'stream "%" already exists', v_name
@@ -484,30 +573,39 @@ BEGIN
                       FROM unnest(alive) AS u(node)
                      ORDER BY 2 DESC, u.node COLLATE "C"
                      LIMIT v_rf) AS q) AS p;
+    RETURN v_id;
 END
 $$;
 
 -- ---------------------------------------------------------------------
--- felix.cp_drop_stream: forget a stream, its assignments and reports.
--- missing_ok: a node dropping a table the control plane never knew (or
--- already forgot) is not an error.
+-- felix.cp_drop_stream: forget a stream, its assignments and reports --
+-- only the stream registered under that name with that creation id, so a
+-- node dropping something else of the same name (an older incarnation, a
+-- table made by hand) forgets nothing.  missing_ok: a node dropping a
+-- stream the control plane never knew (or already forgot) is not an error.
 -- ---------------------------------------------------------------------
-CREATE FUNCTION felix.cp_drop_stream(name text, missing_ok boolean DEFAULT false) RETURNS void
+CREATE FUNCTION felix.cp_drop_stream(name text, creation_id uuid, missing_ok boolean DEFAULT false)
+RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    IF cp_drop_stream.name IS NULL THEN
-        RAISE EXCEPTION 'a stream name must not be NULL'
+    PERFORM felix.cp_require_node(NULL, 'felix.cp_drop_stream');
+    IF cp_drop_stream.name IS NULL OR cp_drop_stream.creation_id IS NULL THEN
+        RAISE EXCEPTION 'a stream name and creation id must not be NULL'
             USING ERRCODE = 'null_value_not_allowed',
-                  HINT = 'Pass the name of the stream to drop; felix_streams lists them.';
+                  HINT = 'Pass the name and creation_id of the stream to drop; felix.cluster_streams lists them.';
     END IF;
     -- Same lock order as every other cp_* function.
     PERFORM 1 FROM felix.assignments x
       WHERE x.stream = cp_drop_stream.name ORDER BY x.stream, x.shard FOR UPDATE;
-    DELETE FROM felix.cluster_streams cs WHERE cs.name = cp_drop_stream.name;
+    DELETE FROM felix.cluster_streams cs
+     WHERE cs.name = cp_drop_stream.name AND cs.creation_id = cp_drop_stream.creation_id;
     IF NOT FOUND AND NOT cp_drop_stream.missing_ok THEN
-        RAISE EXCEPTION 'stream "%" does not exist', cp_drop_stream.name
+        RAISE EXCEPTION 'stream "%" does not exist at the control plane with that creation id',
+                cp_drop_stream.name
             USING ERRCODE = 'undefined_table',
-                  HINT = 'The control plane knows no stream of that name; felix_streams lists the existing ones.';
+                  DETAIL = format('No stream "%s" was registered with creation id %s.',
+                                  cp_drop_stream.name, cp_drop_stream.creation_id),
+                  HINT = 'The control plane knows no such stream; felix.cluster_streams lists the ones it knows.';
     END IF;
 END
 $$;
@@ -547,6 +645,8 @@ BEGIN
             USING ERRCODE = 'null_value_not_allowed',
                   HINT = 'Pass the name of the node that leads the reported shards.';
     END IF;
+    -- Only a node speaks for its own leaderships.
+    PERFORM felix.cp_require_node(cp_report.leader, 'felix.cp_report');
     IF cp_report.reports IS NULL OR jsonb_typeof(cp_report.reports) <> 'array' THEN
         RAISE EXCEPTION 'node "%": reports must be a JSON array', cp_report.leader
             USING ERRCODE = 'invalid_parameter_value',
@@ -664,6 +764,7 @@ DECLARE
     reason       text;
     promoted     integer := 0;
 BEGIN
+    PERFORM felix.cp_require_node(NULL, 'felix.cp_tick');
     cfg := felix.cp_settings();
     margin := cfg.margin_ms * interval '1 millisecond';
     expiry := cfg.expiry_ms * interval '1 millisecond';
@@ -822,6 +923,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 DECLARE
     expiry interval := (felix.cp_settings()).expiry_ms * interval '1 millisecond';
 BEGIN
+    PERFORM felix.cp_require_node(NULL, 'felix.cp_nodes');
     RETURN QUERY
     SELECT n.name, felix.cp_mask_conninfo(n.conninfo),
            n.last_heartbeat >= clock_timestamp() - expiry, n.last_heartbeat
@@ -834,14 +936,14 @@ $$;
 -- superusers) only; the helpers for the entry points only.
 REVOKE ALL ON FUNCTION felix.cp_settings(), felix.cp_score(text, text, integer),
     felix.cp_mask_conninfo(text), felix.cp_report_unnamed(text, integer, text, bigint, text[]),
-    felix.cp_heartbeat(text, text),
-    felix.cp_create_stream(text, integer, integer, text, text, text, bigint, interval),
-    felix.cp_drop_stream(text, boolean), felix.cp_report(text, jsonb, bigint), felix.cp_tick(),
+    felix.cp_require_node(text, text), felix.cp_heartbeat(text, text),
+    felix.cp_create_stream(text, integer, integer, text, text, text, bigint, interval, text),
+    felix.cp_drop_stream(text, uuid, boolean), felix.cp_report(text, jsonb, bigint), felix.cp_tick(),
     felix.cp_nodes()
     FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION felix.cp_heartbeat(text, text),
-    felix.cp_create_stream(text, integer, integer, text, text, text, bigint, interval),
-    felix.cp_drop_stream(text, boolean), felix.cp_report(text, jsonb, bigint), felix.cp_tick(),
+    felix.cp_create_stream(text, integer, integer, text, text, text, bigint, interval, text),
+    felix.cp_drop_stream(text, uuid, boolean), felix.cp_report(text, jsonb, bigint), felix.cp_tick(),
     felix.cp_nodes()
     TO felix_replication;
 -- END control plane
@@ -849,7 +951,10 @@ GRANT EXECUTE ON FUNCTION felix.cp_heartbeat(text, text),
 -- ---------------------------------------------------------------------
 -- Views
 -- ---------------------------------------------------------------------
-CREATE VIEW felix_streams AS
+-- Readable like pg_stat_*: everyone sees the streams they may SELECT,
+-- members of pg_read_all_stats see all.  security_barrier: a caller's
+-- function in a WHERE clause never sees the rows filtered out.
+CREATE VIEW felix_streams WITH (security_barrier) AS
 SELECT s.name                      AS stream,
        s.relid::regclass           AS relation,
        s.shards,
@@ -861,6 +966,8 @@ SELECT s.name                      AS stream,
        s.retention,
        s.created_at
   FROM felix.streams s
+ WHERE pg_catalog.pg_has_role('pg_read_all_stats', 'USAGE')
+    OR pg_catalog.has_table_privilege(s.relid, 'SELECT')
  ORDER BY s.name;
 
 CREATE FUNCTION felix.shard_states(
@@ -880,8 +987,10 @@ RETURNS SETOF record
 
 CREATE VIEW felix_metrics AS SELECT * FROM felix.metrics();
 
--- The cluster's nodes as the control plane sees them (felix.cp_nodes(),
--- called over libpq; any password in a conninfo is masked).
+-- The cluster's nodes as the control plane last described them to this
+-- node's heartbeat (read from shared memory: reading the view connects to
+-- nothing).  The conninfo -- an address, any secret in it masked -- is
+-- shown only to members of pg_read_all_stats.
 CREATE FUNCTION felix.nodes_view(
     OUT name text, OUT conninfo text, OUT alive boolean, OUT last_heartbeat timestamptz)
 RETURNS SETOF record

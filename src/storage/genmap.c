@@ -182,7 +182,7 @@ genmap_note(const char *dir, const char *what, uint64 generation,
 				(errcode_for_file_access(),
 				 errmsg("%s: could not write generation map \"%s\": %m", what, path),
 				 errhint("Check free space and permissions of the felix data directory.")));
-	felix_fdatasync(fd, path);
+	felix_fdatasync(fd, path, what);
 	CloseTransientFile(fd);
 	if (created)
 		fsync_fname(dir, true);
@@ -215,6 +215,6 @@ genmap_truncate(const char *dir, const char *what, uint64 cut)
 		ereport(ERROR,
 				(errcode_for_file_access(),
 				 errmsg("%s: could not truncate generation map \"%s\": %m", what, path)));
-	felix_fdatasync(fd, path);
+	felix_fdatasync(fd, path, what);
 	CloseTransientFile(fd);
 }

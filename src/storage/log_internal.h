@@ -45,7 +45,7 @@ extern bool felix_pwrite_all(int fd, const void *buf, Size len, uint64 off);
 /* Bytes read (short only at end of file); -1 with errno on error. */
 extern ssize_t felix_pread_all(int fd, void *buf, Size len, uint64 off);
 extern uint64 felix_fd_size(int fd, const char *path);
-extern void felix_fdatasync(int fd, const char *path);
+extern void felix_fdatasync(int fd, const char *path, const char *what);
 /* Unlink a file (ENOENT is fine); errors are raised. */
 extern void felix_unlink(const char *path, const char *what);
 

@@ -145,7 +145,7 @@ sync_file(const char *path, const char *what)
 		ereport(ERROR,
 				(errcode_for_file_access(),
 				 errmsg("%s: could not open file \"%s\": %m", what, path)));
-	felix_fdatasync(fd, path);
+	felix_fdatasync(fd, path, what);
 	CloseTransientFile(fd);
 }
 
@@ -565,7 +565,7 @@ repair_tail(const char *path, const char *what, const FelixBatchTrailer *fix,
 		}
 		pgstat_report_wait_end();
 	}
-	felix_fdatasync(fd, path);
+	felix_fdatasync(fd, path, what);
 	CloseTransientFile(fd);
 
 	if (reason == NULL)
@@ -603,7 +603,7 @@ rewrite_segment_header(const char *path, const char *what, uint64 base,
 				(errcode_for_file_access(),
 				 errmsg("%s: could not rewrite header of segment file \"%s\": %m",
 						what, path)));
-	felix_fdatasync(fd, path);
+	felix_fdatasync(fd, path, what);
 	CloseTransientFile(fd);
 	felix_count(FELIX_CTR_TORN_TAILS_REPAIRED, 1);
 	ereport(LOG,

@@ -250,7 +250,7 @@ felix_fd_size(int fd, const char *path)
 }
 
 void
-felix_fdatasync(int fd, const char *path)
+felix_fdatasync(int fd, const char *path, const char *what)
 {
 	int			rc;
 
@@ -265,7 +265,9 @@ felix_fdatasync(int fd, const char *path)
 	if (rc != 0)
 		ereport(data_sync_elevel(ERROR),
 				(errcode_for_file_access(),
-				 errmsg("could not fdatasync file \"%s\": %m", path)));
+				 errmsg("%s: could not fdatasync file \"%s\": %m", what, path),
+				 errdetail("Records this sync was to make durable are not acknowledged by it."),
+				 errhint("Check the storage under the felix data directory.")));
 }
 
 void
@@ -546,7 +548,7 @@ write_at_tail(int fd, const char *dir, const char *what, FelixLogState *st,
 				(errcode_for_file_access(),
 				 errmsg("%s: could not write %zu bytes to segment file \"%s\" at offset %llu: %m",
 						what, len, path, (unsigned long long) off),
-				 errdetail("Nothing was appended; the log still ends at offset %llu.",
+				 errdetail("The batch was not written; the segment still ends at offset %llu.",
 						   (unsigned long long) off),
 				 errhint("Check free space and permissions of the felix data directory.")));
 	}
@@ -648,7 +650,7 @@ segment_reserve(int fd, const char *dir, const char *what, FelixLogState *st,
 			 errmsg("%s: could not write %llu bytes to segment file \"%s\" at offset %llu: %m",
 					what, (unsigned long long) (end - st->active_bytes), path,
 					(unsigned long long) st->active_bytes),
-			 errdetail("Nothing was appended; the log still ends at offset %llu.",
+			 errdetail("The batch was not written; the segment still ends at offset %llu.",
 					   (unsigned long long) st->active_bytes),
 			 errhint("Check free space and permissions of the felix data directory.")));
 }
@@ -773,7 +775,7 @@ segment_seal(const char *dir, const char *what, FelixLogState *st)
 	}
 	pgstat_report_wait_end();
 	st->alloc_bytes = end;
-	felix_fdatasync(e->seg_fd, path);
+	felix_fdatasync(e->seg_fd, path, what);
 
 	/* sealed and durable: from here on the segment is never written again */
 	st->active_crc = felix_crc32c_update(st->active_crc, buf.data, buf.len);
@@ -873,6 +875,6 @@ log_sync(const char *dir, const char *what, uint64 active_base)
 		e->base = active_base;
 		e->version_known = false;
 	}
-	felix_fdatasync(e->seg_fd, path);
+	felix_fdatasync(e->seg_fd, path, what);
 	felix_count(FELIX_CTR_FSYNCS, 1);
 }

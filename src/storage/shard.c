@@ -26,8 +26,10 @@
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "storage/fd.h"
+#include "storage/ipc.h"
+#include "storage/proc.h"
 #include "storage/shard.h"
-#include "control/client.h"
+#include "control/conninfo.h"
 #include "storage/shmem.h"
 #include "storage/spin.h"
 #include "utils/hsearch.h"
@@ -207,6 +209,7 @@ shard_allocate(const FelixShardSpec *spec)
 	s->unplaced_reason[0] = '\0';
 	s->clustered = false;
 	s->error[0] = '\0';
+	s->commit_holder = 0;
 	memset(&s->log, 0, sizeof(FelixLogState));
 	s->in_use = true;
 	SpinLockRelease(&s->mutex);
@@ -426,6 +429,50 @@ shard_acquire(const FelixShardSpec *spec)
 	return s;
 }
 
+/*
+ * Cut the log back to end before seq `end`: what a failed append or an
+ * abandoned commit appended, none of it mirrored, so none of it flushed
+ * or visible.  Called with the tail held.  A cut that cannot be made
+ * leaves the log in a state nobody can vouch for: the shard refuses to
+ * serve (FAILED) until a restart runs recovery.
+ */
+void
+shard_cut_back(FelixShard *s, uint64 end)
+{
+	uint64		hwm_end;
+	MemoryContext oldcxt = CurrentMemoryContext;
+	char		dir[MAXPGPATH];
+	char		what[NAMEDATALEN + 32];
+
+	if (s->log.next_seq <= end)
+		return;
+	shard_dir(s, dir);
+	snprintf(what, sizeof(what), "stream \"%s\" shard %d", s->stream_name, s->key.shard);
+	SpinLockAcquire(&s->mutex);
+	hwm_end = s->hwm_end;
+	SpinLockRelease(&s->mutex);
+	PG_TRY();
+	{
+		log_truncate_to(dir, what, &s->log, end, hwm_end);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(oldcxt);
+		edata = CopyErrorData();
+		SpinLockAcquire(&s->mutex);
+		snprintf(s->error, FELIX_SHARD_ERROR_LEN,
+				 "records of a failed append could not be removed: %s", edata->message);
+		s->phase = FELIX_SHARD_FAILED;
+		SpinLockRelease(&s->mutex);
+		FreeErrorData(edata);
+		shard_wake_all(s);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+}
+
 /* ---------------------------------------------------------------------
  * Write path
  * ---------------------------------------------------------------------
@@ -638,15 +685,125 @@ shard_admit(FelixShard *s)
 	(void) shard_admit_write(s);
 }
 
-uint64
-shard_publish_batches(FelixShard *s, StringInfo *batches, const uint32 *counts, int n)
+/* ---------------------------------------------------------------------
+ * The tail: the append lock behind the commit gate
+ * ---------------------------------------------------------------------
+ */
+
+/* This backend's mark in commit_holder. */
+static int
+my_gate_mark(void)
 {
-	uint64		generation;
-	uint64		base;
+	return MyProc->pgprocno + 1;
+}
+
+void
+shard_lock_tail(FelixShard *s)
+{
+	for (;;)
+	{
+		int			holder;
+
+		LWLockAcquire(&s->append_lock, LW_EXCLUSIVE);
+		if (s->commit_holder == 0 || s->commit_holder == my_gate_mark())
+			return;
+		LWLockRelease(&s->append_lock);
+
+		/* another backend's commit holds the tail: wait for its decision */
+		ConditionVariablePrepareToSleep(&s->hwm_cv);
+		for (;;)
+		{
+			SpinLockAcquire(&s->mutex);
+			holder = s->commit_holder;
+			SpinLockRelease(&s->mutex);
+			if (holder == 0 || holder == my_gate_mark())
+				break;
+			ConditionVariableSleep(&s->hwm_cv, PG_WAIT_EXTENSION);
+		}
+		ConditionVariableCancelSleep();
+	}
+}
+
+void
+shard_unlock_tail(FelixShard *s)
+{
+	LWLockRelease(&s->append_lock);
+}
+
+static void
+shard_set_gate(FelixShard *s, int holder)
+{
+	SpinLockAcquire(&s->mutex);
+	s->commit_holder = holder;
+	SpinLockRelease(&s->mutex);
+}
+
+/*
+ * Append n batches at the tail, stamped at `generation`; the caller holds
+ * the tail and has checked the write conditions.  If batch k fails (a full
+ * disk, an I/O error), the batches before it are cut back before the
+ * error goes on: a failed append leaves the log as it was.  The cut lies
+ * above the high-water mark (nothing appended here is mirrored, so nothing
+ * of it can have been flushed or acknowledged).  Should the cut itself
+ * fail, the shard refuses to serve until a restart.  Returns the first
+ * record's seq.
+ */
+static uint64
+append_locked(FelixShard *s, uint64 generation, StringInfo *batches, int n,
+			  const char *dir, const char *what)
+{
+	uint64		base = s->log.next_seq;
+	TimestampTz now = GetCurrentTimestamp();
+	MemoryContext oldcxt = CurrentMemoryContext;
+
+	PG_TRY();
+	{
+		for (int i = 0; i < n; i++)
+		{
+			batch_stamp(batches[i]->data, s->log.next_seq, generation, now);
+			log_append(dir, what, &s->log, batches[i]->data, batches[i]->len);
+			felix_count(FELIX_CTR_BYTES_APPENDED, batches[i]->len);
+		}
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(oldcxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		shard_cut_back(s, base);
+		ReThrowError(edata);
+	}
+	PG_END_TRY();
+	return base;
+}
+
+/* The write conditions again, right before the append (the tail is held). */
+static void
+shard_recheck_locked(FelixShard *s, uint64 generation)
+{
+	uint64		now_generation;
+	Writable	w = shard_writable(s, generation, &now_generation);
+
+	/*
+	 * Invariant: conditions 1-3 are checked again immediately before the
+	 * bytes go down, at the generation admission saw.  Waiting for the tail
+	 * can take arbitrarily long (a slow fsync, a paused process, another
+	 * commit's gate), and a lease valid at admission may have lapsed by now.
+	 */
+	if (w != WRITABLE)
+	{
+		shard_unlock_tail(s);
+		shard_refuse_write(s, w, now_generation);
+	}
+}
+
+/* Check that each batch holds what its caller says; returns the total. */
+static uint64
+shard_count_batches(FelixShard *s, StringInfo *batches, const uint32 *counts, int n)
+{
 	uint64		total = 0;
-	TimestampTz now;
-	char		dir[MAXPGPATH];
-	char	   *what;
 
 	/* A batch that disagrees with its caller must never become durable. */
 	for (int i = 0; i < n; i++)
@@ -657,61 +814,201 @@ shard_publish_batches(FelixShard *s, StringInfo *batches, const uint32 *counts, 
 		total += counts[i];
 	}
 	Assert(n > 0);
+	return total;
+}
+
+/* Durability, then acknowledgement, of records [.., end) at `generation`. */
+static void
+shard_acknowledge(FelixShard *s, uint64 generation, uint64 end)
+{
+	if (s->replication_factor > 1)
+		shard_wake_shipper();
+	shard_flush(s, end);
+	if (!shard_acks_on_flush(s))
+		shard_wait_quorum(s, generation, end);
+}
+
+uint64
+shard_publish_batches(FelixShard *s, StringInfo *batches, const uint32 *counts, int n)
+{
+	uint64		generation;
+	uint64		base;
+	uint64		total = shard_count_batches(s, batches, counts, n);
+	char		dir[MAXPGPATH];
+	char	   *what;
 
 	/* Admission: conditions 1-3, cheap, before queueing for the lock. */
 	generation = shard_admit_write(s);
 
 	what = shard_what(s);
 	shard_dir(s, dir);
-	now = GetCurrentTimestamp();
 
-	LWLockAcquire(&s->append_lock, LW_EXCLUSIVE);
-
-	/*
-	 * Invariant: conditions 1-3 are checked again immediately before the
-	 * bytes go down, at the generation admission saw.  Waiting for the lock
-	 * can take arbitrarily long (a slow fsync, a paused process), and a
-	 * lease valid at admission may have lapsed by now.
-	 */
-	{
-		uint64		now_generation;
-		Writable	w = shard_writable(s, generation, &now_generation);
-
-		if (w != WRITABLE)
-		{
-			LWLockRelease(&s->append_lock);
-			shard_refuse_write(s, w, now_generation);
-		}
-	}
-
-	base = s->log.next_seq;
-	for (int i = 0; i < n; i++)
-	{
-		batch_stamp(batches[i]->data, s->log.next_seq, generation, now);
-		log_append(dir, what, &s->log, batches[i]->data, batches[i]->len);
-		felix_count(FELIX_CTR_BYTES_APPENDED, batches[i]->len);
-	}
+	shard_lock_tail(s);
+	shard_recheck_locked(s, generation);
+	base = append_locked(s, generation, batches, n, dir, what);
 
 	/*
 	 * Flushers see the new tail only now, so the batches become durable and
 	 * visible together.
 	 */
 	shard_mirror_log(s);
-
-	LWLockRelease(&s->append_lock);
+	shard_unlock_tail(s);
 
 	felix_count(FELIX_CTR_RECORDS_PUBLISHED, total);
 	felix_count(FELIX_CTR_BATCHES_APPENDED, n);
 
-	if (s->replication_factor > 1)
-		shard_wake_shipper();
-
 	/* Durability: acknowledged once the group flush covers the batches. */
-	shard_flush(s, base + total);
-	if (!shard_acks_on_flush(s))
-		shard_wait_quorum(s, generation, base + total);
+	shard_acknowledge(s, generation, base + total);
 	pfree(what);
 	return base;
+}
+
+/* ---------------------------------------------------------------------
+ * Commits over several shards
+ * ---------------------------------------------------------------------
+ */
+
+/* The parts whose gates this backend holds, for an exit in between. */
+static FelixCommitPart **held_parts = NULL;
+static int	nheld = 0;
+static int	held_cap = 0;
+static bool exit_callback_set = false;
+
+static void
+held_remember(FelixCommitPart *part)
+{
+	if (nheld == held_cap)
+	{
+		held_cap = held_cap == 0 ? 16 : held_cap * 2;
+		held_parts = held_parts == NULL ?
+			MemoryContextAlloc(TopMemoryContext, held_cap * sizeof(FelixCommitPart *)) :
+			repalloc(held_parts, held_cap * sizeof(FelixCommitPart *));
+	}
+	held_parts[nheld++] = part;
+}
+
+static void
+held_forget(FelixCommitPart *part)
+{
+	for (int i = 0; i < nheld; i++)
+		if (held_parts[i] == part)
+		{
+			held_parts[i] = held_parts[--nheld];
+			return;
+		}
+}
+
+/*
+ * A backend leaving while it holds gates (terminated between two shards'
+ * appends) abandons them: the batches are cut back and the tails freed.
+ * The parts live in the transaction's memory, which is still there.
+ */
+static void
+commit_gates_exit(int code, Datum arg)
+{
+	LWLockReleaseAll();
+	while (nheld > 0)
+		shard_commit_abandon(held_parts[nheld - 1]);
+}
+
+void
+shard_commit_append(FelixShard *s, StringInfo *batches, const uint32 *counts, int n,
+					FelixCommitPart *part)
+{
+	uint64		total = shard_count_batches(s, batches, counts, n);
+	char		dir[MAXPGPATH];
+	char	   *what;
+
+	if (!exit_callback_set)
+	{
+		before_shmem_exit(commit_gates_exit, (Datum) 0);
+		exit_callback_set = true;
+	}
+	memset(part, 0, sizeof(FelixCommitPart));
+	part->s = s;
+	part->generation = shard_admit_write(s);
+	what = shard_what(s);
+	shard_dir(s, dir);
+
+	shard_lock_tail(s);
+	shard_recheck_locked(s, part->generation);
+	part->base = append_locked(s, part->generation, batches, n, dir, what);
+	part->end = part->base + total;
+	/* held from here until publish or abandon: nobody else moves the tail */
+	shard_set_gate(s, my_gate_mark());
+	part->gated = true;
+	held_remember(part);
+	shard_unlock_tail(s);
+
+	felix_count(FELIX_CTR_BATCHES_APPENDED, n);
+	pfree(what);
+}
+
+static void
+gate_release(FelixCommitPart *part)
+{
+	shard_set_gate(part->s, 0);
+	part->gated = false;
+	held_forget(part);
+}
+
+void
+shard_commit_publish(FelixCommitPart *part)
+{
+	FelixShard *s = part->s;
+
+	if (!part->gated)
+		return;
+	LWLockAcquire(&s->append_lock, LW_EXCLUSIVE);
+	shard_mirror_log(s);
+	gate_release(part);
+	LWLockRelease(&s->append_lock);
+	ConditionVariableBroadcast(&s->hwm_cv);
+	felix_count(FELIX_CTR_RECORDS_PUBLISHED, part->end - part->base);
+}
+
+/*
+ * Never raises: it runs while another error is being handled, and at
+ * exit.  A cut that fails leaves the shard FAILED (shard_cut_back) and is
+ * logged; the gate is released either way.
+ */
+void
+shard_commit_abandon(FelixCommitPart *part)
+{
+	FelixShard *s = part->s;
+	MemoryContext oldcxt = CurrentMemoryContext;
+
+	if (!part->gated)
+		return;
+	LWLockAcquire(&s->append_lock, LW_EXCLUSIVE);
+	PG_TRY();
+	{
+		shard_cut_back(s, part->base);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(oldcxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		ereport(WARNING,
+				(errcode(edata->sqlerrcode),
+				 errmsg("the records of a failed commit could not be removed: %s",
+						edata->message),
+				 errhint("The shard refuses to serve until the server is restarted.")));
+		FreeErrorData(edata);
+	}
+	PG_END_TRY();
+	gate_release(part);
+	LWLockRelease(&s->append_lock);
+	ConditionVariableBroadcast(&s->hwm_cv);
+}
+
+void
+shard_commit_wait(FelixCommitPart *part)
+{
+	shard_acknowledge(part->s, part->generation, part->end);
 }
 
 uint64
@@ -806,7 +1103,7 @@ shard_apply_assignment(FelixShard *s, const FelixAssignment *a)
 	if (a->lease_granted)
 		expiry = a->sent_at_ns + (a->lease_ms - felix_lease_epsilon) * INT64CONST(1000000);
 
-	LWLockAcquire(&s->append_lock, LW_EXCLUSIVE);
+	shard_lock_tail(s);
 	if (shard_phase(s) != FELIX_SHARD_OPEN)
 	{
 		LWLockRelease(&s->append_lock);
@@ -905,18 +1202,6 @@ shard_set_hwm(FelixShard *s, uint64 generation, uint64 hwm_end)
 }
 
 void
-shard_lock_append(FelixShard *s)
-{
-	LWLockAcquire(&s->append_lock, LW_EXCLUSIVE);
-}
-
-void
-shard_unlock_append(FelixShard *s)
-{
-	LWLockRelease(&s->append_lock);
-}
-
-void
 shard_after_replicated(FelixShard *s, uint64 leader_hwm_end)
 {
 	shard_mirror_log(s);
@@ -973,7 +1258,7 @@ shard_trim(FelixShard *s)
 		return 0;
 
 	shard_dir(s, dir);
-	LWLockAcquire(&s->append_lock, LW_EXCLUSIVE);
+	shard_lock_tail(s);
 	if (shard_phase(s) == FELIX_SHARD_OPEN)
 	{
 		removed = log_trim(dir, what, &s->log, retention_bytes, retention_ms,
@@ -993,7 +1278,7 @@ shard_truncate_after(FelixShard *s, uint64 seq)
 	uint64		hwm_end;
 
 	shard_dir(s, dir);
-	LWLockAcquire(&s->append_lock, LW_EXCLUSIVE);
+	shard_lock_tail(s);
 	if (shard_phase(s) != FELIX_SHARD_OPEN)
 	{
 		LWLockRelease(&s->append_lock);

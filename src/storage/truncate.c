@@ -94,7 +94,15 @@ void
 log_truncate_after(const char *dir, const char *what, FelixLogState *st,
 				   uint64 seq, uint64 hwm_end)
 {
-	uint64		cut;
+	if (seq == PG_UINT64_MAX)
+		return;
+	log_truncate_to(dir, what, st, seq + 1, hwm_end);
+}
+
+void
+log_truncate_to(const char *dir, const char *what, FelixLogState *st,
+				uint64 cut, uint64 hwm_end)
+{
 	uint64	   *bases;
 	int			n;
 	int			s;
@@ -115,26 +123,24 @@ log_truncate_after(const char *dir, const char *what, FelixLogState *st,
 	FelixIndexBuild ib;
 	FelixWalk	w;
 
-	if (seq == PG_UINT64_MAX)
-		return;
-	cut = seq + 1;				/* keep [start, cut) */
+	/* keep [start, cut) */
 	if (cut >= st->next_seq)
-		return;					/* nothing after seq */
+		return;					/* nothing from cut on */
 
 	/* INVARIANT: records below hwm_end are acknowledged; never rewritten */
 	if (cut < hwm_end)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("%s: cannot truncate the log after seq %llu: that would cut at or below the high-water mark",
-						what, (unsigned long long) seq),
+				 errmsg("%s: cannot truncate the log after seq %lld: that would cut at or below the high-water mark",
+						what, (long long) cut - 1),
 				 errdetail("Records up to seq %llu are acknowledged and are never rewritten.",
 						   (unsigned long long) (hwm_end - 1)),
 				 errhint("Only records above the high-water mark can be truncated.")));
 	if (cut < st->start_seq)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("%s: cannot truncate the log after seq %llu: the log starts at seq %llu",
-						what, (unsigned long long) seq,
+				 errmsg("%s: cannot truncate the log after seq %lld: the log starts at seq %llu",
+						what, (long long) cut - 1,
 						(unsigned long long) st->start_seq),
 				 errhint("Records before the log's start were removed by retention; rebuild the shard instead.")));
 
@@ -251,7 +257,7 @@ log_truncate_after(const char *dir, const char *what, FelixLogState *st,
 				 errmsg("%s: could not truncate segment file \"%s\": %m", what, path)));
 	}
 	pgstat_report_wait_end();
-	felix_fdatasync(fd, path);
+	felix_fdatasync(fd, path, what);
 
 	/* 3. shorten a straddling batch in place: header first, then trailer */
 	if (straddle)
@@ -263,7 +269,7 @@ log_truncate_after(const char *dir, const char *what, FelixLogState *st,
 		/* the header must be on disk before the trailer (see the file header) */
 		if (ok)
 		{
-			felix_fdatasync(fd, path);
+			felix_fdatasync(fd, path, what);
 			ok = felix_pwrite_all(fd, &keep_trailer, sizeof(keep_trailer),
 								  new_end - BATCH_TRAILER_SIZE) &&
 				ftruncate(fd, (off_t) new_end) == 0;
@@ -274,7 +280,7 @@ log_truncate_after(const char *dir, const char *what, FelixLogState *st,
 					 errmsg("%s: could not rewrite the batch at offset %llu of segment file \"%s\": %m",
 							what, (unsigned long long) cut_off, path),
 					 errhint("Restart the server: recovery finishes or undoes this truncation.")));
-		felix_fdatasync(fd, path);
+		felix_fdatasync(fd, path, what);
 	}
 	CloseTransientFile(fd);
 
@@ -319,7 +325,7 @@ log_truncate_after(const char *dir, const char *what, FelixLogState *st,
 	genmap_truncate(dir, what, cut);
 
 	ereport(LOG,
-			(errmsg("%s: truncated the log after seq %llu (%llu bytes removed)",
-					what, (unsigned long long) seq,
+			(errmsg("%s: truncated the log after seq %lld (%llu bytes removed)",
+					what, (long long) cut - 1,
 					(unsigned long long) (removed_bytes + (old_size - w.end_offset)))));
 }

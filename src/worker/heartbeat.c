@@ -27,8 +27,11 @@
  *		 and promotion;
  *	  5. keeps the node directory (control/nodes.c) current: each shard's
  *		 leader and its conninfo from the rows, and the control plane's node
- *		 list (felix.cp_nodes()) every few seconds or whenever a row names a
- *		 node the directory does not know.
+ *		 list (felix.cp_nodes()), with liveness, every heartbeat.
+ *
+ *	  It registers only the address part of felix.node_conninfo and logs in
+ *	  as this node's own role (conninfo.c); every query it runs, locally
+ *	  or remotely, has search_path pinned to pg_catalog, pg_temp.
  *
  *	  When the control plane cannot be reached the worker logs it (at most
  *	  once every few seconds) and carries on.  It revokes nothing: a lease
@@ -61,6 +64,7 @@
 #include "commands/extension.h"
 #include "common/hashfn.h"
 #include "control/client.h"
+#include "control/conninfo.h"
 #include "control/nodes.h"
 #include "executor/spi.h"
 #include "felix.h"
@@ -68,6 +72,7 @@
 #include "metrics.h"
 #include "miscadmin.h"
 #include "pgstat.h"
+#include "privilege.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
 #include "storage/ipc.h"
@@ -93,10 +98,6 @@ PGDLLEXPORT void felix_heartbeat_worker_main(Datum arg);
 #define HB_LOG_INTERVAL_NS	(INT64CONST(5) * 1000000000)
 /* A stream's creation may fail quietly for this long (a race, see below). */
 #define HB_CREATE_GRACE_NS	(INT64CONST(2) * 1000000000)
-/* The control plane's node list is re-read at least this often. */
-#define HB_DIRECTORY_REFRESH_MS	5000
-/* ... and at most this often when a row names a node it does not know. */
-#define HB_DIRECTORY_RETRY_MS	1000
 
 /*
  * The heartbeat: every assignment, with its stream's definition.  The
@@ -110,9 +111,10 @@ PGDLLEXPORT void felix_heartbeat_worker_main(Datum arg);
 	"(extract(year FROM retention) * 12 + extract(month FROM retention))::integer, " \
 	"extract(day FROM retention)::integer, " \
 	"((extract(hour FROM retention) * 3600 + extract(minute FROM retention) * 60) " \
-	"  * 1000000 + extract(microseconds FROM retention))::bigint " \
+	"  * 1000000 + extract(microseconds FROM retention))::bigint, " \
+	"schema, creation_id " \
 	"FROM felix.cp_heartbeat($1, $2)"
-#define HB_NCOLS	17
+#define HB_NCOLS	19
 
 /* One assignment as the control plane returned it. */
 typedef struct HbRow
@@ -128,6 +130,8 @@ typedef struct HbRow
 	int64		retention_bytes;	/* 0: no limit */
 	bool		has_retention;
 	Interval	retention;
+	char		schema[NAMEDATALEN];
+	char		creation_id[FELIX_CREATION_ID_LEN];
 	char	   *bad;			/* why the row is unusable, or NULL */
 	bool		missing;		/* the stream has no table here yet */
 	bool		created;		/* ... and this cycle created it */
@@ -139,7 +143,6 @@ static int	cp_conn_timeout = 0;	/* its statement_timeout, ms */
 static MemoryContext cycle_cxt = NULL;
 static int64 last_failure_log_ns = 0;	/* 0: next failure logs */
 static int	failed_in_a_row = 0;
-static int64 last_directory_refresh_ns = 0;
 static bool waiting_logged = false;
 static HTAB *row_errors = NULL;
 
@@ -273,7 +276,7 @@ cp_connect(void)
 		felix_conn_close(cp_conn);
 		cp_conn = NULL;
 		elevel = failure_elevel();
-		cp_conn = felix_conn_open(felix_cp_conninfo_resolved(), HB_PURPOSE, HB_APPNAME,
+		cp_conn = felix_conn_open(felix_cp_conninfo(), HB_PURPOSE, HB_APPNAME,
 								  timeout, elevel);
 		if (cp_conn == NULL)
 		{
@@ -510,20 +513,29 @@ read_row(PGresult *res, int i, int64 t_send, HbRow *r)
 		r->retention.day = days;
 		r->retention.time = usec;
 	}
+	if ((v = col(res, i, 17)) == NULL || !copy_name(r->schema, v))
+	{
+		r->bad = "the stream's schema is missing";
+		return;
+	}
+	if ((v = col(res, i, 18)) == NULL || strlen(v) >= FELIX_CREATION_ID_LEN)
+	{
+		r->bad = "the stream's creation id is missing";
+		return;
+	}
+	strlcpy(r->creation_id, v, FELIX_CREATION_ID_LEN);
 }
 
 /*
  * Copy the rows out of the result (so it can be freed before anything can
- * raise) and note each shard's leader in the node directory.  Sets
- * *unknown_node when a row names a node the directory does not know.
+ * raise) and note each shard's leader in the node directory.
  */
 static HbRow *
-read_rows(PGresult *res, int64 t_send, int *nrows, bool *unknown_node)
+read_rows(PGresult *res, int64 t_send, int *nrows)
 {
 	int			n = PQntuples(res);
 	HbRow	   *rows = palloc0(sizeof(HbRow) * Max(n, 1));
 
-	*unknown_node = false;
 	for (int i = 0; i < n; i++)
 	{
 		HbRow	   *r = &rows[i];
@@ -533,9 +545,6 @@ read_rows(PGresult *res, int64 t_send, int *nrows, bool *unknown_node)
 			continue;
 		if (r->a.leader[0] != '\0' && r->leader_conninfo[0] != '\0')
 			felix_node_note(r->a.leader, r->leader_conninfo);
-		for (int k = 0; k < r->a.nreplicas; k++)
-			if (!felix_node_known(r->a.replicas[k]))
-				*unknown_node = true;
 	}
 	*nrows = n;
 	return rows;
@@ -589,6 +598,15 @@ apply_row_guts(void *arg)
 	found = felix_stream_by_name(r->stream);
 	stream = *found;
 
+	if (strcmp(stream.creation_id, r->creation_id) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("stream \"%s\" here is not the stream the control plane knows by that name",
+						r->stream),
+				 errdetail("Its creation id is %s here and %s at the control plane: the stream was dropped and created again elsewhere.",
+						   stream.creation_id, r->creation_id),
+				 errhint("Drop the local stream \"%s\" (felix_drop_stream) to let this node "
+						 "create the cluster's stream of that name.", r->stream)));
 	if (stream.shards != r->shards ||
 		stream.replication_factor != r->replication_factor ||
 		stream.consistency != consistency)
@@ -631,18 +649,18 @@ apply_row_guts(void *arg)
 static void
 apply_stream_guts(PGconn *conn, const char *stream)
 {
-	const char *me[2] = {felix_node_name_resolved(), felix_node_conninfo_resolved()};
+	const char *me[2] = {felix_node_name_resolved(),
+		felix_conninfo_address(felix_node_conninfo_resolved())};
 	PGresult   *res;
 	HbRow	   *rows;
 	int			nrows;
-	bool		unknown;
 	int64		t_send;
 
 	(void) felix_conn_set_statement_timeout(conn, FELIX_CP_CALL_TIMEOUT_MS, ERROR);
 	t_send = felix_monotonic_ns();
 	res = felix_conn_exec(conn, "felix.cp_heartbeat", HB_SQL, 2, me,
 						  FELIX_CP_CALL_TIMEOUT_MS, ERROR);
-	rows = read_rows(res, t_send, &nrows, &unknown);
+	rows = read_rows(res, t_send, &nrows);
 	PQclear(res);
 	for (int i = 0; i < nrows; i++)
 		if (strcmp(rows[i].stream, stream) == 0)
@@ -652,7 +670,7 @@ apply_stream_guts(PGconn *conn, const char *stream)
 void
 felix_heartbeat_apply_stream(const char *stream)
 {
-	PGconn	   *conn = felix_conn_open(felix_cp_conninfo_resolved(),
+	PGconn	   *conn = felix_conn_open(felix_cp_conninfo(),
 									   "the felix control plane", "felix",
 									   FELIX_CP_CALL_TIMEOUT_MS, ERROR);
 
@@ -685,23 +703,11 @@ static HTAB *
 local_stream_names(void)
 {
 	HTAB	   *names = name_set("felix heartbeat: local streams", 64);
+	ListCell   *lc;
 
-	SPI_connect();
-	/* Not read-only: each call reads with a fresh snapshot. */
-	if (SPI_execute("SELECT name FROM felix.streams", false, 0) != SPI_OK_SELECT)
-		elog(ERROR, "felix: reading felix.streams failed");
-	for (uint64 i = 0; i < SPI_processed; i++)
-	{
-		char	   *name = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
-		char		key[NAMEDATALEN];
-
-		if (name == NULL || strlen(name) >= NAMEDATALEN)
-			continue;
-		memset(key, 0, sizeof(key));
-		strlcpy(key, name, NAMEDATALEN);
-		(void) hash_search(names, key, HASH_ENTER, NULL);
-	}
-	SPI_finish();
+	/* Each call reads with a fresh snapshot. */
+	foreach(lc, felix_stream_list())
+		(void) hash_search(names, ((FelixStream *) lfirst(lc))->name, HASH_ENTER, NULL);
 	return names;
 }
 
@@ -736,9 +742,9 @@ create_stream_guts(void *arg)
 		return;
 	refuse_bad_row(r);
 	(void) row_consistency(r);
-	(void) felix_stream_create_local(r->stream, r->shards, r->replication_factor,
-									 r->consistency, r->payload_type,
-									 r->retention_bytes,
+	(void) felix_stream_create_local(r->stream, r->schema, r->creation_id, r->shards,
+									 r->replication_factor, r->consistency,
+									 r->payload_type, r->retention_bytes,
 									 r->has_retention ? &r->retention : NULL);
 	ereport(LOG,
 			(errmsg("felix heartbeat: created stream \"%s\" (%d shards, replication_factor %d, %s) as the control plane defines it",
@@ -900,44 +906,71 @@ local_extension_ready(void)
 	return ready;
 }
 
+/* Microseconds since the Unix epoch to TimestampTz. */
+static TimestampTz
+unix_usec_to_timestamptz(int64 usec)
+{
+	return (TimestampTz) (usec -
+						  ((int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * USECS_PER_DAY));
+}
+
 /*
  * Re-read the control plane's node list (felix.cp_nodes(), the one view of
- * felix.nodes felix_replication may read) into the node directory.  A
- * conninfo whose password came back masked is of no use for connecting:
- * such a node is learnt from the leader_conninfo of the shards it leads.
+ * felix.nodes a node may read) into the node directory, with each node's
+ * liveness: the felix_nodes view shows it from there.  Every heartbeat, so
+ * the view is never more than one interval behind the control plane.
  */
 static void
 refresh_directory(void)
 {
-	PGresult   *res = cp_exec("felix.cp_nodes", "SELECT name, conninfo FROM felix.cp_nodes()",
+	/* Epoch microseconds: independent of either side's DateStyle. */
+	PGresult   *res = cp_exec("felix.cp_nodes",
+							  "SELECT name, conninfo, alive, "
+							  "(extract(epoch FROM last_heartbeat) * 1000000)::bigint "
+							  "FROM felix.cp_nodes()",
 							  0, NULL);
+	FelixNodeInfo *nodes;
+	int			n = 0;
 
 	if (res == NULL)
 		return;
-	for (int i = 0; i < PQntuples(res); i++)
+	if (PQnfields(res) != 4)
+	{
+		PQclear(res);
+		return;
+	}
+	nodes = palloc0(sizeof(FelixNodeInfo) * Max(PQntuples(res), 1));
+	for (int i = 0; i < PQntuples(res) && n < FELIX_MAX_NODES; i++)
 	{
 		const char *name = col(res, i, 0);
 		const char *conninfo = col(res, i, 1);
+		const char *alive = col(res, i, 2);
+		const char *usec = col(res, i, 3);
+		int64		us;
 
-		if (name != NULL && conninfo != NULL && strlen(name) < NAMEDATALEN &&
-			strstr(conninfo, "********") == NULL)
-			felix_node_note(name, conninfo);
+		if (name == NULL || conninfo == NULL || alive == NULL || usec == NULL ||
+			!copy_name(nodes[n].name, name) || !parse_int64(usec, &us))
+			continue;
+		strlcpy(nodes[n].conninfo, conninfo, FELIX_NODE_CONNINFO_LEN);
+		nodes[n].alive = alive[0] == 't';
+		nodes[n].last_heartbeat = unix_usec_to_timestamptz(us);
+		n++;
 	}
 	PQclear(res);
-	last_directory_refresh_ns = felix_monotonic_ns();
+	felix_nodes_listed(nodes, n);
 }
 
 static void
 heartbeat_once(void)
 {
 	const char *me = felix_node_name_resolved();
-	const char *my_conninfo = felix_node_conninfo_resolved();
+	/* only where this node is: its credentials never leave it */
+	const char *my_conninfo = felix_conninfo_address(felix_node_conninfo_resolved());
 	const char *params[2] = {me, my_conninfo};
 	int64		t_send;
 	PGresult   *res;
 	HbRow	   *rows;
 	int			nrows;
-	bool		unknown_node;
 
 	if (!local_extension_ready())
 		return;
@@ -987,7 +1020,7 @@ heartbeat_once(void)
 	failed_in_a_row = 0;
 	last_failure_log_ns = 0;
 
-	rows = read_rows(res, t_send, &nrows, &unknown_node);
+	rows = read_rows(res, t_send, &nrows);
 	PQclear(res);
 
 	apply_rows(rows, nrows);
@@ -1010,14 +1043,7 @@ heartbeat_once(void)
 	}
 
 	if (cp_conn != NULL)
-	{
-		int64		since = felix_monotonic_ns() - last_directory_refresh_ns;
-
-		if (last_directory_refresh_ns == 0 ||
-			since >= (int64) HB_DIRECTORY_REFRESH_MS * 1000000 ||
-			(unknown_node && since >= (int64) HB_DIRECTORY_RETRY_MS * 1000000))
-			refresh_directory();
-	}
+		refresh_directory();
 }
 
 /* ---------------------------------------------------------------------
@@ -1040,6 +1066,7 @@ felix_heartbeat_worker_main(Datum arg)
 	BackgroundWorkerUnblockSignals();
 
 	BackgroundWorkerInitializeConnection(felix_database, NULL, 0);
+	felix_worker_pin_search_path();
 	pgstat_report_appname(HB_APPNAME);
 
 	cycle_cxt = AllocSetContextCreate(TopMemoryContext, "felix heartbeat cycle",
@@ -1054,7 +1081,7 @@ felix_heartbeat_worker_main(Datum arg)
 			(errmsg("felix heartbeat worker started: node \"%s\" in database \"%s\", control plane %s",
 					felix_node_name_resolved(), felix_database,
 					felix_cp_embedded() ? "embedded (this node)" :
-					felix_conninfo_mask(felix_cp_conninfo_resolved()))));
+					felix_conninfo_mask(felix_control_conninfo))));
 
 	for (;;)
 	{

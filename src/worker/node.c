@@ -23,11 +23,11 @@
 #include "api/catalog.h"
 #include "catalog/namespace.h"
 #include "commands/extension.h"
-#include "executor/spi.h"
 #include "felix.h"
 #include "isolate.h"
 #include "miscadmin.h"
 #include "pgstat.h"
+#include "privilege.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
 #include "storage/ipc.h"
@@ -57,12 +57,19 @@ typedef struct TendArgs
 	int			shard;
 } TendArgs;
 
+/*
+ * Retention is maintenance of the stream's table: it runs as the table's
+ * owner in a security-restricted operation, as VACUUM does (privilege.c).
+ */
 static void
 tend_shard_guts(void *arg)
 {
 	TendArgs   *t = arg;
+	FelixContext cxt;
 
+	felix_context_begin(&cxt, felix_relation_owner(t->stream->relid));
 	shard_trim(felix_stream_shard(t->stream, t->shard));
+	felix_context_end(&cxt);
 }
 
 /* Open and trim one shard; errors are logged, not raised. */
@@ -84,7 +91,6 @@ tend_shard(const FelixStream *stream, int shard)
 static void
 tend_all(void)
 {
-	List	   *relids = NIL;
 	ListCell   *lc;
 
 	SetCurrentStatementStartTimestamp();
@@ -94,38 +100,16 @@ tend_all(void)
 
 	if (OidIsValid(get_extension_oid("felix", true)))
 	{
-		SPI_connect();
-		if (SPI_execute("SELECT relid FROM felix.streams ORDER BY name", true, 0) == SPI_OK_SELECT)
+		foreach(lc, felix_stream_list())
 		{
-			for (uint64 i = 0; i < SPI_processed; i++)
-			{
-				bool		isnull;
-				Oid			relid = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[i],
-																   SPI_tuptable->tupdesc, 1, &isnull));
-				MemoryContext old = MemoryContextSwitchTo(TopTransactionContext);
-
-				relids = lappend_oid(relids, relid);
-				MemoryContextSwitchTo(old);
-			}
-		}
-		SPI_finish();
-
-		foreach(lc, relids)
-		{
-			Oid			relid = lfirst_oid(lc);
-			const FelixStream *stream;
-			FelixStream copy;
+			FelixStream *stream = lfirst(lc);
 
 			CHECK_FOR_INTERRUPTS();
-			LockRelationOid(relid, AccessShareLock);
-			if (!SearchSysCacheExists1(RELOID, ObjectIdGetDatum(relid)))
+			LockRelationOid(stream->relid, AccessShareLock);
+			if (!SearchSysCacheExists1(RELOID, ObjectIdGetDatum(stream->relid)))
 				continue;		/* dropped meanwhile */
-			stream = felix_stream_by_relid(relid);
-			if (stream == NULL)
-				continue;
-			copy = *stream;
-			for (int sh = 0; sh < copy.shards; sh++)
-				tend_shard(&copy, sh);
+			for (int sh = 0; sh < stream->shards; sh++)
+				tend_shard(stream, sh);
 		}
 	}
 
@@ -142,6 +126,7 @@ felix_node_worker_main(Datum arg)
 	BackgroundWorkerUnblockSignals();
 
 	BackgroundWorkerInitializeConnection(felix_database, NULL, 0);
+	felix_worker_pin_search_path();
 	elog(LOG, "felix node worker started in database \"%s\"", felix_database);
 
 	for (;;)

@@ -216,4 +216,4 @@ verify(2, 'after kill -9 of every server process');
 
 note('torn tails repaired: ' . metric($node, 'torn_tails_repaired'));
 $node->stop;
-done_testing();
+felix_done_testing();

@@ -200,4 +200,4 @@ is( $node->safe_psql('postgres', 'SELECT count(*), max(seq) FROM torn'),
 	'a clean restart keeps every record');
 
 $node->stop;
-done_testing();
+felix_done_testing();

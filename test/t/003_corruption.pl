@@ -162,4 +162,4 @@ for my $part ([ 'trailer magic', 1 ], [ 'trailer header-CRC copy', 6 ])
 }
 
 $node->stop;
-done_testing();
+felix_done_testing();

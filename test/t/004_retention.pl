@@ -139,4 +139,4 @@ ok($node->poll_query_until('postgres',
 reads_from('after the worker trimmed', 'auto', $wstart, $wnext);
 
 $node->stop;
-done_testing();
+felix_done_testing();

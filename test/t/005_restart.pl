@@ -113,4 +113,4 @@ is($node->safe_psql('postgres', "SELECT count(*) FROM felix_streams WHERE stream
 ok(!-e $gone_dir, 'and its files stay gone');
 
 $node->stop;
-done_testing();
+felix_done_testing();

@@ -125,4 +125,4 @@ $node->restart;
 is($node->safe_psql('postgres', $seek_sql), $expected, 'seeks stay right after another restart');
 
 $node->stop;
-done_testing();
+felix_done_testing();

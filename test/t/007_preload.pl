@@ -34,4 +34,4 @@ is($node->safe_psql('postgres', "SELECT felix_create_stream('ok')::text"),
 	'ok', 'with felix preloaded, streams can be created');
 
 $node->stop;
-done_testing();
+felix_done_testing();

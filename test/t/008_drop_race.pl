@@ -56,4 +56,4 @@ is($node->safe_psql('postgres', "SELECT felix_publish('churn', '{}'::jsonb)"),
 	'(0,0)', 'a stream created under a dropped name starts empty');
 
 $node->stop;
-done_testing();
+felix_done_testing();

@@ -77,4 +77,4 @@ unlike(slurp_file($node->logfile), qr/three-way CRC-32C disagrees/,
 	'the three-way CRC passed its own check');
 
 $node->stop;
-done_testing();
+felix_done_testing();

@@ -162,4 +162,4 @@ note('replica_reports_per_request on node1..3: '
 	  . join(', ', map { $c->metric_of($_, 'replica_reports_per_request') // 'missing' } $c->nodes));
 
 $c->teardown;
-done_testing();
+felix_done_testing();

@@ -168,4 +168,4 @@ if (defined $new)
 }
 
 $c->teardown;
-done_testing();
+felix_done_testing();

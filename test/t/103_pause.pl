@@ -175,4 +175,4 @@ for my $s ($sq, $sl)
 note('lease_expiries on ' . $lname . ': ' . ($c->metric_of($leader, 'lease_expiries') // 'missing'));
 
 $c->teardown;
-done_testing();
+felix_done_testing();

@@ -134,4 +134,4 @@ if (defined $new)
 $c->stop_publishers($pub, 0);
 
 $c->teardown;
-done_testing();
+felix_done_testing();

@@ -102,4 +102,4 @@ $row = $c->shard_row($leader, $stream, 0);
 is($row->{hwm}, $row->{next_seq} - 1, 'the high-water mark covers every record, the timed-out one included');
 
 $c->teardown;
-done_testing();
+felix_done_testing();

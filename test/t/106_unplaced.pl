@@ -93,4 +93,4 @@ if (defined $who)
 }
 
 $c->teardown;
-done_testing();
+felix_done_testing();

@@ -5,8 +5,8 @@
 #   the node that created the stream right after felix_create_stream
 #   returned (it must not take writes for a shard another node leads).
 # - felix's internal functions (felix.replicate, felix.cp_*, ...) and the
-#   control-plane tables are refused (42501) to an ordinary role, and the
-#   felix_replication role may call the cp_* entry points.
+#   control-plane tables are refused (42501) to an ordinary role, and a
+#   node's role may call the cp_* entry points.
 use strict;
 use warnings;
 
@@ -75,7 +75,7 @@ for my $node ($c->nodes)
 		"felix.cp_tick()",
 		"felix.cp_report('$set[0]', '[]'::jsonb)",
 		"felix.cp_create_stream('evil', 1, 1, 'leader', 'jsonb', 'local', NULL, NULL)",
-		"felix.cp_drop_stream('$stream')",
+		"felix.cp_drop_stream('$stream', '00000000-0000-0000-0000-000000000000')",
 		"felix.cp_nodes()",
 		"felix.truncate_after('$stream', 0, 0)",
 	);
@@ -97,10 +97,10 @@ for my $node ($c->nodes)
 	}
 }
 
-# The replication role may call the entry points (here: cp_nodes on node1).
+# A node's role may call the entry points (here: cp_nodes on node1).
 my $n = $c->cp->safe_psql('postgres', 'SELECT count(*) FROM felix.cp_nodes()',
-	extra_params => [ '-U', 'felix_replication' ]);
-is($n, 3, 'felix_replication may call felix.cp_nodes()');
+	extra_params => [ '-U', 'felix_node_node2' ]);
+is($n, 3, "node2's role may call felix.cp_nodes()");
 # Nothing of mallory's attempts changed the control plane.
 is($c->cp->safe_psql('postgres',
 	"SELECT count(*) FROM felix.cluster_streams WHERE name IN ('evil', '$stream')"),
@@ -109,4 +109,4 @@ is($c->cp->safe_psql('postgres', "SELECT count(*) FROM felix.nodes WHERE name = 
 	0, 'no node "mallory" was registered');
 
 $c->teardown;
-done_testing();
+felix_done_testing();

@@ -107,4 +107,4 @@ my ($rc, $err) = psql_error($f,
 like($err, qr/generation must be positive/, 'generation 0 is refused');
 
 $c->teardown;
-done_testing();
+felix_done_testing();

@@ -106,4 +106,4 @@ ok(defined FelixCluster::poll(20, sub { next_seq_on($stopped) eq '4' }),
 	"$stopped->{felix_name} catches up once it runs again");
 
 $c->teardown;
-done_testing();
+felix_done_testing();

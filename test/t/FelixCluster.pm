@@ -3,8 +3,10 @@
 #
 # node1 hosts the control plane (felix.control_conninfo = '', the embedded
 # default); nodes 2..N point felix.control_conninfo at node1.  Every node
-# is named nodeK and tells its peers to reach it as the felix_replication
-# role over its Unix socket.  The helpers create streams (and pick names
+# is named nodeK, is reached over its Unix socket, and logs in to its peers
+# and the control plane as its own role, felix_node_nodeK, created on every
+# server (its conninfo carries a password the trusting test servers never
+# ask for, and that no log may show).  The helpers create streams (and pick names
 # whose placement puts the leader where a test needs it), find leaders,
 # wait for followers to be shipped to, run publishers in background psql
 # sessions that log every acknowledged record, read shards, compare
@@ -57,6 +59,7 @@ sub new
 		push @pg, PostgreSQL::Test::Cluster->new("${prefix}$k");
 	}
 	my $cp_conninfo = _conninfo($pg[0]);
+	my @names = map { "node$_" } 1 .. $n;
 	for my $k (1 .. $n)
 	{
 		my $node = $pg[ $k - 1 ];
@@ -67,7 +70,7 @@ sub new
 			join("\n",
 				felix_base_conf(),
 				"felix.node_name = '$name'",
-				"felix.node_conninfo = '" . _conninfo($node) . "'",
+				"felix.node_conninfo = '" . felix_node_conninfo($node, $name) . "'",
 				"felix.control_conninfo = '"
 				  . ($k == 1 ? '' : $cp_conninfo) . "'",
 				"max_connections = 40",
@@ -87,18 +90,18 @@ sub new
 		$node->safe_psql('postgres', 'CREATE EXTENSION felix') if $k == 1;
 	}
 	$pg[$_]->safe_psql('postgres', 'CREATE EXTENSION felix') for 1 .. $n - 1;
-	$self->wait_alive([ map { "node$_" } 1 .. $n ], 60);
+	my $roles = join(', ', map { "felix_create_node_role('$_')" } @names);
+	$_->safe_psql('postgres', "SELECT $roles") for @pg;
+	$self->wait_alive(\@names, 60);
 	return $self;
 }
 
-# host=<socket dir> port=<port> dbname=postgres user=felix_replication
+# Where a node is: host=<socket dir> port=<port> dbname=postgres (what it
+# registers, and what felix.control_conninfo names).
 sub _conninfo
 {
 	my ($node) = @_;
-	return
-	    'host=' . $node->host
-	  . ' port=' . $node->port
-	  . ' dbname=postgres user=felix_replication';
+	return 'host=' . $node->host . ' port=' . $node->port . ' dbname=postgres';
 }
 
 sub conninfo { my ($self, $node) = @_; return _conninfo($self->node($node)); }

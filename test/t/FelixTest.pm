@@ -19,7 +19,7 @@ use Test::More;
 use Time::HiRes qw(usleep time);
 
 our @EXPORT = qw(
-  felix_base_conf felix_node shard_dir segment_files read_file write_file write_at
+  felix_base_conf felix_node felix_node_conninfo felix_done_testing FELIX_TEST_SECRET shard_dir segment_files read_file write_file write_at
   read_batches record_batches data_end flip_byte crash_node metric
   psql_error crc32c batch_header batch_trailer
 );
@@ -31,6 +31,11 @@ use constant BATCH_MAGIC          => 0x31425846;
 use constant TRAILER_MAGIC        => 0x45425846;
 use constant BATCH_RECORDS        => 1;
 
+# A password every test node carries in felix.node_conninfo (the test
+# servers trust local connections, so it is never asked for): it must never
+# appear in a server log, which felix_done_testing checks.
+use constant FELIX_TEST_SECRET => 'felixTAPsecret';
+
 # The postgresql.conf lines every felix test node has: felix preloaded,
 # its worker in the "postgres" database, messages untranslated.
 sub felix_base_conf
@@ -38,6 +43,16 @@ sub felix_base_conf
 	return ("shared_preload_libraries = 'felix'",
 		"felix.database = 'postgres'",
 		"lc_messages = 'C'");
+}
+
+# This node's felix.node_conninfo: where it is (its Unix socket, its port,
+# database postgres) and who it logs in as (felix_node_<name> by default,
+# with a password that is never needed and never shown).
+sub felix_node_conninfo
+{
+	my ($node, $name) = @_;
+	return 'host=' . $node->host . ' port=' . $node->port
+	  . ' dbname=postgres password=' . FELIX_TEST_SECRET . "-$name";
 }
 
 # A started node with felix preloaded and the extension created in the
@@ -48,10 +63,35 @@ sub felix_node
 	my ($name, @conf) = @_;
 	my $node = PostgreSQL::Test::Cluster->new($name);
 	$node->init;
-	$node->append_conf('postgresql.conf', join("\n", felix_base_conf(), @conf) . "\n");
+	$node->append_conf('postgresql.conf',
+		join("\n", felix_base_conf(),
+			"felix.node_conninfo = '" . felix_node_conninfo($node, $name) . "'", @conf)
+		  . "\n");
 	$node->start;
 	$node->safe_psql('postgres', 'CREATE EXTENSION felix');
 	return $node;
+}
+
+# done_testing(), after checking that no server log of this test holds a
+# conninfo secret (FELIX_TEST_SECRET): felix masks every secret in every
+# message, error, view and setting it shows.
+sub felix_done_testing
+{
+	my @hits;
+	for my $log (glob("$PostgreSQL::Test::Utils::log_path/*.log"))
+	{
+		next if $log =~ m{/regress_log_};
+		open my $fh, '<', $log or next;
+		while (my $line = <$fh>)
+		{
+			push @hits, "$log: $line" if index($line, FELIX_TEST_SECRET) >= 0;
+		}
+		close $fh;
+	}
+	ok(!@hits, 'no server log contains a conninfo secret')
+	  or diag(join('', @hits[ 0 .. ($#hits < 9 ? $#hits : 9) ]));
+	done_testing();
+	return;
 }
 
 # <data_directory>/felix/<dboid>/<relid>/<shard> of a stream (server up).

@@ -17,7 +17,8 @@
  * elsewhere in the cluster).  retention_bytes <= 0 and retention NULL mean
  * no limit.  Returns the table's OID.
  */
-extern Oid	felix_stream_create_local(const char *name, int shards,
+extern Oid	felix_stream_create_local(const char *name, const char *schema,
+									  const char *creation_id, int shards,
 									  int replication_factor,
 									  const char *consistency,
 									  const char *payload_type,
@@ -28,7 +29,7 @@ extern Oid	felix_stream_create_local(const char *name, int shards,
 extern bool felix_stream_lock_name(const char *name, bool wait);
 
 /* Refuse a name already taken by a stream or relation on this node. */
-extern void felix_stream_check_name_free(const char *name);
+extern void felix_stream_check_name_free(const char *name, const char *schema);
 
 /* Install the drop hook and transaction callbacks (from _PG_init). */
 extern void felix_stream_init(void);

@@ -58,32 +58,30 @@ extern PGresult *felix_conn_exec(PGconn *conn, const char *call,
  */
 extern bool felix_conn_set_statement_timeout(PGconn *conn, int timeout_ms, int elevel);
 
-/* A copy of conninfo with any password's value replaced by ********. */
-extern char *felix_conninfo_mask(const char *conninfo);
-
 /*
- * Backend calls to the control plane (felix_cp_conninfo_resolved()): each
- * opens a connection, calls the function and closes it; the control
- * plane's error is raised here with its SQLSTATE, detail and hint.
- * retention_bytes < 0 and retention == NULL mean "none".  Creating first
- * registers this node (a heartbeat on the same connection), so a stream
- * can be created the moment the extension exists, before the heartbeat
- * worker's first beat.
+ * Backend calls to the control plane (felix_cp_conninfo()): each opens a
+ * connection, calls the function and closes it; the control plane's error
+ * is raised here with its SQLSTATE, detail and hint.  retention_bytes < 0
+ * and retention == NULL mean "none".  Creating first registers this node
+ * (a heartbeat on the same connection), so a stream can be created the
+ * moment the extension exists, before the heartbeat worker's first beat;
+ * it returns the stream's creation id (a uuid's text).  A drop forgets
+ * only the stream registered under that name with that creation id.
  */
-extern void felix_cp_call_create_stream(const char *name, int shards,
-										int replication_factor,
-										const char *consistency,
-										const char *payload_type,
-										const char *storage,
-										int64 retention_bytes,
-										const char *retention);
-extern void felix_cp_call_drop_stream(const char *name);
+extern char *felix_cp_call_create_stream(const char *name, const char *schema,
+										 int shards, int replication_factor,
+										 const char *consistency,
+										 const char *payload_type,
+										 const char *storage,
+										 int64 retention_bytes,
+										 const char *retention);
+extern void felix_cp_call_drop_stream(const char *name, const char *creation_id);
 
 /*
  * Forget a stream this transaction registered, as it aborts: never raises
  * (a failure is a WARNING and false), and each step gives up after
  * FELIX_CP_ABORT_TIMEOUT_MS, since an abort must not hang on the network.
  */
-extern bool felix_cp_call_unregister_stream(const char *name);
+extern bool felix_cp_call_unregister_stream(const char *name, const char *creation_id);
 
 #endif							/* FELIX_CONTROL_CLIENT_H */

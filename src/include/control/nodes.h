@@ -17,8 +17,20 @@
 
 #include "postgres.h"
 
+#include "datatype/timestamp.h"
+
 /* Most nodes the directory remembers; the least recently seen is evicted. */
 #define FELIX_MAX_NODES		128
+#define FELIX_NODE_CONNINFO_LEN	1024
+
+/* One node as the control plane's node list describes it. */
+typedef struct FelixNodeInfo
+{
+	char		name[NAMEDATALEN];
+	char		conninfo[FELIX_NODE_CONNINFO_LEN];	/* address, secrets masked */
+	bool		alive;
+	TimestampTz last_heartbeat;
+} FelixNodeInfo;
 
 /*
  * Copy the conninfo of node `name` into buf (len bytes, truncated) and
@@ -29,8 +41,14 @@ extern bool felix_node_conninfo_of(const char *name, char *buf, Size len);
 /* Record (or refresh) a node's conninfo; its "last seen" becomes now. */
 extern void felix_node_note(const char *name, const char *conninfo);
 
-/* True if the directory has an entry for `name`. */
-extern bool felix_node_known(const char *name);
+/*
+ * The control plane's node list, as just read: these nodes (noted, as
+ * felix_node_note would) are the listed ones, every other entry is not.
+ */
+extern void felix_nodes_listed(const FelixNodeInfo *nodes, int n);
+
+/* The listed nodes (palloc'd array into *out); returns how many. */
+extern int	felix_nodes_list(FelixNodeInfo **out);
 
 extern Size felix_nodes_shmem_size(void);
 extern void felix_nodes_shmem_init(void);

@@ -34,9 +34,12 @@ typedef enum FelixFollowerState
 	FELIX_FOLLOWER_SHIPPING,		/* shipped to as its cursor says */
 	FELIX_FOLLOWER_HALTED_CONFLICT, /* its log differs from the leader's */
 	FELIX_FOLLOWER_HALTED_FENCED,	/* it is at a newer generation */
-	FELIX_FOLLOWER_HALTED_BEHIND	/* its log ends before the leader's
+	FELIX_FOLLOWER_HALTED_BEHIND,	/* its log ends before the leader's
 									 * oldest record (retention trimmed
 									 * what it needs): needs a rebuild */
+	FELIX_FOLLOWER_HALTED_PROTOCOL	/* it answered what the leader cannot
+									 * believe (a position past what was
+									 * sent to it) */
 } FelixFollowerState;
 
 #define FELIX_REPL_ERROR_LEN	200

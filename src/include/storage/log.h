@@ -143,6 +143,9 @@ extern uint64 log_read_range(const char *dir, const char *what,
  */
 extern void log_truncate_after(const char *dir, const char *what,
 							   FelixLogState *st, uint64 seq, uint64 hwm_end);
+/* The same, keeping [start, end): every record from seq `end` on goes. */
+extern void log_truncate_to(const char *dir, const char *what,
+							FelixLogState *st, uint64 end, uint64 hwm_end);
 
 /*
  * Retention: unlink whole sealed segments from the front while the log

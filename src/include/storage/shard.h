@@ -11,6 +11,14 @@
  *	   allocation: shared to look up, exclusive to add or free a slot.
  *	 - append_lock (LWLock, exclusive) serialises appends, recovery, trim,
  *	   truncation and phase changes, and guards `log`.
+ *	 - the commit gate (commit_holder, written with append_lock held, read
+ *	   under mutex) holds a shard's tail for a commit spanning several
+ *	   shards, from its append on this shard until every shard's append
+ *	   has succeeded (then the batches are published) or one failed (then
+ *	   they are cut back).  Everything that takes append_lock to move the
+ *	   tail, mirror it or change leadership waits for the gate first
+ *	   (shard_lock_tail); gates are taken in slot order, so two commits
+ *	   never wait for each other in a cycle.
  *	 - flush_lock (LWLock) is held by the one backend doing a group flush;
  *	   others wait on it with LWLockAcquireOrWait, as XLogFlush does.
  *	 - mutex (spinlock) guards the small fields marked (mutex) so readers
@@ -115,6 +123,9 @@ typedef struct FelixShard
 	bool		clustered;		/* an assignment has been applied */
 	/* (mutex) why the shard is FAILED */
 	char		error[FELIX_SHARD_ERROR_LEN];
+	/* (mutex; written with append_lock) the commit gate: pgprocno + 1 of
+	 * the backend whose appended batches are not published yet, 0: none */
+	int			commit_holder;
 
 	ConditionVariable hwm_cv;
 	ConditionVariable ack_cv[FELIX_ACK_CVS];
@@ -154,10 +165,38 @@ extern uint64 shard_publish(FelixShard *s, StringInfo batch, uint32 count);
 
 /*
  * The same for n batches appended back to back under one hold of the
- * append lock: they get contiguous seqs and become visible together.
+ * append lock: they get contiguous seqs and become visible together, or,
+ * if appending batch k fails, the ones before it are cut back and none is
+ * ever visible.
  */
 extern uint64 shard_publish_batches(FelixShard *s, StringInfo *batches,
 									const uint32 *counts, int n);
+
+/*
+ * A commit over several shards publishes all of its batches or none.
+ * Call shard_commit_append for each shard, in shard_slot_index order: it
+ * admits, appends the shard's batches and keeps them unpublished behind
+ * the shard's commit gate.  Once every shard's append succeeded,
+ * shard_commit_publish each part, then shard_commit_wait each (flush and
+ * acknowledgement, as a publish waits).  If any append failed,
+ * shard_commit_abandon every part that succeeded: its batches are cut back
+ * and were never visible.  A backend that exits holding gates abandons
+ * them on its way out.
+ */
+typedef struct FelixCommitPart
+{
+	struct FelixShard *s;
+	uint64		generation;		/* admitted at */
+	uint64		base;			/* the first record's seq */
+	uint64		end;			/* after the last record */
+	bool		gated;			/* appended, not yet published or abandoned */
+} FelixCommitPart;
+
+extern void shard_commit_append(FelixShard *s, StringInfo *batches,
+								const uint32 *counts, int n, FelixCommitPart *part);
+extern void shard_commit_publish(FelixCommitPart *part);
+extern void shard_commit_abandon(FelixCommitPart *part);
+extern void shard_commit_wait(FelixCommitPart *part);
 
 /*
  * Admission alone (conditions 1-3 of the write rule), raising the error a
@@ -224,11 +263,20 @@ extern bool shard_set_hwm(FelixShard *s, uint64 generation, uint64 hwm_end);
 /*
  * Follower side: hold the append lock around a check-and-append of shipped
  * batches (s->log may be used while held), then publish the new tail.
+ * shard_lock_tail waits for the commit gate, then takes the append lock.
  * shard_after_replicated mirrors the log, marks it flushed (the caller
  * synced it) and moves the hwm to min(leader_hwm_end, flushed).
  */
-extern void shard_lock_append(FelixShard *s);
-extern void shard_unlock_append(FelixShard *s);
+extern void shard_lock_tail(FelixShard *s);
+extern void shard_unlock_tail(FelixShard *s);
+
+/*
+ * With the tail held: cut the log back to end before seq `end`, removing
+ * what an append that failed (or a commit abandoned) wrote -- never
+ * mirrored, so never flushed or visible.  If the cut fails the shard
+ * refuses to serve (FAILED) until a restart, and the error goes on.
+ */
+extern void shard_cut_back(FelixShard *s, uint64 end);
 extern void shard_after_replicated(FelixShard *s, uint64 leader_hwm_end);
 
 /* Wake whoever ships this node's shards (set by the ship worker). */
