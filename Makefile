@@ -44,10 +44,10 @@ PG_CPPFLAGS = -I$(srcdir)/src/include -I$(libpq_srcdir)
 SHLIB_LINK_INTERNAL = $(libpq)
 PG_CFLAGS   = -Wall -Wextra -Werror -Wno-unused-parameter -Wno-missing-field-initializers -Wno-sign-compare
 
-REGRESS      = setup api refusals views control_plane truncate
+REGRESS      = setup api refusals views control_plane truncate hostile
 REGRESS_OPTS = --temp-instance=./tmp_regress --temp-config=$(srcdir)/test/regress.conf
 
-ISOLATION      = publish_contiguous insert_abort copy_visibility
+ISOLATION      = publish_contiguous insert_abort copy_visibility publish_acl_first
 ISOLATION_OPTS = --temp-instance=./tmp_isolation --temp-config=$(srcdir)/test/regress.conf \
                  --temp-config=$(srcdir)/test/isolation/isolation.conf \
                  --inputdir=$(srcdir)/test/isolation --outputdir=./output_iso

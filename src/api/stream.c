@@ -366,6 +366,7 @@ felix_stream_create_local(const char *name, const char *schema, const char *crea
 	FelixContext cxt;
 
 	memset(&def, 0, sizeof(def));
+	/* one of jsonb, text, bytea, or an error: safe to name in the DDL */
 	def.payload_type = payload_type_oid(name, payload_type);
 	nsp = get_namespace_oid(schema, true);
 	if (!OidIsValid(nsp))
@@ -388,7 +389,7 @@ felix_stream_create_local(const char *name, const char *schema, const char *crea
 					 "key pg_catalog.text, payload pg_catalog.%s, "
 					 "published_at pg_catalog.timestamptz) USING felix",
 					 quote_identifier(schema), quote_identifier(name),
-					 quote_identifier(format_type_be(def.payload_type)));
+					 payload_type);
 	SPI_connect();
 	felix_context_begin(&cxt, InvalidOid);
 	if (SPI_execute(sql.data, false, 0) != SPI_OK_UTILITY)

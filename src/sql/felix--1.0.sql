@@ -1022,3 +1022,8 @@ RETURNS SETOF record
     AS 'MODULE_PATHNAME', 'felix_replication_view' LANGUAGE C STRICT VOLATILE;
 
 CREATE VIEW felix_replication AS SELECT * FROM felix.replication_view();
+
+-- Everyone may read the views; each shows a reader only what it may see
+-- (the streams it may SELECT, node addresses to pg_read_all_stats).
+GRANT SELECT ON felix_streams, felix_shards, felix_metrics, felix_nodes, felix_replication
+    TO PUBLIC;
