@@ -123,18 +123,17 @@ define_gucs(void)
 							   &felix_node_name, "",
 							   PGC_POSTMASTER, 0, NULL, NULL, NULL);
 	DefineCustomStringVariable("felix.node_conninfo",
-							   "Where peers reach this node, and how it logs in to them (libpq conninfo).",
+							   "Where peers reach this node, and how it logs in to them (libpq conninfo, no password).",
 							   "Empty means this server's first Unix socket directory and port, "
-							   "database felix.database; the user is felix_node_<name> unless it names one.",
+							   "database felix.database; the user is felix_node_<name> unless it names one. "
+							   "A password goes in a password file (passfile=...).",
 							   &felix_node_conninfo, "",
-							   PGC_POSTMASTER, GUC_SUPERUSER_ONLY,
-							   felix_check_node_conninfo, NULL, felix_show_node_conninfo);
+							   PGC_POSTMASTER, GUC_SUPERUSER_ONLY, NULL, NULL, NULL);
 	DefineCustomStringVariable("felix.control_conninfo",
 							   "Where the control plane is (libpq conninfo, without credentials).",
 							   "Empty means this node hosts the control plane itself.",
 							   &felix_control_conninfo, "",
-							   PGC_POSTMASTER, GUC_SUPERUSER_ONLY,
-							   felix_check_control_conninfo, NULL, felix_show_control_conninfo);
+							   PGC_POSTMASTER, GUC_SUPERUSER_ONLY, NULL, NULL, NULL);
 	DefineCustomIntVariable("felix.lease_duration",
 							"How long a granted lease lasts.",
 							NULL,
@@ -180,6 +179,7 @@ _PG_init(void)
 		return;
 
 	define_gucs();
+	felix_conninfo_check_settings();
 
 	felix_preloaded = true;
 	felix_shmem_install_hooks();

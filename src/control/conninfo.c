@@ -302,81 +302,56 @@ felix_peer_conninfo(const char *peer)
 }
 
 /* ---------------------------------------------------------------------
- * GUC hooks
+ * The settings, checked at start
  * ---------------------------------------------------------------------
  */
 
-/* A conninfo that parses; the message never repeats any of it. */
-static bool
-check_parses(const char *value, const char *setting)
+/*
+ * Refuse to start with a conninfo setting felix cannot use safely.  Done
+ * here rather than in a GUC check hook: a custom setting whose check fails
+ * while the library loads is reported with its value (which could hold a
+ * secret) and then silently replaced by its default -- an empty
+ * felix.control_conninfo would make the node host a control plane of its
+ * own.  A secret may not be written into either setting at all: settings
+ * are shown to superusers and pg_read_all_settings (reset_val included),
+ * while a password file (passfile=, or ~/.pgpass of the server's OS user)
+ * is read by this server alone.  No message repeats the value.
+ */
+static void
+check_setting(const char *value, const char *setting, bool where_only)
 {
 	PQconninfoOption *opts;
 
 	if (value == NULL || value[0] == '\0')
-		return true;
+		return;
 	opts = parse(value);
 	if (opts == NULL)
-	{
-		GUC_check_errdetail("%s is not a valid libpq connection string.", setting);
-		GUC_check_errhint("Write it as keyword=value pairs, e.g. host=10.0.0.1 port=5432 dbname=postgres.");
-		return false;
-	}
-	PQconninfoFree(opts);
-	return true;
-}
-
-bool
-felix_check_node_conninfo(char **newval, void **extra, GucSource source)
-{
-	return check_parses(*newval, "felix.node_conninfo");
-}
-
-bool
-felix_check_control_conninfo(char **newval, void **extra, GucSource source)
-{
-	PQconninfoOption *opts;
-
-	if (!check_parses(*newval, "felix.control_conninfo"))
-		return false;
-	if (*newval == NULL || (*newval)[0] == '\0')
-		return true;
-	opts = parse(*newval);
+		ereport(FATAL,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s is not a valid libpq connection string", setting),
+				 errhint("Write it as keyword=value pairs, e.g. host=10.0.0.1 port=5432 dbname=postgres.")));
 	for (PQconninfoOption *o = opts; o->keyword != NULL; o++)
 	{
-		if (o->val != NULL && is_identity_keyword(o->keyword))
-		{
-			GUC_check_errdetail("felix.control_conninfo sets \"%s\"; it must say only where the control plane is.",
-								o->keyword);
-			GUC_check_errhint("A node logs in to the control plane as itself: put its user and "
-							  "password (or passfile) in felix.node_conninfo.");
-			PQconninfoFree(opts);
-			return false;
-		}
+		if (o->val == NULL)
+			continue;
+		if (is_secret(o))
+			ereport(FATAL,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("%s must not contain \"%s\"", setting, o->keyword),
+					 errdetail("Settings can be read by superusers and members of pg_read_all_settings; a secret in one would not stay secret."),
+					 errhint("Put the password in a password file: passfile=/path/to/file in felix.node_conninfo, or ~/.pgpass of the server's operating-system user.")));
+		if (where_only && is_identity_keyword(o->keyword))
+			ereport(FATAL,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("%s sets \"%s\"; it must say only where the control plane is", setting, o->keyword),
+					 errhint("A node logs in to the control plane as itself: put its user (and passfile or client certificate) in felix.node_conninfo.")));
 	}
 	PQconninfoFree(opts);
-	return true;
 }
 
-/* SHOW and pg_settings show a conninfo masked, even to superusers. */
-static const char *
-show_masked(const char *value)
+void
+felix_conninfo_check_settings(void)
 {
-	static char shown[1024];
-	char	   *masked = felix_conninfo_mask(value);
-
-	strlcpy(shown, masked, sizeof(shown));
-	pfree(masked);
-	return shown;
-}
-
-const char *
-felix_show_node_conninfo(void)
-{
-	return show_masked(felix_node_conninfo);
-}
-
-const char *
-felix_show_control_conninfo(void)
-{
-	return show_masked(felix_control_conninfo);
+	check_setting(felix_node_conninfo, "felix.node_conninfo", false);
+	check_setting(felix_control_conninfo, "felix.control_conninfo", true);
 }

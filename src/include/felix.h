@@ -43,6 +43,8 @@ extern int	felix_max_shards_per_role;	/* shards a non-superuser may own */
 #define FELIX_ERRCODE_QUORUM_TIMEOUT	MAKE_SQLSTATE('5','5','F','0','1')
 #define FELIX_ERRCODE_NOT_LEADER		MAKE_SQLSTATE('5','5','F','0','2')
 #define FELIX_ERRCODE_LEASE_EXPIRED		MAKE_SQLSTATE('5','5','F','0','3')
+/* a peer speaks of a generation this node has not learned of yet */
+#define FELIX_ERRCODE_GENERATION_UNKNOWN	MAKE_SQLSTATE('5','5','F','0','4')
 
 /* When a publish is acknowledged: durable on the leader, or on a majority. */
 typedef enum FelixConsistency

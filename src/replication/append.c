@@ -6,8 +6,10 @@
  *	  the shard's leader (ship.c), and the append rule it applies.
  *
  *	  Who may call it: only a node, as its felix_node_<name> role (a
- *	  member of felix_replication), and at the generation this node knows
- *	  the leader of, only that leader's role (superusers excepted).  A peer
+ *	  member of felix_replication), and only the node this one knows to
+ *	  lead the shipment's generation (superusers excepted): a generation it
+ *	  has not heard of yet is refused until its next heartbeat tells it who
+ *	  leads it (check_sender).  A peer
  *	  is checked, not believed: every record shipped is validated as a
  *	  value of the stream's payload type (payload.c) before anything is
  *	  stored, as COPY validates its input.
@@ -347,11 +349,14 @@ append_shipped(FelixShard *s, const char *dir, const char *what,
 
 /*
  * The sender must be the leader this node knows for the generation it
- * ships at: a node's role is felix_node_<name>, and at our own generation
- * we know the leader's name.  At a newer generation we do not know yet
- * who leads it, so any node may ship (the fence and the append rule still
- * hold).  Superusers, who may act for any node, pass.  Called with the
- * tail held, which it releases on refusal.
+ * ships at: a node logs in as felix_node_<name>, and the control plane told
+ * this node who leads its generation.  A generation newer than any this
+ * node has heard of is refused too, with FELIX_ERRCODE_GENERATION_UNKNOWN:
+ * nobody can say yet who leads it, and this node learns it from the
+ * control plane at its next heartbeat -- the leader retries soon.  (An
+ * older generation was answered 'fenced' before this check.)  Superusers,
+ * who may act for any node, pass.  Called with the tail held, which it
+ * releases on refusal.
  */
 static void
 check_sender(FelixShard *s, const char *what, uint64 generation, uint64 shard_generation)
@@ -359,13 +364,22 @@ check_sender(FelixShard *s, const char *what, uint64 generation, uint64 shard_ge
 	char		leader[NAMEDATALEN];
 	char	   *caller;
 
-	if (superuser() || generation != shard_generation)
+	if (superuser())
 		return;
 	SpinLockAcquire(&s->mutex);
 	strlcpy(leader, s->leader, sizeof(leader));
 	SpinLockRelease(&s->mutex);
-	if (leader[0] == '\0')
-		return;
+	if (generation > shard_generation || leader[0] == '\0')
+	{
+		shard_unlock_tail(s);
+		ereport(ERROR,
+				(errcode(FELIX_ERRCODE_GENERATION_UNKNOWN),
+				 errmsg("%s: this node has not learned who leads generation " UINT64_FORMAT " yet",
+						what, generation),
+				 errdetail("It knows generation " UINT64_FORMAT "%s%s%s.", shard_generation,
+						   leader[0] ? ", led by \"" : "", leader, leader[0] ? "\"" : ""),
+				 errhint("The leader retries; this node learns of the generation from the control plane at its next heartbeat.")));
+	}
 	caller = GetUserNameFromId(GetSessionUserId(), false);
 	if (strcmp(caller, felix_node_role(leader)) == 0)
 		return;

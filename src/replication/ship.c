@@ -80,8 +80,10 @@
 #define FELIX_SHIP_PEER_MAX_BYTES	(8 * FELIX_SHIP_MAX_BYTES)
 /* A request unanswered this long means the peer is stuck: reconnect. */
 #define FELIX_SHIP_ANSWER_TIMEOUT_MS	10000
-/* After an error answer, wait this long before shipping to it again. */
+/* After an error answer, wait this long before shipping to it again ... */
 #define FELIX_SHIP_RETRY_MS			500
+/* ... but only this long when the follower has yet to learn our generation. */
+#define FELIX_SHIP_RETRY_SOON_MS	20
 /* Close a peer connection nothing has needed for this long. */
 #define FELIX_SHIP_IDLE_CLOSE_MS	60000
 
@@ -113,6 +115,7 @@ typedef struct ShipRequest
 	char		status[16];
 	uint64		seq;
 	char		error[FELIX_REPL_ERROR_LEN];
+	char		sqlstate[6];	/* of an error answer, "" if none */
 } ShipRequest;
 
 typedef struct Peer
@@ -935,10 +938,18 @@ apply_answer(ShipRequest *r, int64 now_ns)
 
 	if (r->failed || !r->have_answer)
 	{
+		/*
+		 * A follower that has not yet heard of this generation (the grant
+		 * is newer than its last heartbeat) will have within one heartbeat:
+		 * retry soon and say nothing.
+		 */
+		bool		unknown = strcmp(r->sqlstate, "55F04") == 0;
+
 		follower_note_error(r->slot, r->fidx, &f,
 							r->failed ? r->error : "the follower returned no answer", &snap,
-							false);
-		ss->retry_at_ns[r->fidx] = now_ns + FELIX_SHIP_RETRY_MS * NS_PER_MS;
+							unknown);
+		ss->retry_at_ns[r->fidx] = now_ns +
+			(unknown ? FELIX_SHIP_RETRY_SOON_MS : FELIX_SHIP_RETRY_MS) * NS_PER_MS;
 		return;
 	}
 
@@ -1065,6 +1076,7 @@ take_result(ShipRequest *r, PGresult *res)
 				snprintf(r->error, sizeof(r->error), "%s%s%s",
 						 msg && msg[0] ? msg : PQresStatus(PQresultStatus(res)),
 						 state ? " SQLSTATE " : "", state ? state : "");
+				strlcpy(r->sqlstate, state ? state : "", sizeof(r->sqlstate));
 				len = strlen(r->error);
 				while (len > 0 && r->error[len - 1] == '\n')
 					r->error[--len] = '\0';

@@ -31,9 +31,10 @@ use constant BATCH_MAGIC          => 0x31425846;
 use constant TRAILER_MAGIC        => 0x45425846;
 use constant BATCH_RECORDS        => 1;
 
-# A password every test node carries in felix.node_conninfo (the test
-# servers trust local connections, so it is never asked for): it must never
-# appear in a server log, which felix_done_testing checks.
+# A password every test node logs in with, kept in a password file named
+# by its felix.node_conninfo (the test servers trust local connections
+# unless a test asks otherwise): it must never appear in a server log,
+# which felix_done_testing checks.
 use constant FELIX_TEST_SECRET => 'felixTAPsecret';
 
 # The postgresql.conf lines every felix test node has: felix preloaded,
@@ -46,13 +47,16 @@ sub felix_base_conf
 }
 
 # This node's felix.node_conninfo: where it is (its Unix socket, its port,
-# database postgres) and who it logs in as (felix_node_<name> by default,
-# with a password that is never needed and never shown).
+# database postgres) and the password file it logs in with (as
+# felix_node_<name>, the default user; password FELIX_TEST_SECRET-<name>).
 sub felix_node_conninfo
 {
 	my ($node, $name) = @_;
+	my $passfile = "$PostgreSQL::Test::Utils::tmp_check/pgpass_$name";
+	write_file($passfile, "*:*:*:felix_node_$name:" . FELIX_TEST_SECRET . "-$name\n");
+	chmod 0600, $passfile or die "chmod $passfile: $!";
 	return 'host=' . $node->host . ' port=' . $node->port
-	  . ' dbname=postgres password=' . FELIX_TEST_SECRET . "-$name";
+	  . " dbname=postgres passfile=$passfile";
 }
 
 # A started node with felix preloaded and the extension created in the

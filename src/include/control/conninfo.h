@@ -15,8 +15,6 @@
 
 #include "postgres.h"
 
-#include "utils/guc.h"
-
 /* The role a node connects to peers and the control plane as. */
 #define FELIX_NODE_ROLE_PREFIX	"felix_node_"
 /* The longest node name: its role name must fit in NAMEDATALEN - 1. */
@@ -63,10 +61,12 @@ extern char *felix_conninfo_address(const char *conninfo);
  */
 extern char *felix_conninfo_mask(const char *conninfo);
 
-/* GUC hooks for felix.node_conninfo and felix.control_conninfo. */
-extern bool felix_check_node_conninfo(char **newval, void **extra, GucSource source);
-extern bool felix_check_control_conninfo(char **newval, void **extra, GucSource source);
-extern const char *felix_show_node_conninfo(void);
-extern const char *felix_show_control_conninfo(void);
+/*
+ * At start (from _PG_init): refuse, with a FATAL that does not repeat the
+ * value, a conninfo setting that does not parse, holds a secret (those
+ * belong in a password file), or -- for felix.control_conninfo -- says
+ * who logs in rather than only where the control plane is.
+ */
+extern void felix_conninfo_check_settings(void);
 
 #endif							/* FELIX_CONTROL_CONNINFO_H */
