@@ -153,6 +153,24 @@ CREATE FUNCTION felix.node_role(node text) RETURNS text
     SELECT 'felix_node_' OPERATOR(pg_catalog.||) node
 $$;
 
+-- Refuse a node name that cannot be one: empty, or too long for
+-- felix_node_<name> to be a role name.
+CREATE FUNCTION felix.check_node_name(node text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF node IS NULL OR node = '' THEN
+        RAISE EXCEPTION 'a node name must not be NULL or empty'
+            USING ERRCODE = 'null_value_not_allowed',
+                  HINT = 'A node''s name is its felix.node_name (node_<port> when that is empty).';
+    END IF;
+    IF octet_length(node) > 52 THEN
+        RAISE EXCEPTION 'node name "%" is too long', node
+            USING ERRCODE = 'name_too_long',
+                  HINT = 'A node name has at most 52 bytes, so that felix_node_<name> is a valid role name.';
+    END IF;
+END
+$$;
+
 -- Create (or complete) the role node `node` logs in as: LOGIN, a member
 -- of felix_replication, nothing else.  Run it on every server of the
 -- cluster for every node; set its password with \password.  The role of
@@ -162,16 +180,7 @@ LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     r text;
 BEGIN
-    IF node IS NULL OR node = '' THEN
-        RAISE EXCEPTION 'a node name must not be NULL or empty'
-            USING ERRCODE = 'null_value_not_allowed',
-                  HINT = 'Pass the node''s felix.node_name.';
-    END IF;
-    IF octet_length(node) > 52 THEN
-        RAISE EXCEPTION 'node name "%" is too long', node
-            USING ERRCODE = 'name_too_long',
-                  HINT = 'A node name has at most 52 bytes, so that felix_node_<name> is a valid role name.';
-    END IF;
+    PERFORM felix.check_node_name(node);
     r := felix.node_role(node);
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles x WHERE x.rolname = r) THEN
         EXECUTE format('CREATE ROLE %I LOGIN', r);
@@ -346,16 +355,7 @@ DECLARE
     g_streams text[] := '{}';
     g_shards  integer[] := '{}';
 BEGIN
-    IF cp_heartbeat.node IS NULL OR cp_heartbeat.node = '' THEN
-        RAISE EXCEPTION 'a node name must not be NULL or empty'
-            USING ERRCODE = 'null_value_not_allowed',
-                  HINT = 'Set felix.node_name, or leave it empty for node_<port>.';
-    END IF;
-    IF octet_length(cp_heartbeat.node) > 52 THEN
-        RAISE EXCEPTION 'node name "%" is too long', cp_heartbeat.node
-            USING ERRCODE = 'name_too_long',
-                  HINT = 'A node name has at most 52 bytes (felix.node_name).';
-    END IF;
+    PERFORM felix.check_node_name(cp_heartbeat.node);
     -- A node registers and renews only for itself.
     PERFORM felix.cp_require_node(cp_heartbeat.node, 'felix.cp_heartbeat');
     IF cp_heartbeat.conninfo IS NULL THEN

@@ -47,16 +47,7 @@ $c->stop_node(1);
 sub shipment
 {
 	my ($base, $gen, @payloads) = @_;
-	my $body = '';
-	$body .= pack('V V', 0xFFFFFFFF, length $_) . $_ for @payloads;
-	my $h = batch_header(
-		count      => scalar(@payloads),
-		base_seq   => $base,
-		generation => $gen,
-		timestamp  => 0,
-		body_len   => length($body),
-		body_crc   => crc32c($body));
-	return unpack('H*', $h . $body . batch_trailer($h));
+	return shipment_hex($base, $gen, map { [ undef, $_ ] } @payloads);
 }
 
 sub replicate

@@ -46,28 +46,6 @@ sub next_seq
 		"SELECT next_seq FROM felix_shards WHERE stream = '$stream' AND shard = 0");
 }
 
-# One batch of records [base, ...) at generation $gen: each record a
-# [key or undef, payload bytes] pair; hex for decode().
-sub shipment
-{
-	my ($base, $gen, @records) = @_;
-	my $body = '';
-	for my $r (@records)
-	{
-		my ($key, $payload) = @$r;
-		$body .= pack('V V', defined $key ? length $key : 0xFFFFFFFF, length $payload)
-		  . ($key // '') . $payload;
-	}
-	my $h = batch_header(
-		count      => scalar(@records),
-		base_seq   => $base,
-		generation => $gen,
-		timestamp  => 0,
-		body_len   => length($body),
-		body_crc   => crc32c($body));
-	return unpack('H*', $h . $body . batch_trailer($h));
-}
-
 # felix.replicate on $node as role $role; returns (rc, stderr, stdout).
 sub replicate_as
 {
@@ -99,36 +77,36 @@ my @bad = (
 for my $case (@bad)
 {
 	my ($what, $bytes) = @$case;
-	my ($rc, $err) = replicate_as($f, $lname, $g, 3, shipment(3, $g, [ undef, $bytes ]));
+	my ($rc, $err) = replicate_as($f, $lname, $g, 3, shipment_hex(3, $g, [ undef, $bytes ]));
 	isnt($rc, 0, "a record whose payload is jsonb with $what is refused");
 	like($err, qr/ERROR:\s+22P03:.*not a valid jsonb value/, "$what: 22P03, not a valid jsonb value");
 }
 # 2. A key that is not valid text.
 {
-	my ($rc, $err) = replicate_as($f, $lname, $g, 3, shipment(3, $g, [ "\xc3\x28", $raw ]));
+	my ($rc, $err) = replicate_as($f, $lname, $g, 3, shipment_hex(3, $g, [ "\xc3\x28", $raw ]));
 	like($err, qr/ERROR:\s+22021:.*invalid key/, 'a key that is not valid UTF-8 is refused (22021)');
-	($rc, $err) = replicate_as($f, $lname, $g, 3, shipment(3, $g, [ "a\0b", $raw ]));
+	($rc, $err) = replicate_as($f, $lname, $g, 3, shipment_hex(3, $g, [ "a\0b", $raw ]));
 	like($err, qr/ERROR:\s+22021:.*invalid key/, 'a key with a NUL byte is refused (22021)');
 }
 # 3. A valid record from a node that does not lead the generation.
 {
-	my ($rc, $err) = replicate_as($f, $oname, $g, 3, shipment(3, $g, [ undef, $raw ]));
+	my ($rc, $err) = replicate_as($f, $oname, $g, 3, shipment_hex(3, $g, [ undef, $raw ]));
 	like($err, qr/ERROR:\s+42501:.*may not ship generation $g, which node "$lname" leads/,
 		"${oname}'s role may not ship to $fname at generation $g (42501)");
 }
 # 4. A generation the follower has not heard of.
 {
 	my $next = $g + 1;
-	my ($rc, $err) = replicate_as($f, $oname, $next, 3, shipment(3, $next, [ undef, $raw ]));
+	my ($rc, $err) = replicate_as($f, $oname, $next, 3, shipment_hex(3, $next, [ undef, $raw ]));
 	like($err, qr/ERROR:\s+55F04:.*not learned who leads generation $next/,
 		"a shipment at unknown generation $next is refused (55F04)");
 }
 # 5. Anything at all to the shard's leader.
 {
-	my ($rc, $err) = replicate_as($leader, $fname, $g + 1, 3, shipment(3, $g + 1, [ undef, $raw ]));
+	my ($rc, $err) = replicate_as($leader, $fname, $g + 1, 3, shipment_hex(3, $g + 1, [ undef, $raw ]));
 	like($err, qr/ERROR:\s+55F02:.*leads the shard at generation $g and takes no shipment/,
 		'the leader takes no shipment, even of a newer generation (55F02)');
-	($rc, $err) = replicate_as($leader, $fname, $g, 3, shipment(3, $g, [ undef, $raw ]));
+	($rc, $err) = replicate_as($leader, $fname, $g, 3, shipment_hex(3, $g, [ undef, $raw ]));
 	like($err, qr/ERROR:\s+55F02:/, 'nor of its own generation');
 }
 # 6. A role that is no node's.
@@ -137,7 +115,7 @@ for my $case (@bad)
 	my ($out, $err) = ('', '');
 	$f->psql('postgres',
 		"\\set VERBOSITY verbose\nSELECT * FROM felix.replicate('$stream', 0, $g, 3, 0, decode('"
-		  . shipment(3, $g, [ undef, $raw ]) . "', 'hex'))",
+		  . shipment_hex(3, $g, [ undef, $raw ]) . "', 'hex'))",
 		stdout => \$out, stderr => \$err, extra_params => [ '-U', 'regress_peer_member' ]);
 	like($err, qr/ERROR:\s+42501:/, 'a member of felix_replication that is no node may not ship (42501)');
 }

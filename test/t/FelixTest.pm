@@ -21,7 +21,7 @@ use Time::HiRes qw(usleep time);
 our @EXPORT = qw(
   felix_base_conf felix_node felix_node_conninfo felix_done_testing FELIX_TEST_SECRET shard_dir segment_files read_file write_file write_at
   read_batches record_batches data_end flip_byte crash_node metric
-  psql_error crc32c batch_header batch_trailer
+  psql_error crc32c batch_header batch_trailer shipment_hex
 );
 
 use constant SEGMENT_HEADER_BYTES => 64;
@@ -226,6 +226,29 @@ sub batch_trailer
 {
 	my ($header) = @_;
 	return pack('V', TRAILER_MAGIC) . substr($header, 4, 4);
+}
+
+# One batch of records [base, ...) at generation $gen, as felix.replicate
+# takes it, in hex (for decode(..., 'hex')): each record a [key or undef,
+# payload bytes] pair.
+sub shipment_hex
+{
+	my ($base, $gen, @records) = @_;
+	my $body = '';
+	for my $r (@records)
+	{
+		my ($key, $payload) = @$r;
+		$body .= pack('V V', defined $key ? length $key : 0xFFFFFFFF, length $payload)
+		  . ($key // '') . $payload;
+	}
+	my $h = batch_header(
+		count      => scalar(@records),
+		base_seq   => $base,
+		generation => $gen,
+		timestamp  => 0,
+		body_len   => length($body),
+		body_crc   => crc32c($body));
+	return unpack('H*', $h . $body . batch_trailer($h));
 }
 
 # Only the batches that hold records (not seals).
