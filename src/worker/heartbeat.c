@@ -108,10 +108,13 @@ PGDLLEXPORT void felix_heartbeat_worker_main(Datum arg);
 	"SELECT stream, shard, generation, leader, leader_conninfo, replicas, " \
 	"lease_granted, lease_ms, unplaced_reason, shards, replication_factor, " \
 	"consistency, payload_type, retention_bytes, " \
-	"(extract(year FROM retention) * 12 + extract(month FROM retention))::integer, " \
+	"((extract(year FROM retention) OPERATOR(pg_catalog.*) 12) " \
+	"  OPERATOR(pg_catalog.+) extract(month FROM retention))::integer, " \
 	"extract(day FROM retention)::integer, " \
-	"((extract(hour FROM retention) * 3600 + extract(minute FROM retention) * 60) " \
-	"  * 1000000 + extract(microseconds FROM retention))::bigint, " \
+	"((((extract(hour FROM retention) OPERATOR(pg_catalog.*) 3600) " \
+	"    OPERATOR(pg_catalog.+) (extract(minute FROM retention) OPERATOR(pg_catalog.*) 60)) " \
+	"   OPERATOR(pg_catalog.*) 1000000) " \
+	"  OPERATOR(pg_catalog.+) extract(microseconds FROM retention))::bigint, " \
 	"schema, creation_id " \
 	"FROM felix.cp_heartbeat($1, $2)"
 #define HB_NCOLS	19
@@ -926,7 +929,7 @@ refresh_directory(void)
 	/* Epoch microseconds: independent of either side's DateStyle. */
 	PGresult   *res = cp_exec("felix.cp_nodes",
 							  "SELECT name, conninfo, alive, "
-							  "(extract(epoch FROM last_heartbeat) * 1000000)::bigint "
+							  "(extract(epoch FROM last_heartbeat) OPERATOR(pg_catalog.*) 1000000)::bigint "
 							  "FROM felix.cp_nodes()",
 							  0, NULL);
 	FelixNodeInfo *nodes;
