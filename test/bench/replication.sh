@@ -174,7 +174,9 @@ start_node() {	# name
 }
 
 # ---- felix: three nodes ----
-fconn() { echo "host=$SOCK port=$1 dbname=postgres user=felix_replication"; }
+# Where a node is; each logs in as its own role, felix_node_node<i> (the
+# servers trust local connections).
+fconn() { echo "host=$SOCK port=$1 dbname=postgres"; }
 for i in 1 2 3; do
 	cp_conn=""
 	[[ $i != 1 ]] && cp_conn=$(fconn "${FPORTS[0]}")
@@ -189,6 +191,9 @@ for i in 1 2 3; do start_node "f$i"; done
 q "${FPORTS[0]}" -c "CREATE EXTENSION felix" >/dev/null
 q "${FPORTS[1]}" -c "CREATE EXTENSION felix" >/dev/null
 q "${FPORTS[2]}" -c "CREATE EXTENSION felix" >/dev/null
+for p in "${FPORTS[@]}"; do
+	q "$p" -c "SELECT felix_create_node_role('node1'), felix_create_node_role('node2'), felix_create_node_role('node3')" >/dev/null
+done
 wait_alive() {	# n -> waits (60 s) until node1's felix_nodes shows n nodes alive
 	local i
 	for (( i = 0; i < 300; i++ )); do
