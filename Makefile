@@ -19,6 +19,8 @@ OBJS = \
 	src/storage/retention.o \
 	src/storage/truncate.o \
 	src/storage/genmap.o \
+	src/storage/hwm.o \
+	src/storage/incarnation.o \
 	src/storage/shard.o \
 	src/am/tableam.o \
 	src/am/scan.o \
@@ -28,13 +30,19 @@ OBJS = \
 	src/api/publish.o \
 	src/api/pending.o \
 	src/api/views.o \
+	src/api/operations.o \
 	src/api/payload.o \
 	src/worker/node.o \
 	src/worker/heartbeat.o \
 	src/control/client.o \
 	src/control/conninfo.o \
 	src/control/nodes.o \
+	src/control/halts.o \
 	src/replication/state.o \
+	src/replication/rules.o \
+	src/replication/lease.o \
+	src/replication/quorum.o \
+	src/replication/leader.o \
 	src/replication/ship.o \
 	src/replication/report.o \
 	src/replication/append.o
@@ -55,8 +63,21 @@ ISOLATION_OPTS = --temp-instance=./tmp_isolation --temp-config=$(srcdir)/test/re
 TAP_TESTS = 1
 PROVE_TESTS = test/t/*.pl
 
-EXTRA_CLEAN = tmp_regress tmp_isolation output_iso results regression.diffs regression.out
+# Unit tests of the pure rules (no server): `make unit` builds and runs
+# them, each printing TAP.
+UNIT_TESTS = test/unit/rules_test
+
+EXTRA_CLEAN = tmp_regress tmp_isolation output_iso results regression.diffs regression.out \
+              $(UNIT_TESTS)
 
 PG_CONFIG ?= /usr/lib/postgresql/15/bin/pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
+
+test/unit/rules_test: test/unit/rules_test.c src/replication/rules.c src/include/replication/rules.h
+	$(CC) $(CPPFLAGS) $(CFLAGS) -o $@ test/unit/rules_test.c src/replication/rules.c \
+		-L$(pkglibdir) -lpgport
+
+.PHONY: unit
+unit: $(UNIT_TESTS)
+	@for t in $(UNIT_TESTS); do echo "# $$t"; ./$$t || exit 1; done

@@ -11,6 +11,20 @@ CREATE DATABASE felix_cp_regress;
 \c felix_cp_regress
 CREATE EXTENSION felix;
 \set SHOW_CONTEXT never
+-- Made-up nodes: each has an incarnation of its own, derived from its
+-- name, and an address of its own unless the test gives one.
+CREATE FUNCTION pg_temp.inc(node text) RETURNS text LANGUAGE sql IMMUTABLE
+    AS $$ SELECT md5(node)::uuid::text $$;
+CREATE FUNCTION pg_temp.hb(node text, conninfo text)
+    RETURNS TABLE (stream text, shard integer, generation bigint, leader text,
+                   leader_conninfo text, replicas text[], lease_granted boolean,
+                   lease_ms integer, unplaced_reason text, shards integer,
+                   replication_factor integer, consistency text, payload_type text,
+                   retention_bytes bigint, retention interval, schema text, creation_id uuid)
+    LANGUAGE sql
+    AS $$ SELECT * FROM felix.cp_heartbeat(node,
+                 CASE WHEN conninfo = 'host=x' THEN 'host=' || node ELSE conninfo END,
+                 pg_temp.inc(node), 1) $$;
 
 -- ---------------------------------------------------------------------
 -- Interface: tables and functions other parts of felix code against
@@ -39,29 +53,50 @@ SELECT r.rolname, r.rolcanlogin, r.rolinherit, r.rolsuper,
 -- ---------------------------------------------------------------------
 -- Heartbeats register nodes; passwords never show
 -- ---------------------------------------------------------------------
-SELECT count(*) FROM felix.cp_heartbeat('node_a', 'host=/tmp port=1 user=felix_replication password=s3cret');
-SELECT count(*) FROM felix.cp_heartbeat('node_b', 'postgresql://felix_replication:pw@hostb:5432/db?password=x&sslmode=disable');
-SELECT count(*) FROM felix.cp_heartbeat('node_c', 'host=hostc password = ''a b\'' c'' port=3');
-SELECT count(*) FROM felix.cp_heartbeat('node_d', 'host=hostd');
-SELECT count(*) FROM felix.cp_heartbeat('node_e', 'host=hoste sslpassword=k3y sslmode=require');
+SELECT count(*) FROM pg_temp.hb('node_a', 'host=/tmp port=1 user=felix_replication password=s3cret');
+SELECT count(*) FROM pg_temp.hb('node_b', 'postgresql://felix_replication:pw@hostb:5432/db?password=x&sslmode=disable');
+SELECT count(*) FROM pg_temp.hb('node_c', 'host=hostc password = ''a b\'' c'' port=3');
+SELECT count(*) FROM pg_temp.hb('node_d', 'host=hostd');
+SELECT count(*) FROM pg_temp.hb('node_e', 'host=hoste sslpassword=k3y sslmode=require');
 SELECT name, conninfo, alive, last_heartbeat IS NOT NULL AS seen FROM felix.cp_nodes();
 -- The control plane keeps no secret: conninfo is stored masked.
 SELECT name, conninfo FROM felix.nodes ORDER BY name;
 DELETE FROM felix.nodes WHERE name = 'node_e';
 -- A later heartbeat updates the conninfo, keeps the registration.
 SELECT registered_at AS a_registered FROM felix.nodes WHERE name = 'node_a' \gset
-SELECT count(*) FROM felix.cp_heartbeat('node_a', 'host=hosta port=1 user=felix_replication');
+SELECT count(*) FROM pg_temp.hb('node_a', 'host=hosta port=1 user=felix_replication');
 SELECT conninfo, registered_at = :'a_registered' AS same_registration,
        last_heartbeat > registered_at AS heartbeat_moved
   FROM felix.nodes WHERE name = 'node_a';
-SELECT * FROM felix.cp_heartbeat(NULL, 'host=x');
+SELECT * FROM felix.cp_heartbeat(NULL, 'host=x', pg_temp.inc('x'), 1);
 \echo SQLSTATE :SQLSTATE
-SELECT * FROM felix.cp_heartbeat('', 'host=x');
+SELECT * FROM felix.cp_heartbeat('', 'host=x', pg_temp.inc('x'), 1);
 \echo SQLSTATE :SQLSTATE
-SELECT * FROM felix.cp_heartbeat('node_x', NULL);
+SELECT * FROM felix.cp_heartbeat('node_x', NULL, pg_temp.inc('x'), 1);
 \echo SQLSTATE :SQLSTATE
-SELECT * FROM felix.cp_heartbeat(repeat('n', 64), 'host=x');
+SELECT * FROM felix.cp_heartbeat('node_x', 'host=x', NULL, 1);
 \echo SQLSTATE :SQLSTATE
+SELECT * FROM felix.cp_heartbeat(repeat('n', 64), 'host=x', pg_temp.inc('x'), 1);
+\echo SQLSTATE :SQLSTATE
+SELECT * FROM felix.cp_heartbeat('node_x', 'host=x', 'not-a-uuid', 1);
+\echo SQLSTATE :SQLSTATE
+SELECT * FROM felix.cp_heartbeat('node_x', 'host=x', pg_temp.inc('x'), 0);
+\echo SQLSTATE :SQLSTATE
+-- One address, one node: a second node claiming an alive node's conninfo
+-- is refused (shipments meant for it would reach the other).
+SELECT * FROM felix.cp_heartbeat('node_x', 'host=hosta port=1 user=felix_replication', pg_temp.inc('x'), 1);
+\echo SQLSTATE :SQLSTATE
+-- A data directory that has been started more often than this one says
+-- is an older copy of it: refused, so that the node takes a new identity.
+SELECT count(*) FROM felix.cp_heartbeat('node_a', 'host=hosta port=1', pg_temp.inc('node_a'), 5);
+SELECT * FROM felix.cp_heartbeat('node_a', 'host=hosta port=1', pg_temp.inc('node_a'), 4);
+\echo SQLSTATE :SQLSTATE
+SELECT name, incarnation = pg_temp.inc('node_a') AS same_incarnation, starts
+  FROM felix.nodes WHERE name = 'node_a';
+SELECT count(*) FROM felix.cp_heartbeat('node_a', 'host=hosta port=1', pg_temp.inc('node_a renewed'), 1);
+SELECT name, incarnation = pg_temp.inc('node_a renewed') AS new_incarnation, starts
+  FROM felix.nodes WHERE name = 'node_a';
+UPDATE felix.nodes SET incarnation = pg_temp.inc('node_a'), starts = 1 WHERE name = 'node_a';
 
 -- node_d dies: its last heartbeat is an hour old.
 UPDATE felix.nodes SET last_heartbeat = last_heartbeat - interval '1 hour' WHERE name = 'node_d';
@@ -110,7 +145,7 @@ SELECT count(*) AS streams FROM felix.cluster_streams;
 -- first of them leading generation 1; no lease until the leader's
 -- heartbeat takes it
 -- ---------------------------------------------------------------------
-SELECT count(*) FROM unnest(ARRAY['node_a', 'node_b', 'node_c']) AS n, LATERAL felix.cp_heartbeat(n, 'host=' || n) AS h;
+SELECT count(*) FROM unnest(ARRAY['node_a', 'node_b', 'node_c']) AS n, LATERAL pg_temp.hb(n, 'host=' || n) AS h;
 SELECT felix.cp_create_stream('orders', shards => 4, replication_factor => 3,
                               consistency => 'quorum', retention => '7 days') IS NOT NULL AS created;
 SELECT felix.cp_create_stream('solo') IS NOT NULL AS created;
@@ -144,15 +179,15 @@ SELECT bool_and(x.replicas = (SELECT array_agg(n ORDER BY felix.cp_score(n, x.st
 -- ---------------------------------------------------------------------
 SELECT stream, shard, generation, leader, leader_conninfo, replicas, lease_granted, lease_ms > 0 AS has_lease_ms,
        unplaced_reason, shards, replication_factor, consistency, payload_type, retention_bytes, retention
-  FROM felix.cp_heartbeat('node_b', 'host=hostb');
-SELECT stream, shard, lease_granted FROM felix.cp_heartbeat('node_a', 'host=hosta') WHERE lease_granted;
-SELECT stream, shard, lease_granted FROM felix.cp_heartbeat('node_c', 'host=hostc') WHERE lease_granted;
+  FROM pg_temp.hb('node_b', 'host=hostb');
+SELECT stream, shard, lease_granted FROM pg_temp.hb('node_a', 'host=hosta') WHERE lease_granted;
+SELECT stream, shard, lease_granted FROM pg_temp.hb('node_c', 'host=hostc') WHERE lease_granted;
 SELECT count(*) AS leases_held FROM felix.assignments WHERE lease_granted_at IS NOT NULL;
 
 -- Renewal moves the grant forward.
 SELECT lease_granted_at AS granted FROM felix.assignments WHERE stream = 'orders' AND shard = 0 \gset
 SELECT leader AS orders0_leader FROM felix.assignments WHERE stream = 'orders' AND shard = 0 \gset
-SELECT stream, shard, lease_granted FROM felix.cp_heartbeat(:'orders0_leader', 'host=x')
+SELECT stream, shard, lease_granted FROM pg_temp.hb(:'orders0_leader', 'host=x')
  WHERE stream = 'orders' AND shard = 0;
 SELECT lease_granted_at > :'granted' AS renewed FROM felix.assignments WHERE stream = 'orders' AND shard = 0;
 
@@ -164,7 +199,7 @@ SELECT felix.cp_tick() AS promoted;
 UPDATE felix.assignments SET lease_granted_at = lease_granted_at - interval '1 hour'
  WHERE stream = 'orders' AND shard = 0
 RETURNING lease_granted_at AS lapsed_grant \gset
-SELECT stream, shard, lease_granted FROM felix.cp_heartbeat(:'orders0_leader', 'host=x')
+SELECT stream, shard, lease_granted FROM pg_temp.hb(:'orders0_leader', 'host=x')
  WHERE stream = 'orders' AND shard = 0;
 SELECT lease_granted_at = :'lapsed_grant' AS untouched FROM felix.assignments
  WHERE stream = 'orders' AND shard = 0;
@@ -187,31 +222,31 @@ SELECT replicas[2] AS f1, replicas[3] AS f2 FROM felix.assignments
 -- Not the leader: nothing lands.
 SELECT felix.cp_report(:'f1', jsonb_build_array(
          jsonb_build_object('stream', 'orders', 'shard', 0, 'generation', 1,
-                            'follower', :'f2', 'acked_end', 10, 'caught_up', true))) AS accepted;
+                            'follower', :'f2', 'incarnation', pg_temp.inc(:'f2'), 'acked_end', 10, 'caught_up', true))) AS accepted;
 -- Another generation: nothing lands.
 SELECT felix.cp_report(:'orders0_leader', jsonb_build_array(
          jsonb_build_object('stream', 'orders', 'shard', 0, 'generation', 2,
-                            'follower', :'f1', 'acked_end', 10, 'caught_up', true))) AS accepted;
+                            'follower', :'f1', 'incarnation', pg_temp.inc(:'f1'), 'acked_end', 10, 'caught_up', true))) AS accepted;
 -- A follower outside the replica set, the leader itself, an unknown shard:
 -- not recorded.
 SELECT felix.cp_report(:'orders0_leader', jsonb_build_array(
          jsonb_build_object('stream', 'orders', 'shard', 0, 'generation', 1,
-                            'follower', 'node_d', 'acked_end', 10, 'caught_up', true),
+                            'follower', 'node_d', 'incarnation', pg_temp.inc('node_d'), 'acked_end', 10, 'caught_up', true),
          jsonb_build_object('stream', 'orders', 'shard', 0, 'generation', 1,
-                            'follower', :'orders0_leader', 'acked_end', 10, 'caught_up', true),
+                            'follower', :'orders0_leader', 'incarnation', pg_temp.inc(:'orders0_leader'), 'acked_end', 10, 'caught_up', true),
          jsonb_build_object('stream', 'orders', 'shard', 9, 'generation', 1,
-                            'follower', :'f1', 'acked_end', 10, 'caught_up', true),
+                            'follower', :'f1', 'incarnation', pg_temp.inc(:'f1'), 'acked_end', 10, 'caught_up', true),
          jsonb_build_object('stream', 'nope', 'shard', 0, 'generation', 1,
-                            'follower', :'f1', 'acked_end', 10, 'caught_up', true))) AS accepted;
+                            'follower', :'f1', 'incarnation', pg_temp.inc(:'f1'), 'acked_end', 10, 'caught_up', true))) AS accepted;
 SELECT count(*) AS reports FROM felix.replica_reports;
 -- Malformed calls are refused whole.
 SELECT felix.cp_report(:'orders0_leader', '{"stream": "orders"}');
 \echo SQLSTATE :SQLSTATE
 SELECT felix.cp_report(:'orders0_leader', jsonb_build_array(
          jsonb_build_object('stream', 'orders', 'shard', 0, 'generation', 1,
-                            'follower', :'f1', 'acked_end', 10, 'caught_up', true),
+                            'follower', :'f1', 'incarnation', pg_temp.inc(:'f1'), 'acked_end', 10, 'caught_up', true),
          jsonb_build_object('stream', 'orders', 'shard', -1, 'generation', 1,
-                            'follower', :'f1', 'acked_end', 10, 'caught_up', true)));
+                            'follower', :'f1', 'incarnation', pg_temp.inc(:'f1'), 'acked_end', 10, 'caught_up', true)));
 \echo SQLSTATE :SQLSTATE
 SELECT felix.cp_report(NULL, '[]');
 \echo SQLSTATE :SQLSTATE
@@ -228,29 +263,37 @@ UPDATE felix.assignments SET lease_granted_at = lease_granted_at - interval '1 h
  WHERE stream = 'orders' AND shard = 0;
 SELECT felix.cp_tick() AS promoted;
 SELECT generation, leader, unplaced_reason FROM felix.assignments WHERE stream = 'orders' AND shard = 0;
-SELECT unplaced_reason FROM felix.cp_heartbeat(:'f1', 'host=x') WHERE stream = 'orders' AND shard = 0;
-SELECT count(*) FROM felix.cp_heartbeat(:'f2', 'host=x');
+SELECT unplaced_reason FROM pg_temp.hb(:'f1', 'host=x') WHERE stream = 'orders' AND shard = 0;
+SELECT count(*) FROM pg_temp.hb(:'f2', 'host=x');
 
--- Reports that do not qualify.  A halted or lagging follower (caught_up
--- false), a report too old, a follower that is not alive.  Reports can
--- only come from the current leader, so they are written here as a
--- superuser would, to pin what the tick accepts.
+-- Reports that do not qualify: a lagging follower (caught_up false), a
+-- halted one, one whose node has a new data directory since (another
+-- incarnation), one that is not alive, one of an older generation than
+-- the newest that reported.  Reports can only come from the current
+-- leader, so they are written here as a superuser would, to pin what the
+-- tick accepts.
 INSERT INTO felix.replica_reports
-SELECT 'orders', 0, 1, :'orders0_leader', :'f1', 100, false, clock_timestamp();
-INSERT INTO felix.replica_reports
-SELECT 'orders', 0, 1, :'orders0_leader', :'f2', 100, true, x.lease_granted_at - interval '1 hour'
-  FROM felix.assignments x WHERE x.stream = 'orders' AND x.shard = 0;
+       (stream, shard, generation, leader, follower, follower_incarnation, acked_end,
+        caught_up, halted, halted_since, position, reported_at)
+VALUES ('orders', 0, 1, :'orders0_leader', :'f1', pg_temp.inc(:'f1'), 100, false,
+        NULL, NULL, NULL, clock_timestamp()),
+       ('orders', 0, 1, :'orders0_leader', :'f2', pg_temp.inc(:'f2'), 100, false,
+        'diverged', clock_timestamp(), 90, clock_timestamp());
+-- Every node lists the halts of the current leaders (felix_halted).
+SELECT stream, shard, node = :'f2' AS is_f2, generation, leader = :'orders0_leader' AS by_leader,
+       halted_at_seq, reason, since IS NOT NULL AS has_since
+  FROM felix.cp_halted();
 SELECT felix.cp_tick() AS promoted;
 SELECT generation, leader, unplaced_reason FROM felix.assignments WHERE stream = 'orders' AND shard = 0;
-UPDATE felix.replica_reports SET caught_up = true, reported_at = clock_timestamp()
+UPDATE felix.replica_reports SET caught_up = true, halted = NULL, halted_since = NULL, position = NULL
  WHERE stream = 'orders' AND shard = 0;
-UPDATE felix.nodes SET last_heartbeat = last_heartbeat - interval '1 hour' WHERE name IN (:'f1', :'f2');
+UPDATE felix.replica_reports SET follower_incarnation = pg_temp.inc('another directory')
+ WHERE follower = :'f2';
+UPDATE felix.nodes SET last_heartbeat = last_heartbeat - interval '1 hour' WHERE name = :'f1';
 SELECT felix.cp_tick() AS promoted;
 SELECT generation, leader, unplaced_reason FROM felix.assignments WHERE stream = 'orders' AND shard = 0;
--- A report of another generation never qualifies either.
-SELECT count(*) FROM felix.cp_heartbeat(:'f1', 'host=x');
-SELECT count(*) FROM felix.cp_heartbeat(:'f2', 'host=x');
-UPDATE felix.replica_reports SET generation = 0 WHERE stream = 'orders' AND shard = 0;
+SELECT count(*) FROM pg_temp.hb(:'f1', 'host=x');
+UPDATE felix.replica_reports SET generation = 0 WHERE follower = :'f1';
 SELECT felix.cp_tick() AS promoted;
 SELECT generation, leader, unplaced_reason FROM felix.assignments WHERE stream = 'orders' AND shard = 0;
 DELETE FROM felix.replica_reports;
@@ -265,43 +308,43 @@ UPDATE felix.assignments SET lease_granted_at = clock_timestamp(), unplaced_reas
  WHERE stream = 'orders' AND shard = 0;
 SELECT felix.cp_report(:'orders0_leader', jsonb_build_array(
          jsonb_build_object('stream', 'orders', 'shard', 0, 'generation', 1,
-                            'follower', :'f1', 'acked_end', 41, 'caught_up', true),
+                            'follower', :'f1', 'incarnation', pg_temp.inc(:'f1'), 'acked_end', 41, 'caught_up', true),
          jsonb_build_object('stream', 'orders', 'shard', 0, 'generation', 1,
-                            'follower', :'f2', 'acked_end', 42, 'caught_up', true))) AS accepted;
+                            'follower', :'f2', 'incarnation', pg_temp.inc(:'f2'), 'acked_end', 42, 'caught_up', true))) AS accepted;
 SELECT stream, shard, generation, leader = :'orders0_leader' AS by_leader, follower, acked_end, caught_up
   FROM felix.replica_reports ORDER BY follower;
 UPDATE felix.nodes SET last_heartbeat = last_heartbeat - interval '1 hour'
  WHERE name = :'orders0_leader';
 UPDATE felix.assignments SET lease_granted_at = lease_granted_at - interval '1 hour'
  WHERE stream = 'orders' AND shard = 0;
--- (the reports stay recent: a report counts only while younger than
--- node_expiry + heartbeat_interval at the tick that decides)
+-- (on a quorum stream a report counts however old it is: nothing was
+-- acknowledged that the newest landed report does not cover)
 -- (f2 scores below f1 here: it wins on position alone)
 SELECT felix.cp_score(:'f1', 'orders', 0) > felix.cp_score(:'f2', 'orders', 0) AS f1_scores_higher;
-SELECT count(*) FROM felix.cp_heartbeat(:'f1', 'host=x');
-SELECT count(*) FROM felix.cp_heartbeat(:'f2', 'host=x');
+SELECT count(*) FROM pg_temp.hb(:'f1', 'host=x');
+SELECT count(*) FROM pg_temp.hb(:'f2', 'host=x');
 SELECT felix.cp_tick() AS promoted;
 SELECT generation, leader = :'f2' AS furthest_ahead_leads, replicas, lease_granted_at IS NULL AS no_lease_yet,
        unplaced_reason
   FROM felix.assignments WHERE stream = 'orders' AND shard = 0;
 -- The new leader takes the new generation's lease at its heartbeat.
-SELECT generation, lease_granted FROM felix.cp_heartbeat(:'f2', 'host=x') WHERE stream = 'orders' AND shard = 0;
+SELECT generation, lease_granted FROM pg_temp.hb(:'f2', 'host=x') WHERE stream = 'orders' AND shard = 0;
 -- The superseded leader's reports never land again.
 SELECT felix.cp_report(:'orders0_leader', jsonb_build_array(
          jsonb_build_object('stream', 'orders', 'shard', 0, 'generation', 1,
-                            'follower', :'f1', 'acked_end', 50, 'caught_up', true))) AS accepted;
+                            'follower', :'f1', 'incarnation', pg_temp.inc(:'f1'), 'acked_end', 50, 'caught_up', true))) AS accepted;
 SELECT felix.cp_report(:'orders0_leader', jsonb_build_array(
          jsonb_build_object('stream', 'orders', 'shard', 0, 'generation', 2,
-                            'follower', :'f1', 'acked_end', 50, 'caught_up', true))) AS accepted;
+                            'follower', :'f1', 'incarnation', pg_temp.inc(:'f1'), 'acked_end', 50, 'caught_up', true))) AS accepted;
 -- The new leader's land; a follower it leaves out is no longer caught up.
 SELECT felix.cp_report(:'f2', jsonb_build_array(
          jsonb_build_object('stream', 'orders', 'shard', 0, 'generation', 2,
-                            'follower', :'f1', 'acked_end', 42, 'caught_up', true),
+                            'follower', :'f1', 'incarnation', pg_temp.inc(:'f1'), 'acked_end', 42, 'caught_up', true),
          jsonb_build_object('stream', 'orders', 'shard', 0, 'generation', 2,
-                            'follower', :'orders0_leader', 'acked_end', 42, 'caught_up', true))) AS accepted;
+                            'follower', :'orders0_leader', 'incarnation', pg_temp.inc(:'orders0_leader'), 'acked_end', 42, 'caught_up', true))) AS accepted;
 SELECT felix.cp_report(:'f2', jsonb_build_array(
          jsonb_build_object('stream', 'orders', 'shard', 0, 'generation', 2,
-                            'follower', :'f1', 'acked_end', 43, 'caught_up', true))) AS accepted;
+                            'follower', :'f1', 'incarnation', pg_temp.inc(:'f1'), 'acked_end', 43, 'caught_up', true))) AS accepted;
 SELECT generation, leader = :'f2' AS by_leader, follower = :'f1' AS is_f1, acked_end, caught_up
   FROM felix.replica_reports ORDER BY follower = :'f1';
 
@@ -311,43 +354,43 @@ SELECT generation, leader = :'f2' AS by_leader, follower = :'f1' AS is_f1, acked
 -- without a token (a hand-made one) is not ordered.
 SELECT felix.cp_report(:'f2', jsonb_build_array(
          jsonb_build_object('stream', 'orders', 'shard', 0, 'generation', 2,
-                            'follower', :'f1', 'acked_end', 60, 'caught_up', false)),
+                            'follower', :'f1', 'incarnation', pg_temp.inc(:'f1'), 'acked_end', 60, 'caught_up', false)),
        token => 200) AS accepted;
 SELECT felix.cp_report(:'f2', jsonb_build_array(
          jsonb_build_object('stream', 'orders', 'shard', 0, 'generation', 2,
-                            'follower', :'f1', 'acked_end', 44, 'caught_up', true)),
+                            'follower', :'f1', 'incarnation', pg_temp.inc(:'f1'), 'acked_end', 44, 'caught_up', true)),
        token => 100) AS accepted_late;
 SELECT acked_end, caught_up, token FROM felix.replica_reports WHERE follower = :'f1';
 SELECT felix.cp_report(:'f2', jsonb_build_array(
          jsonb_build_object('stream', 'orders', 'shard', 0, 'generation', 2,
-                            'follower', :'f1', 'acked_end', 61, 'caught_up', true)),
+                            'follower', :'f1', 'incarnation', pg_temp.inc(:'f1'), 'acked_end', 61, 'caught_up', true)),
        token => 300) AS accepted;
 SELECT felix.cp_report(:'f2', jsonb_build_array(
          jsonb_build_object('stream', 'orders', 'shard', 0, 'generation', 2,
-                            'follower', :'orders0_leader', 'acked_end', 61, 'caught_up', true)),
+                            'follower', :'orders0_leader', 'incarnation', pg_temp.inc(:'orders0_leader'), 'acked_end', 61, 'caught_up', true)),
        token => 250) AS accepted_leaving_f1_alone;
 SELECT follower = :'f1' AS is_f1, acked_end, caught_up, token
   FROM felix.replica_reports ORDER BY follower = :'f1';
 SELECT felix.cp_report(:'f2', jsonb_build_array(
          jsonb_build_object('stream', 'orders', 'shard', 0, 'generation', 2,
-                            'follower', :'f1', 'acked_end', 62, 'caught_up', true))) AS accepted_untokened;
+                            'follower', :'f1', 'incarnation', pg_temp.inc(:'f1'), 'acked_end', 62, 'caught_up', true))) AS accepted_untokened;
 SELECT acked_end, token FROM felix.replica_reports WHERE follower = :'f1';
 
 -- Equal positions: the better score wins.  Shard 1's leader dies with
 -- both followers reported level.
 SELECT leader AS o1_leader, replicas[2] AS o1_f1, replicas[3] AS o1_f2
   FROM felix.assignments WHERE stream = 'orders' AND shard = 1 \gset
-SELECT count(*) FROM felix.cp_heartbeat(:'o1_leader', 'host=x');
+SELECT count(*) FROM pg_temp.hb(:'o1_leader', 'host=x');
 SELECT felix.cp_report(:'o1_leader', jsonb_build_array(
          jsonb_build_object('stream', 'orders', 'shard', 1, 'generation', 1,
-                            'follower', :'o1_f2', 'acked_end', 7, 'caught_up', true),
+                            'follower', :'o1_f2', 'incarnation', pg_temp.inc(:'o1_f2'), 'acked_end', 7, 'caught_up', true),
          jsonb_build_object('stream', 'orders', 'shard', 1, 'generation', 1,
-                            'follower', :'o1_f1', 'acked_end', 7, 'caught_up', true))) AS accepted;
+                            'follower', :'o1_f1', 'incarnation', pg_temp.inc(:'o1_f1'), 'acked_end', 7, 'caught_up', true))) AS accepted;
 UPDATE felix.nodes SET last_heartbeat = last_heartbeat - interval '1 hour' WHERE name = :'o1_leader';
 UPDATE felix.assignments SET lease_granted_at = lease_granted_at - interval '1 hour'
  WHERE stream = 'orders' AND shard = 1;
-SELECT count(*) FROM felix.cp_heartbeat(:'o1_f1', 'host=x');
-SELECT count(*) FROM felix.cp_heartbeat(:'o1_f2', 'host=x');
+SELECT count(*) FROM pg_temp.hb(:'o1_f1', 'host=x');
+SELECT count(*) FROM pg_temp.hb(:'o1_f2', 'host=x');
 SELECT felix.cp_tick() >= 1 AS promoted;
 SELECT generation, leader = :'o1_f1' AS best_score_leads FROM felix.assignments
  WHERE stream = 'orders' AND shard = 1;
@@ -357,13 +400,59 @@ SELECT generation, leader = :'o1_f1' AS best_score_leads FROM felix.assignments
 -- the next generation (it holds everything its generation wrote)
 -- ---------------------------------------------------------------------
 SELECT leader AS o2_leader FROM felix.assignments WHERE stream = 'orders' AND shard = 2 \gset
-SELECT count(*) FROM felix.cp_heartbeat(:'o2_leader', 'host=x');
+SELECT count(*) FROM pg_temp.hb(:'o2_leader', 'host=x');
 UPDATE felix.assignments SET lease_granted_at = lease_granted_at - interval '1 hour'
  WHERE stream = 'orders' AND shard = 2;
-SELECT count(*) FROM felix.cp_heartbeat(:'o2_leader', 'host=x');
+SELECT count(*) FROM pg_temp.hb(:'o2_leader', 'host=x');
 SELECT felix.cp_tick() >= 1 AS promoted;
 SELECT generation, leader = :'o2_leader' AS same_leader FROM felix.assignments
  WHERE stream = 'orders' AND shard = 2;
+
+-- ... but not once its felix data directory has been replaced: a new
+-- incarnation holds nothing of the old one's.  It does not take the
+-- generation granted to the old one, and once the grant expires nobody
+-- can take over (no follower was reported caught up).
+SELECT generation, lease_granted
+  FROM felix.cp_heartbeat(:'o2_leader', 'host=' || :'o2_leader', pg_temp.inc('o2 wiped'), 1)
+ WHERE stream = 'orders' AND shard = 2;
+UPDATE felix.assignments SET assigned_at = assigned_at - interval '1 hour'
+ WHERE stream = 'orders' AND shard = 2;
+SELECT count(*) FROM felix.cp_heartbeat(:'o2_leader', 'host=' || :'o2_leader', pg_temp.inc('o2 wiped'), 1);
+SELECT felix.cp_tick() >= 0 AS ticked;
+SELECT generation, leader = :'o2_leader' AS same_leader,
+       replace(unplaced_reason, :'o2_leader', '<leader>') ~ 'no replica was reported caught up' AS unplaced
+  FROM felix.assignments WHERE stream = 'orders' AND shard = 2;
+UPDATE felix.nodes SET incarnation = pg_temp.inc(:'o2_leader') WHERE name = :'o2_leader';
+
+-- ---------------------------------------------------------------------
+-- A granted leader that never takes its lease (it died first) is
+-- replaced once the grant expires, by a replica the last landed report
+-- counted caught up: the generation it never took wrote nothing
+-- ---------------------------------------------------------------------
+SELECT leader AS o3_leader, replicas[2] AS o3_f1, replicas[3] AS o3_f2
+  FROM felix.assignments WHERE stream = 'orders' AND shard = 3 \gset
+SELECT count(*) FROM pg_temp.hb(:'o3_leader', 'host=x');
+SELECT felix.cp_report(:'o3_leader', jsonb_build_array(
+         jsonb_build_object('stream', 'orders', 'shard', 3, 'generation', 1,
+                            'follower', :'o3_f1', 'incarnation', pg_temp.inc(:'o3_f1'), 'acked_end', 5, 'caught_up', true),
+         jsonb_build_object('stream', 'orders', 'shard', 3, 'generation', 1,
+                            'follower', :'o3_f2', 'incarnation', pg_temp.inc(:'o3_f2'), 'acked_end', 5, 'caught_up', true))) AS accepted;
+UPDATE felix.nodes SET last_heartbeat = last_heartbeat - interval '1 hour' WHERE name = :'o3_leader';
+UPDATE felix.assignments SET lease_granted_at = lease_granted_at - interval '1 hour'
+ WHERE stream = 'orders' AND shard = 3;
+SELECT count(*) FROM pg_temp.hb(:'o3_f1', 'host=x');
+SELECT count(*) FROM pg_temp.hb(:'o3_f2', 'host=x');
+SELECT felix.cp_tick() >= 1 AS promoted;
+SELECT leader AS o3_granted, generation AS o3_gen FROM felix.assignments
+ WHERE stream = 'orders' AND shard = 3 \gset
+-- The grantee dies before its first heartbeat; the grant expires.
+UPDATE felix.nodes SET last_heartbeat = last_heartbeat - interval '1 hour' WHERE name = :'o3_granted';
+UPDATE felix.assignments SET assigned_at = assigned_at - interval '1 hour'
+ WHERE stream = 'orders' AND shard = 3;
+SELECT felix.cp_tick() >= 1 AS promoted;
+SELECT generation = :o3_gen + 1 AS next_generation, leader <> :'o3_granted' AS another_replica,
+       leader IN (:'o3_f1', :'o3_f2') AS reported_caught_up, unplaced_reason
+  FROM felix.assignments WHERE stream = 'orders' AND shard = 3;
 
 -- ---------------------------------------------------------------------
 -- A node outside the replica set is never promoted, alive or not
@@ -372,11 +461,11 @@ SELECT leader AS p_leader, replicas[2] AS p_follower,
        (SELECT n FROM unnest(ARRAY['node_a', 'node_b', 'node_c']) AS n
          WHERE NOT n = ANY (x.replicas)) AS p_outsider
   FROM felix.assignments x WHERE stream = 'pair' AND shard = 0 \gset
-SELECT count(*) FROM felix.cp_heartbeat(:'p_leader', 'host=x');
-SELECT count(*) FROM felix.cp_heartbeat(:'p_outsider', 'host=x');
+SELECT count(*) FROM pg_temp.hb(:'p_leader', 'host=x');
+SELECT count(*) FROM pg_temp.hb(:'p_outsider', 'host=x');
 SELECT felix.cp_report(:'p_leader', jsonb_build_array(
          jsonb_build_object('stream', 'pair', 'shard', 0, 'generation', 1,
-                            'follower', :'p_outsider', 'acked_end', 9, 'caught_up', true))) AS accepted;
+                            'follower', :'p_outsider', 'incarnation', pg_temp.inc(:'p_outsider'), 'acked_end', 9, 'caught_up', true))) AS accepted;
 UPDATE felix.nodes SET last_heartbeat = last_heartbeat - interval '1 hour'
  WHERE name IN (:'p_leader', :'p_follower');
 UPDATE felix.assignments SET lease_granted_at = lease_granted_at - interval '1 hour'
@@ -391,18 +480,18 @@ SELECT generation, leader = :'p_leader' AS last_leader_kept,
 -- comes back: re-granted at the next generation
 -- ---------------------------------------------------------------------
 SELECT leader AS solo_node FROM felix.assignments WHERE stream = 'solo' \gset
-SELECT count(*) FROM felix.cp_heartbeat(:'solo_node', 'host=x');
+SELECT count(*) FROM pg_temp.hb(:'solo_node', 'host=x');
 UPDATE felix.nodes SET last_heartbeat = last_heartbeat - interval '1 hour' WHERE name = :'solo_node';
 UPDATE felix.assignments SET lease_granted_at = lease_granted_at - interval '1 hour' WHERE stream = 'solo';
 SELECT felix.cp_tick() >= 0 AS ticked;
 SELECT generation, replace(unplaced_reason, :'solo_node', '<node>') AS unplaced_reason
   FROM felix.assignments WHERE stream = 'solo';
 SELECT generation, lease_granted, replace(unplaced_reason, :'solo_node', '<node>') AS unplaced_reason
-  FROM felix.cp_heartbeat(:'solo_node', 'host=x') WHERE stream = 'solo';
+  FROM pg_temp.hb(:'solo_node', 'host=x') WHERE stream = 'solo';
 SELECT felix.cp_tick() >= 1 AS promoted;
 SELECT generation, leader = :'solo_node' AS same_node, unplaced_reason
   FROM felix.assignments WHERE stream = 'solo';
-SELECT generation, lease_granted FROM felix.cp_heartbeat(:'solo_node', 'host=x') WHERE stream = 'solo';
+SELECT generation, lease_granted FROM pg_temp.hb(:'solo_node', 'host=x') WHERE stream = 'solo';
 
 -- A generation whose leader never takes its lease: after a lease and a
 -- margin with its leader dead, it too is unplaced (nobody reported).
@@ -415,7 +504,7 @@ SELECT generation, replace(unplaced_reason, :'solo_node', '<node>') AS unplaced_
   FROM felix.assignments WHERE stream = 'solo';
 -- ... and its first heartbeat takes the lease it never took.
 SELECT generation, lease_granted, unplaced_reason
-  FROM felix.cp_heartbeat(:'solo_node', 'host=x') WHERE stream = 'solo';
+  FROM pg_temp.hb(:'solo_node', 'host=x') WHERE stream = 'solo';
 
 -- ---------------------------------------------------------------------
 -- cp_drop_stream
@@ -438,7 +527,7 @@ SELECT felix.cp_drop_stream('orders', :'orders_id');
 \set VERBOSITY default
 SELECT felix.cp_drop_stream(NULL, NULL);
 \echo SQLSTATE :SQLSTATE
-SELECT DISTINCT stream FROM felix.cp_heartbeat('node_a', 'host=hosta') ORDER BY 1;
+SELECT DISTINCT stream FROM pg_temp.hb('node_a', 'host=hosta') ORDER BY 1;
 
 -- ---------------------------------------------------------------------
 -- Privileges: internal functions and tables are not for an ordinary role;
@@ -446,7 +535,7 @@ SELECT DISTINCT stream FROM felix.cp_heartbeat('node_a', 'host=hosta') ORDER BY 
 -- ---------------------------------------------------------------------
 CREATE ROLE regress_cp_ordinary;
 SET ROLE regress_cp_ordinary;
-SELECT * FROM felix.cp_heartbeat('node_z', 'host=z');
+SELECT * FROM felix.cp_heartbeat('node_z', 'host=z', pg_temp.inc('node_z'), 1);
 \echo SQLSTATE :SQLSTATE
 SELECT felix.cp_create_stream('z');
 \echo SQLSTATE :SQLSTATE
@@ -479,8 +568,8 @@ SELECT felix_create_node_role(repeat('n', 53));
 \echo SQLSTATE :SQLSTATE
 CREATE ROLE regress_cp_member LOGIN IN ROLE felix_replication;
 SET SESSION AUTHORIZATION felix_node_node_a;
-SELECT count(*) > 0 AS own_heartbeat FROM felix.cp_heartbeat('node_a', 'host=hosta');
-SELECT * FROM felix.cp_heartbeat('node_b', 'host=evil');
+SELECT count(*) > 0 AS own_heartbeat FROM felix.cp_heartbeat('node_a', 'host=hosta', pg_temp.inc('node_a'), 1);
+SELECT * FROM felix.cp_heartbeat('node_b', 'host=evil', pg_temp.inc('node_b'), 1);
 \echo SQLSTATE :SQLSTATE
 SELECT felix.cp_report('node_b', '[]');
 \echo SQLSTATE :SQLSTATE
@@ -489,7 +578,7 @@ SELECT felix.cp_tick() >= 0 AS ticked;
 SELECT count(*) > 0 AS listed FROM felix.cp_nodes();
 RESET SESSION AUTHORIZATION;
 SET SESSION AUTHORIZATION regress_cp_member;
-SELECT * FROM felix.cp_heartbeat('node_a', 'host=hosta');
+SELECT * FROM felix.cp_heartbeat('node_a', 'host=hosta', pg_temp.inc('node_a'), 1);
 \echo SQLSTATE :SQLSTATE
 SELECT felix.cp_tick();
 \echo SQLSTATE :SQLSTATE

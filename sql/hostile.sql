@@ -133,10 +133,10 @@ ALTER TABLE hx OWNER TO regress_hostile;
 SELECT felix.truncate_after('hx', 0, 0);
 \echo SQLSTATE :SQLSTATE
 -- 28
-SELECT * FROM felix.replicate('hx', 0, 99, 0, 0, ''::bytea);
+SELECT * FROM felix.replicate('hx', 0, 99, 'regress', 'x', 'ship', 0, 0, ''::bytea);
 \echo SQLSTATE :SQLSTATE
 -- 29
-SELECT count(*) FROM felix.cp_heartbeat('regress', 'host=/nowhere');
+SELECT count(*) FROM felix.cp_heartbeat('regress', 'host=/nowhere', '00000000-0000-4000-8000-000000000000', 1);
 \echo SQLSTATE :SQLSTATE
 -- 30
 SELECT felix.cp_drop_stream('hx', :'hx_id');
@@ -276,6 +276,20 @@ SELECT * FROM evil.ho_shadow;
 INSERT INTO evil.ho_shadow (payload) VALUES ('{}');
 \echo SQLSTATE :SQLSTATE
 UPDATE felix.streams SET payload_type = 'jsonb' WHERE name = 'ho_shadow';
+
+-- Operations on someone else's streams.
+SET SESSION AUTHORIZATION regress_hostile;
+-- 49: rebuilding a follower of a stream the role does not own
+SELECT felix_rebuild('hx', 0, 'regress');
+\echo SQLSTATE :SQLSTATE
+-- 50: ... or of nothing at all
+SELECT felix_rebuild(NULL, NULL, NULL);
+\echo SQLSTATE :SQLSTATE
+-- 51: asking for every halted follower's rebuild touches none of others'
+SELECT felix_rebuild_halted() AS asked;
+-- 52: the halted listing shows only what the role may read
+SELECT count(*) AS halted_visible FROM felix_halted;
+RESET SESSION AUTHORIZATION;
 
 -- =====================================================================
 -- Afterwards: the server is up, hx is intact everywhere it is known

@@ -25,6 +25,7 @@
 #include "fmgr.h"
 #include "miscadmin.h"
 #include "postmaster/postmaster.h"
+#include "replication/quorum.h"
 #include "replication/ship.h"
 #include "utils/guc.h"
 #include "worker/heartbeat.h"
@@ -46,6 +47,8 @@ char	   *felix_node_name = NULL;
 char	   *felix_node_conninfo = NULL;
 char	   *felix_control_conninfo = NULL;
 int			felix_lease_duration = 1000;
+int			felix_rebuild_max_concurrent = 1;
+int			felix_rebuild_bytes_per_sec = 0;
 int			felix_heartbeat_interval = 200;
 int			felix_lease_margin = 200;
 int			felix_lease_epsilon = 100;
@@ -164,6 +167,16 @@ define_gucs(void)
 							NULL,
 							&felix_node_expiry, 1500, 10, 3600000,
 							PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
+	DefineCustomIntVariable("felix.rebuild_max_concurrent",
+							"How many halted followers this node, as their leader, rebuilds at once.",
+							"0 rebuilds nothing automatically; felix_rebuild and felix_rebuild_halted still run one at a time.",
+							&felix_rebuild_max_concurrent, 1, 0, 1000,
+							PGC_SIGHUP, 0, NULL, NULL, NULL);
+	DefineCustomIntVariable("felix.rebuild_bytes_per_sec",
+							"How fast a follower being rebuilt is shipped to (0: no cap).",
+							"Paces only rebuilds; a follower that is merely behind is shipped to at full speed.",
+							&felix_rebuild_bytes_per_sec, 0, 0, INT_MAX,
+							PGC_SIGHUP, GUC_UNIT_BYTE, NULL, NULL, NULL);
 	MarkGUCPrefixReserved("felix");
 }
 
@@ -183,6 +196,7 @@ _PG_init(void)
 
 	felix_preloaded = true;
 	felix_shmem_install_hooks();
+	shard_set_notify(quorum_notify);
 	felix_am_init();
 	felix_catalog_init();
 	pending_init();

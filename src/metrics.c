@@ -37,6 +37,15 @@ const char *const felix_counter_names[FELIX_NUM_COUNTERS] = {
 	[FELIX_CTR_REPLICA_REPORTS] = "replica_reports",
 	[FELIX_CTR_REPORT_REQUESTS] = "report_requests",
 	[FELIX_CTR_MARKS_ON_STANDING_REPORT] = "marks_on_standing_report",
+	[FELIX_CTR_STEP_DOWNS] = "step_downs",
+	[FELIX_CTR_COPIES_BOOTSTRAPPED] = "copies_bootstrapped",
+	[FELIX_CTR_COPIES_REBUILT] = "copies_rebuilt",
+	[FELIX_CTR_REBUILDS_STARTED] = "rebuilds_started",
+	[FELIX_CTR_REBUILDS_COMPLETED] = "rebuilds_completed",
+	[FELIX_CTR_REBUILDS_REFUSED] = "rebuilds_refused",
+	[FELIX_CTR_REBUILD_BYTES] = "rebuild_bytes_shipped",
+	[FELIX_CTR_CATCHUP_BYTES] = "catchup_bytes_shipped",
+	[FELIX_CTR_PLANNED_MOVES] = "planned_moves",
 };
 
 static pg_atomic_uint64 *felix_counters = NULL;

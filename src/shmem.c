@@ -14,6 +14,7 @@
  */
 #include "postgres.h"
 
+#include "control/halts.h"
 #include "control/nodes.h"
 #include "felix.h"
 #include "metrics.h"
@@ -22,12 +23,15 @@
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
 #include "replication/state.h"
+#include "storage/incarnation.h"
 #include "storage/shard.h"
 
 static const FelixShmemEntry felix_shmem_entries[] = {
+	{incarnation_shmem_size, incarnation_shmem_init},
 	{shard_registry_size, shard_registry_init},
 	{metrics_shmem_size, metrics_shmem_init},
 	{felix_nodes_shmem_size, felix_nodes_shmem_init},
+	{felix_halts_shmem_size, felix_halts_shmem_init},
 	{repl_state_shmem_size, repl_state_shmem_init},
 };
 

@@ -49,7 +49,6 @@
 #include "miscadmin.h"
 #include "storage/log.h"
 #include "storage/shard.h"
-#include "storage/spin.h"
 #include "utils/builtins.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
@@ -455,7 +454,7 @@ felix_am_shard_stats(const FelixStream *stream, int shard,
 {
 	FelixShardKey key;
 	FelixShard *s;
-	bool		open;
+	FelixShardView v;
 
 	key.dboid = MyDatabaseId;
 	key.relid = stream->relid;
@@ -464,13 +463,11 @@ felix_am_shard_stats(const FelixStream *stream, int shard,
 	if (s == NULL)
 		return false;
 
-	SpinLockAcquire(&s->mutex);
-	open = (s->phase == FELIX_SHARD_OPEN);
-	*start_seq = s->start_seq;
-	*hwm_end = Max(s->hwm_end, s->start_seq);
-	*bytes = s->total_bytes;
-	SpinLockRelease(&s->mutex);
-	return open;
+	shard_read(s, &v);
+	*start_seq = v.start_seq;
+	*hwm_end = Max(v.hwm_end, v.start_seq);
+	*bytes = v.total_bytes;
+	return v.phase == FELIX_SHARD_OPEN;
 }
 
 /* ---------------------------------------------------------------------

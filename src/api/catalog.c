@@ -336,11 +336,30 @@ require_extension_schema(void)
 }
 
 const FelixStream *
-felix_stream_by_name(const char *name)
+felix_stream_lookup_name(const char *name)
 {
 	StreamByName *n;
-	FelixStream *stream;
 	char		key[NAMEDATALEN];
+	Oid			nsp;
+
+	if (name == NULL || strlen(name) >= NAMEDATALEN)
+		return NULL;
+	cache_ensure();
+	memset(key, 0, sizeof(key));
+	strlcpy(key, name, NAMEDATALEN);
+	n = hash_search(by_name, key, HASH_FIND, NULL);
+	if (n != NULL)
+		return n->stream;
+	nsp = get_namespace_oid("felix", true);
+	if (!OidIsValid(nsp) || !OidIsValid(get_relname_relid("streams", nsp)))
+		return NULL;
+	return catalog_fetch("name", CStringGetTextDatum(name), TEXTOID);
+}
+
+const FelixStream *
+felix_stream_by_name(const char *name)
+{
+	const FelixStream *stream;
 
 	if (name == NULL || name[0] == '\0')
 		ereport(ERROR,
@@ -350,15 +369,8 @@ felix_stream_by_name(const char *name)
 
 	if (strlen(name) < NAMEDATALEN)
 	{
-		cache_ensure();
-		memset(key, 0, sizeof(key));
-		strlcpy(key, name, NAMEDATALEN);
-		n = hash_search(by_name, key, HASH_FIND, NULL);
-		if (n != NULL)
-			return n->stream;
-
 		require_extension_schema();
-		stream = catalog_fetch("name", CStringGetTextDatum(name), TEXTOID);
+		stream = felix_stream_lookup_name(name);
 		if (stream != NULL)
 			return stream;
 	}

@@ -20,7 +20,7 @@
  *	  Records are appended in the pre-commit callback, before the commit
  *	  record is written: an append error aborts the transaction cleanly,
  *	  and what the commit had appended on any shard is cut back, so a
- *	  failed commit publishes nothing (pending_publish_all).  The residual
+ *	  failed commit publishes nothing (leader_commit).  The residual
  *	  window — appended, then the commit itself fails — is the
  *	  crash-during-commit case and is documented in docs/sql-api.md.
  *
@@ -41,6 +41,7 @@
 #include "api/publish.h"
 #include "felix.h"
 #include "miscadmin.h"
+#include "replication/leader.h"
 #include "storage/shard.h"
 #include "utils/builtins.h"
 #include "utils/memutils.h"
@@ -260,93 +261,31 @@ pending_batches(PendingShard *ps, StringInfo **batches_out, uint32 **counts_out)
 	return n;
 }
 
-/* One shard's part of a commit. */
-typedef struct CommitShard
-{
-	FelixShard *s;
-	StringInfo *batches;
-	uint32	   *counts;
-	int			nbatches;
-	FelixCommitPart part;
-} CommitShard;
-
-static int
-cmp_slot(const void *a, const void *b)
-{
-	int			x = shard_slot_index(((const CommitShard *) a)->s);
-	int			y = shard_slot_index(((const CommitShard *) b)->s);
-
-	return x < y ? -1 : (x > y ? 1 : 0);
-}
-
 /*
- * Publish every buffered record, or none.  A commit's batches on one shard
- * are appended under one hold of its tail and cut back together if one
- * fails (shard_publish_batches).  Over several shards, every shard's
- * batches are appended behind its commit gate, in slot order, and only
- * once all of them are down are any published; if one shard's append
- * fails, the others are cut back and the commit fails having published
- * nothing (shard.h).
+ * Publish every buffered record, or none: one part per shard, committed
+ * together by the leader's write path (leader_commit: all shards'
+ * batches down before any is published, all cut back if one fails).
  */
 static void
 pending_publish_all(void)
 {
 	ListCell   *lc;
-	CommitShard *cs;
-	volatile int n = 0;
-	MemoryContext oldcxt;
+	FelixCommitPart *parts;
+	int			n = 0;
 
-	cs = palloc0(sizeof(CommitShard) * Max(list_length(pending), 1));
+	parts = palloc0(sizeof(FelixCommitPart) * Max(list_length(pending), 1));
 	foreach(lc, pending)
 	{
 		PendingShard *ps = lfirst(lc);
 
 		if (ps->count == 0)
 			continue;
-		cs[n].s = felix_stream_shard(ps->stream, ps->shard);
-		cs[n].nbatches = pending_batches(ps, &cs[n].batches, &cs[n].counts);
+		parts[n].s = felix_stream_shard(ps->stream, ps->shard);
+		parts[n].nbatches = pending_batches(ps, &parts[n].batches, &parts[n].counts);
 		n++;
 	}
-	if (n == 0)
-		return;
-	if (n == 1)
-	{
-		(void) shard_publish_batches(cs[0].s, cs[0].batches, cs[0].counts, cs[0].nbatches);
-		return;
-	}
-
-	/*
-	 * Admit every shard first, so a shard this node cannot write (damaged,
-	 * not led here) refuses the commit before any gate is held.
-	 */
-	for (int i = 0; i < n; i++)
-		shard_admit(cs[i].s);
-
-	qsort(cs, n, sizeof(CommitShard), cmp_slot);
-	oldcxt = CurrentMemoryContext;
-	PG_TRY();
-	{
-		for (int i = 0; i < n; i++)
-			shard_commit_append(cs[i].s, cs[i].batches, cs[i].counts, cs[i].nbatches,
-								&cs[i].part);
-	}
-	PG_CATCH();
-	{
-		ErrorData  *edata;
-
-		MemoryContextSwitchTo(oldcxt);
-		edata = CopyErrorData();
-		FlushErrorState();
-		for (int i = 0; i < n; i++)
-			shard_commit_abandon(&cs[i].part);
-		ReThrowError(edata);
-	}
-	PG_END_TRY();
-
-	for (int i = 0; i < n; i++)
-		shard_commit_publish(&cs[i].part);
-	for (int i = 0; i < n; i++)
-		shard_commit_wait(&cs[i].part);
+	if (n > 0)
+		leader_commit(parts, n);
 }
 
 static void

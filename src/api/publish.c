@@ -3,7 +3,7 @@
  * publish.c
  *	  felix_publish and felix_publish_batch: SQL values become records, are
  *	  routed to a shard (explicit shard, else a hash of the key, else spread
- *	  round-robin), and are appended through shard_publish, which returns
+ *	  round-robin), and are appended through leader_publish, which returns
  *	  only once the records are acknowledged.  A publish is not undone by a
  *	  rollback of the calling transaction, like nextval().
  *
@@ -13,7 +13,7 @@
  * Locking rule: takes RowExclusiveLock on the stream's table for the rest
  * of the transaction, as an INSERT would, so a concurrent drop waits --
  * after checking INSERT privilege, never before; the shard's own locks are
- * taken inside shard_publish.
+ * taken inside leader_publish.
  *
  *-------------------------------------------------------------------------
  */
@@ -30,6 +30,7 @@
 #include "miscadmin.h"
 #include "port/pg_crc32c.h"
 #include "storage/lmgr.h"
+#include "replication/leader.h"
 #include "storage/shard.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
@@ -207,7 +208,12 @@ felix_publish(PG_FUNCTION_ARGS)
 	batch_add(&batch, key, key_len, bytes, len);
 	batch_seal_body(&batch, FELIX_BATCH_RECORDS);
 
-	seq = shard_publish(felix_stream_shard(stream, shard), &batch, 1);
+	{
+		uint32		one = 1;
+		StringInfo	b = &batch;
+
+		seq = leader_publish(felix_stream_shard(stream, shard), &b, &one, 1);
+	}
 	pfree(batch.data);
 
 	PG_RETURN_DATUM(position_datum(fcinfo, shard, seq));
@@ -318,7 +324,11 @@ felix_publish_batch(PG_FUNCTION_ARGS)
 		if (b->count == 0)
 			continue;
 		batch_seal_body(&b->buf, FELIX_BATCH_RECORDS);
-		b->base = shard_publish(felix_stream_shard(stream, sh), &b->buf, b->count);
+		{
+			StringInfo	buf = &b->buf;
+
+			b->base = leader_publish(felix_stream_shard(stream, sh), &buf, &b->count, 1);
+		}
 		pfree(b->buf.data);
 	}
 

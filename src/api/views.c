@@ -23,7 +23,6 @@
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
-#include "storage/spin.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/tuplestore.h"
@@ -93,45 +92,32 @@ felix_shard_states(PG_FUNCTION_ARGS)
 			}
 			else
 			{
+				FelixShardView v;
 				FelixShardPhase phase;
-				FelixRole	role;
-				uint64		generation, start, next, hwm, bytes;
-				char		shard_error[FELIX_SHARD_ERROR_LEN];
-				char		leader[NAMEDATALEN];
-				char		reason[FELIX_REASON_LEN];
-				int			nreplicas;
+				uint64		start, hwm;
 				Datum		replicas[FELIX_MAX_REPLICAS];
 				int64		expiry;
 
-				SpinLockAcquire(&s->mutex);
-				strlcpy(leader, s->leader, sizeof(leader));
-				strlcpy(reason, s->unplaced_reason, sizeof(reason));
-				nreplicas = s->nreplicas;
-				for (int i = 0; i < nreplicas; i++)
-					replicas[i] = PointerGetDatum(cstring_to_text(s->replicas[i]));
-				expiry = s->role == FELIX_ROLE_LEADER ? s->lease_expiry_ns : 0;
-				phase = s->phase;
-				role = s->role;
-				generation = s->generation;
-				start = s->start_seq;
-				next = s->written_end;
-				hwm = s->hwm_end;
-				bytes = s->total_bytes;
-				strlcpy(shard_error, s->error, sizeof(shard_error));
-				SpinLockRelease(&s->mutex);
+				shard_read(s, &v);
+				phase = v.phase;
+				start = v.start_seq;
+				hwm = v.hwm_end;
+				for (int i = 0; i < v.nreplicas; i++)
+					replicas[i] = PointerGetDatum(cstring_to_text(v.replicas[i]));
+				expiry = v.role == FELIX_ROLE_LEADER ? v.lease_expiry_ns : 0;
 
 				if (phase == FELIX_SHARD_OPEN)
 				{
-					values[2] = CStringGetTextDatum(role == FELIX_ROLE_LEADER ? "leader" : "follower");
-					values[3] = Int64GetDatum((int64) generation);
+					values[2] = CStringGetTextDatum(v.role == FELIX_ROLE_LEADER ? "leader" : "follower");
+					values[3] = Int64GetDatum((int64) v.generation);
 					values[4] = Int64GetDatum((int64) start);
-					values[5] = Int64GetDatum((int64) next);
+					values[5] = Int64GetDatum((int64) v.written_end);
 					/* hwm is the highest visible seq; none yet is NULL */
 					if (hwm > start)
 						values[6] = Int64GetDatum((int64) hwm - 1);
 					else
 						nulls[6] = true;
-					values[7] = Int64GetDatum((int64) bytes);
+					values[7] = Int64GetDatum((int64) v.total_bytes);
 				}
 				else
 				{
@@ -140,15 +126,15 @@ felix_shard_states(PG_FUNCTION_ARGS)
 				}
 				values[8] = CStringGetTextDatum(phase_name(phase));
 				if (phase == FELIX_SHARD_FAILED)
-					error = pstrdup(shard_error);
+					error = pstrdup(v.error);
 
 				/* Leadership as the control plane last described it. */
-				if (leader[0])
-					values[10] = CStringGetTextDatum(leader);
+				if (v.leader[0])
+					values[10] = CStringGetTextDatum(v.leader);
 				else
 					nulls[10] = true;
-				if (nreplicas > 0)
-					values[11] = PointerGetDatum(construct_array(replicas, nreplicas, TEXTOID,
+				if (v.nreplicas > 0)
+					values[11] = PointerGetDatum(construct_array(replicas, v.nreplicas, TEXTOID,
 																 -1, false, TYPALIGN_INT));
 				else
 					nulls[11] = true;
@@ -157,8 +143,8 @@ felix_shard_states(PG_FUNCTION_ARGS)
 					nulls[12] = true;
 				else
 					values[12] = Int64GetDatum(Max((int64) 0, (expiry - felix_monotonic_ns()) / 1000000));
-				if (reason[0])
-					values[13] = CStringGetTextDatum(reason);
+				if (v.unplaced_reason[0])
+					values[13] = CStringGetTextDatum(v.unplaced_reason);
 				else
 					nulls[13] = true;
 			}
@@ -197,14 +183,13 @@ felix_metrics(PG_FUNCTION_ARGS)
 	nslots = shard_count_slots();
 	for (int i = 0; i < nslots; i++)
 	{
-		FelixShard *s = shard_slot(i);
+		FelixShardView v;
 
-		SpinLockAcquire(&s->mutex);
-		if (s->in_use && s->phase == FELIX_SHARD_OPEN)
+		shard_read(shard_slot(i), &v);
+		if (v.in_use && v.phase == FELIX_SHARD_OPEN)
 			open++;
-		else if (s->in_use && s->phase == FELIX_SHARD_FAILED)
+		else if (v.in_use && v.phase == FELIX_SHARD_FAILED)
 			failed++;
-		SpinLockRelease(&s->mutex);
 	}
 	{
 		Datum		values[2];

@@ -56,6 +56,7 @@
 #include "control/client.h"
 #include "control/conninfo.h"
 #include "felix.h"
+#include "storage/incarnation.h"
 
 #define CP_PURPOSE		"the felix control plane"
 
@@ -384,6 +385,22 @@ felix_conn_open(const char *conninfo, const char *purpose,
 	return NULL;
 }
 
+void
+felix_cp_heartbeat_args(const char *values[FELIX_CP_HEARTBEAT_NARGS], const char *unable)
+{
+	static char incarnation[FELIX_INCARNATION_LEN];
+	static char starts[24];
+	uint64		boots;
+
+	felix_incarnation(incarnation, &boots);
+	snprintf(starts, sizeof(starts), UINT64_FORMAT, boots);
+	values[0] = felix_node_name_resolved();
+	values[1] = felix_conninfo_address(felix_node_conninfo_resolved());
+	values[2] = incarnation;
+	values[3] = starts;
+	values[4] = unable;
+}
+
 /* ---------------------------------------------------------------------
  * Queries
  * ---------------------------------------------------------------------
@@ -409,6 +426,14 @@ report_conn_failure(int elevel, PGconn *conn, const char *call, const char *what
  * PL/pgSQL it was raised) goes to the log only: a user sees the message
  * and the call it came from.  Frees res first: an ERROR leaves from here.
  */
+static char last_sqlstate[6];
+
+const char *
+felix_conn_last_sqlstate(void)
+{
+	return last_sqlstate;
+}
+
 static void
 report_remote_error(int elevel, PGresult *res, PGconn *conn, const char *call)
 {
@@ -423,6 +448,7 @@ report_remote_error(int elevel, PGresult *res, PGconn *conn, const char *call)
 	char	   *hint = f_hint ? pstrdup(f_hint) : NULL;
 	char	   *context = f_context ? pstrdup(f_context) : NULL;
 
+	strlcpy(last_sqlstate, f_sqlstate ? f_sqlstate : "", sizeof(last_sqlstate));
 	if (f_sqlstate && strlen(f_sqlstate) == 5)
 		code = MAKE_SQLSTATE(f_sqlstate[0], f_sqlstate[1], f_sqlstate[2],
 							 f_sqlstate[3], f_sqlstate[4]);
@@ -454,6 +480,8 @@ felix_conn_exec(PGconn *conn, const char *call, const char *sql,
 	int64		deadline = felix_monotonic_ns() + (int64) timeout_ms * 1000000;
 	PGresult   *volatile result = NULL;
 	const char *volatile failure = NULL;
+
+	last_sqlstate[0] = '\0';
 
 	if (!felix_conn_usable(conn))
 	{
@@ -609,12 +637,12 @@ cp_call(const char *fn, const char *sql, int nparams, const char *const *values,
 			ok = true;
 			if (register_first)
 			{
-				const char *me[2] = {felix_node_name_resolved(),
-					felix_conninfo_address(felix_node_conninfo_resolved())};
+				const char *me[FELIX_CP_HEARTBEAT_NARGS];
 
+				felix_cp_heartbeat_args(me, NULL);
 				res = felix_conn_exec(conn, "felix.cp_heartbeat",
-									  "SELECT pg_catalog.count(*) FROM felix.cp_heartbeat($1, $2)",
-									  2, me, timeout_ms, elevel);
+									  "SELECT pg_catalog.count(*) FROM " FELIX_CP_HEARTBEAT_CALL,
+									  FELIX_CP_HEARTBEAT_NARGS, me, timeout_ms, elevel);
 				ok = res != NULL;
 				PQclear(res);
 			}

@@ -33,6 +33,7 @@
 #include "libpq-fe.h"
 
 #include "fmgr.h"
+#include "funcapi.h"
 #include "lib/stringinfo.h"
 #include "postmaster/postmaster.h"
 #include "miscadmin.h"
@@ -42,6 +43,7 @@
 
 #include "control/conninfo.h"
 #include "felix.h"
+#include "storage/incarnation.h"
 
 /* ---------------------------------------------------------------------
  * Keywords
@@ -234,6 +236,25 @@ Datum
 felix_node_name_sql(PG_FUNCTION_ARGS)
 {
 	PG_RETURN_TEXT_P(cstring_to_text(felix_node_name_resolved()));
+}
+
+/* felix.node_identity(): this node's name and incarnation. */
+PG_FUNCTION_INFO_V1(felix_node_identity);
+Datum
+felix_node_identity(PG_FUNCTION_ARGS)
+{
+	TupleDesc	tupdesc;
+	Datum		values[2];
+	bool		nulls[2] = {false, false};
+	char		incarnation[FELIX_INCARNATION_LEN];
+
+	felix_require_preload();
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "felix.node_identity: return type must be a row type");
+	felix_incarnation(incarnation, NULL);
+	values[0] = CStringGetTextDatum(felix_node_name_resolved());
+	values[1] = CStringGetTextDatum(incarnation);
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(tupdesc), values, nulls)));
 }
 
 bool

@@ -1,8 +1,9 @@
 /*-------------------------------------------------------------------------
  *
  * nodes.c
- *	  The node directory: name -> conninfo for every node this node has
- *	  heard of through the control plane.  The heartbeat worker writes it
+ *	  The node directory: name -> conninfo (and the incarnation of its felix
+ *	  data directory) for every node this node has heard of through the
+ *	  control plane.  The heartbeat worker writes it
  *	  after each heartbeat (the leader and leader_conninfo of every shard
  *	  the control plane returned, and the control plane's node list,
  *	  felix.cp_nodes(), with each node's liveness); the ship worker reads
@@ -35,6 +36,7 @@ typedef struct FelixNodeEntry
 	bool		used;
 	char		name[NAMEDATALEN];
 	char		conninfo[FELIX_NODE_CONNINFO_LEN];
+	char		incarnation[FELIX_INCARNATION_LEN];	/* from the node list */
 	TimestampTz last_seen;		/* this node's clock: last noted */
 	/* from the control plane's last node list (felix_nodes_listed) */
 	bool		listed;
@@ -163,6 +165,7 @@ felix_nodes_listed(const FelixNodeInfo *nodes, int n)
 			continue;
 		e = directory_entry(nodes[i].name);
 		strlcpy(e->conninfo, nodes[i].conninfo, FELIX_NODE_CONNINFO_LEN);
+		strlcpy(e->incarnation, nodes[i].incarnation, FELIX_INCARNATION_LEN);
 		e->last_seen = now;
 		e->listed = true;
 		e->alive = nodes[i].alive;
@@ -188,6 +191,7 @@ felix_nodes_list(FelixNodeInfo **out)
 			continue;
 		strlcpy((*out)[n].name, e->name, NAMEDATALEN);
 		strlcpy((*out)[n].conninfo, e->conninfo, FELIX_NODE_CONNINFO_LEN);
+		strlcpy((*out)[n].incarnation, e->incarnation, FELIX_INCARNATION_LEN);
 		(*out)[n].alive = e->alive;
 		(*out)[n].last_heartbeat = e->last_heartbeat;
 		n++;
@@ -196,14 +200,16 @@ felix_nodes_list(FelixNodeInfo **out)
 	return n;
 }
 
-bool
-felix_node_conninfo_of(const char *name, char *buf, Size len)
+/* Copy node `name`'s conninfo (len bytes) and incarnation out; false if unknown. */
+static bool
+directory_lookup(const char *name, char *conninfo, Size len, char *incarnation)
 {
-	bool		found = false;
 	int			i;
 
-	if (len > 0)
-		buf[0] = '\0';
+	if (conninfo != NULL && len > 0)
+		conninfo[0] = '\0';
+	if (incarnation != NULL)
+		incarnation[0] = '\0';
 	if (name == NULL || name[0] == '\0' || !directory_attach())
 		return false;
 
@@ -211,10 +217,23 @@ felix_node_conninfo_of(const char *name, char *buf, Size len)
 	i = directory_find(name);
 	if (i >= 0)
 	{
-		if (len > 0)
-			strlcpy(buf, directory->entries[i].conninfo, len);
-		found = true;
+		if (conninfo != NULL && len > 0)
+			strlcpy(conninfo, directory->entries[i].conninfo, len);
+		if (incarnation != NULL)
+			strlcpy(incarnation, directory->entries[i].incarnation, FELIX_INCARNATION_LEN);
 	}
 	LWLockRelease(&directory->lock);
-	return found;
+	return i >= 0;
+}
+
+bool
+felix_node_conninfo_of(const char *name, char *buf, Size len)
+{
+	return directory_lookup(name, buf, len, NULL);
+}
+
+bool
+felix_node_incarnation_of(const char *name, char *buf)
+{
+	return directory_lookup(name, NULL, 0, buf) && buf[0] != '\0';
 }

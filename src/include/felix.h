@@ -28,6 +28,8 @@ extern char *felix_node_name;		/* felix.node_name; "" = node_<port> */
 extern char *felix_node_conninfo;	/* felix.node_conninfo; "" = derived */
 extern char *felix_control_conninfo;	/* felix.control_conninfo; "" = embedded */
 extern int	felix_lease_duration;	/* ms */
+extern int	felix_rebuild_max_concurrent;	/* rebuilds at once, node-wide */
+extern int	felix_rebuild_bytes_per_sec;	/* per rebuilding follower; 0: no cap */
 extern int	felix_heartbeat_interval;	/* ms */
 extern int	felix_lease_margin;		/* ms */
 extern int	felix_lease_epsilon;	/* ms */
@@ -45,6 +47,8 @@ extern int	felix_max_shards_per_role;	/* shards a non-superuser may own */
 #define FELIX_ERRCODE_LEASE_EXPIRED		MAKE_SQLSTATE('5','5','F','0','3')
 /* a peer speaks of a generation this node has not learned of yet */
 #define FELIX_ERRCODE_GENERATION_UNKNOWN	MAKE_SQLSTATE('5','5','F','0','4')
+/* A shipment or request reached a node other than the one it names. */
+#define FELIX_ERRCODE_WRONG_NODE		MAKE_SQLSTATE('5','5','F','0','5')
 
 /* When a publish is acknowledged: durable on the leader, or on a majority. */
 typedef enum FelixConsistency

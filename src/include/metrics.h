@@ -35,6 +35,16 @@ typedef enum FelixCounter
 	FELIX_CTR_REPLICA_REPORTS,		/* follower rows reported to the control plane */
 	FELIX_CTR_REPORT_REQUESTS,		/* felix.cp_report requests that landed */
 	FELIX_CTR_MARKS_ON_STANDING_REPORT,	/* quorum marks moved with no new report */
+	FELIX_CTR_STEP_DOWNS,			/* leaderships given up on learning of a newer generation */
+	FELIX_CTR_COPIES_BOOTSTRAPPED,	/* copies begun at a leader's oldest record (follower) */
+	FELIX_CTR_COPIES_REBUILT,		/* copies discarded and begun again (follower) */
+	FELIX_CTR_REBUILDS_STARTED,		/* rebuilds of a follower this node began (leader) */
+	FELIX_CTR_REBUILDS_COMPLETED,	/* ... that reached the tail */
+	FELIX_CTR_REBUILDS_REFUSED,		/* ... that the follower refused or that were abandoned */
+	FELIX_CTR_REBUILD_BYTES,		/* batch bytes shipped to followers being rebuilt */
+	FELIX_CTR_CATCHUP_BYTES,		/* batch bytes shipped after taking a shard, below
+									 * where this leadership began */
+	FELIX_CTR_PLANNED_MOVES,		/* leadership transfers and replica moves completed */
 	FELIX_NUM_COUNTERS
 } FelixCounter;
 

@@ -2,52 +2,50 @@
  *
  * append.c
  *	  The follower's side of log shipping: felix.replicate(stream, shard,
- *	  generation, from_seq, leader_hwm_end, batches), called over libpq by
- *	  the shard's leader (ship.c), and the append rule it applies.
+ *	  generation, node, incarnation, op, from_seq, leader_hwm_end, batches),
+ *	  called over libpq by the shard's leader (ship.c).
  *
  *	  Who may call it: only a node, as its felix_node_<name> role (a
  *	  member of felix_replication), and only the node this one knows to
- *	  lead the shipment's generation (superusers excepted): a generation it
- *	  has not heard of yet is refused until its next heartbeat tells it who
- *	  leads it (check_sender).  A peer
- *	  is checked, not believed: every record shipped is validated as a
- *	  value of the stream's payload type (payload.c) before anything is
- *	  stored, as COPY validates its input.
+ *	  lead the shipment's generation (superusers excepted); and only for
+ *	  this node: the call names the node and the incarnation of its felix
+ *	  data directory it means, and any other node -- reached through a
+ *	  wrong conninfo, or a server whose data directory was replaced --
+ *	  refuses it (55F05).  A peer is checked, not believed: every record
+ *	  shipped is verified (header CRC, body CRC, trailer, contiguity) and
+ *	  validated as a value of the stream's payload type (payload.c) before
+ *	  the log is looked at, as COPY validates its input.
  *
- *	  The rule, in the order it is checked:
- *	   1. generation below this node's generation for the shard: the
- *		  sender is a superseded leader; answer ('fenced', tail) and store
- *		  or discard nothing.  A generation above ours is accepted -- the
- *		  control plane grants generations only to leaders, this node has
- *		  just not heard yet -- but it is not adopted here: that is the
- *		  assignment's job (shard_apply_assignment).  A node that leads the
- *		  shard itself stores nothing, whatever the generation.
- *	   2. from_seq past our tail: ('gap', tail), and the leader rewinds.
- *	   3. every shipped batch is verified (header CRC, body CRC, trailer,
- *		  contiguity) before anything else happens.
- *	   4. batches wholly below our tail are compared byte for byte with
- *		  what we store over the same span; a difference, or a batch that
- *		  straddles our tail, is ('conflict', that batch's first seq) --
- *		  unless the batch that found it is of a newer generation than the
- *		  newest this log holds and the difference lies at or after where
- *		  that older generation began here: then our records from there on
- *		  are an earlier leader's unadopted proposals, above the high-water
- *		  mark, and are dropped (log_truncate_after, which refuses to cut
- *		  at or below the mark), and the answer is ('gap', new tail).
- *	   5. the rest is appended unchanged (the leader stamped it), the
- *		  generation map noting any generation new to this log, and made
- *		  durable (fdatasync) BEFORE answering ('stored', end of the
- *		  batches sent) -- the end of what was compared or written, not our
- *		  tail, so the leader never moves past records nobody compared.  If
- *		  appending batch k fails, the batches of this call before it are
- *		  cut back: a failed shipment leaves the log as it was.
- *	  The high-water mark this node shows its readers then becomes
- *	  min(leader_hwm_end, durable end) (shard_after_replicated).
+ *	  Then, with the shard's tail held throughout: gather_facts reads what
+ *	  the rule needs (the shard's generation, role and positions, the
+ *	  overlap of the shipment with the log compared byte for byte, the
+ *	  generation map's verdict on a difference), replicate_decide (rules.c,
+ *	  a pure function with the rule's steps and their reasons) decides, and
+ *	  the switch in felix_replicate does what it decided, and only that:
+ *	   - refuse (an error), or step down first when the shipment shows that
+ *		 this node, leading an older generation, was deposed;
+ *	   - answer ('fenced' | 'gap' | 'needs_bootstrap', tail);
+ *	   - answer ('conflict', seq), after marking the copy diverged there so
+ *		 its readers stop short of it (shard_mark_diverged);
+ *	   - drop an earlier leader's unadopted tail above the mark and answer
+ *		 ('gap', new tail);
+ *	   - begin the copy afresh at the leader's oldest record (a bootstrap
+ *		 of an empty copy, or a rebuild), answering ('bootstrapped' |
+ *		 'rebuilt', start);
+ *	   - or append the batches the log lacks, unchanged (the leader stamped
+ *		 them), noting each generation new to the log in the generation
+ *		 map, and make them durable (fdatasync) BEFORE answering ('stored',
+ *		 end of the batches sent) -- the end of what was compared or
+ *		 written, not our tail, so the leader never moves past records
+ *		 nobody compared.  If appending batch k fails, the batches of this
+ *		 call before it are cut back: a failed shipment leaves the log as it
+ *		 was.  The high-water mark this node shows its readers then becomes
+ *		 min(leader_hwm_end, durable end) (shard_after_replicated).
  *
- * Locking rule: the shard's append lock is held (shard_lock_tail) from
- * reading the generation and tail until the new tail is published, so no
- * other append, trim or truncation interleaves with a check and the bytes
- * it allowed.  The shipped bytes are verified before the lock is taken.
+ * Locking rule: the shard's tail is held (shard_lock_tail) from gathering
+ * the facts until the decision is carried out, so no other append, trim or
+ * truncation interleaves with a check and the bytes it allowed.  The
+ * shipped bytes are verified before the tail is taken.
  *
  *-------------------------------------------------------------------------
  */
@@ -58,14 +56,16 @@
 #include "control/conninfo.h"
 #include "felix.h"
 #include "privilege.h"
+#include "replication/lease.h"
+#include "replication/rules.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "metrics.h"
 #include "miscadmin.h"
 #include "storage/format.h"
+#include "storage/incarnation.h"
 #include "storage/log.h"
 #include "storage/shard.h"
-#include "storage/spin.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 #include "utils/tuplestore.h"
@@ -347,49 +347,121 @@ append_shipped(FelixShard *s, const char *dir, const char *what,
 	return stop;
 }
 
+static ReplicateOp
+parse_op(const char *stream_name, int shard, const char *op)
+{
+	if (strcmp(op, "ship") == 0)
+		return REPLICATE_SHIP;
+	if (strcmp(op, "bootstrap") == 0)
+		return REPLICATE_BOOTSTRAP;
+	if (strcmp(op, "rebuild") == 0)
+		return REPLICATE_REBUILD;
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("felix.replicate for stream \"%s\" shard %d: unknown operation \"%s\"",
+					stream_name, shard, op),
+			 errhint("The operations are ship, bootstrap and rebuild; felix.replicate is called by a shard's leader, not by users.")));
+	return REPLICATE_SHIP;		/* keep compiler quiet */
+}
+
 /*
- * The sender must be the leader this node knows for the generation it
- * ships at: a node logs in as felix_node_<name>, and the control plane told
- * this node who leads its generation.  A generation newer than any this
- * node has heard of is refused too, with FELIX_ERRCODE_GENERATION_UNKNOWN:
- * nobody can say yet who leads it, and this node learns it from the
- * control plane at its next heartbeat -- the leader retries soon.  (An
- * older generation was answered 'fenced' before this check.)  Superusers,
- * who may act for any node, pass.  Called with the tail held, which it
- * releases on refusal.
+ * Gather, with the tail held, everything the rule (replicate_decide)
+ * looks at.  The overlap of a shipment with what we hold is read and
+ * compared here, and the generation map consulted, whether or not the
+ * rule will get that far: the decision itself is taken in one place.
  */
 static void
-check_sender(FelixShard *s, const char *what, uint64 generation, uint64 shard_generation)
+gather_facts(ReplicateFacts *f, FelixShard *s, const char *dir, const char *what,
+			 const char *target, const char *target_incarnation,
+			 const ShippedBatch *batches, int nbatches)
 {
-	char		leader[NAMEDATALEN];
-	char	   *caller;
+	FelixShardView v;
+	char		incarnation[FELIX_INCARNATION_LEN];
 
-	if (superuser())
-		return;
-	SpinLockAcquire(&s->mutex);
-	strlcpy(leader, s->leader, sizeof(leader));
-	SpinLockRelease(&s->mutex);
-	if (generation > shard_generation || leader[0] == '\0')
+	shard_read(s, &v);
+	felix_incarnation(incarnation, NULL);
+	f->addressed_here = felix_is_this_node(target) &&
+		strcmp(target_incarnation, incarnation) == 0;
+	f->superuser = superuser();
+	f->sender_is_leader = v.leader[0] != '\0' &&
+		strcmp(GetUserNameFromId(GetSessionUserId(), false), felix_node_role(v.leader)) == 0;
+	f->our_generation = v.generation;
+	f->we_lead = v.role == FELIX_ROLE_LEADER;
+	f->leader_known = v.leader[0] != '\0';
+	f->start_seq = s->log.start_seq;
+	f->tail = s->log.next_seq;
+	f->copy_stale = v.copy_stale;
+	f->hwm_end = v.hwm_end;
+
+	f->nbatches = nbatches;
+	f->nbelow = 0;
+	while (f->nbelow < nbatches &&
+		   batches[f->nbelow].hdr.base_seq + batches[f->nbelow].hdr.count <= f->tail)
+		f->nbelow++;
+	/* a batch straddling our tail disagrees with our last batch */
+	f->mismatch = (f->nbelow < nbatches && batches[f->nbelow].hdr.base_seq < f->tail) ?
+		f->nbelow : -1;
+	if (f->op == REPLICATE_SHIP && f->nbelow > 0 && f->from_seq <= f->tail)
 	{
-		shard_unlock_tail(s);
-		ereport(ERROR,
-				(errcode(FELIX_ERRCODE_GENERATION_UNKNOWN),
-				 errmsg("%s: this node has not learned who leads generation " UINT64_FORMAT " yet",
-						what, generation),
-				 errdetail("It knows generation " UINT64_FORMAT "%s%s%s.", shard_generation,
-						   leader[0] ? ", led by \"" : "", leader, leader[0] ? "\"" : ""),
-				 errhint("The leader retries; this node learns of the generation from the control plane at its next heartbeat.")));
+		int			m = compare_overlap(dir, what, batches, f->nbelow, f->start_seq);
+
+		if (m >= 0)
+			f->mismatch = m;
 	}
-	caller = GetUserNameFromId(GetSessionUserId(), false);
-	if (strcmp(caller, felix_node_role(leader)) == 0)
-		return;
+	f->mismatch_seq = f->mismatch >= 0 ? batches[f->mismatch].hdr.base_seq : 0;
+	f->droppable = f->mismatch >= 0 &&
+		divergence_droppable(s, dir, what, &batches[f->mismatch], f->mismatch_seq);
+}
+
+/* Let go of the tail and raise the error a refusal decision stands for. */
+static void
+refuse(const ReplicateDecision *d, const ReplicateFacts *f, FelixShard *s,
+	   const char *what, const char *target, const char *target_incarnation)
+{
+	FelixShardView v;
+	char		incarnation[FELIX_INCARNATION_LEN];
+	char	   *caller = GetUserNameFromId(GetSessionUserId(), false);
+
 	shard_unlock_tail(s);
-	ereport(ERROR,
-			(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-			 errmsg("%s: role \"%s\" may not ship generation " UINT64_FORMAT ", which node \"%s\" leads",
-					what, caller, generation, leader),
-			 errhint("Only the shard's leader ships to its followers, as role %s.",
-					 felix_node_role(leader))));
+	shard_read(s, &v);
+	felix_incarnation(incarnation, NULL);
+	switch (d->action)
+	{
+		case REPLICATE_REFUSE_ADDRESS:
+			ereport(ERROR,
+					(errcode(FELIX_ERRCODE_WRONG_NODE),
+					 errmsg("%s: this shipment is for node \"%s\" (incarnation %s), but this is node \"%s\" (incarnation %s)",
+							what, target, target_incarnation, felix_node_name_resolved(), incarnation),
+					 errhint("The leader reached the wrong server, or a server whose felix data directory was replaced: check felix.node_conninfo of node \"%s\" and felix_nodes.",
+							 target)));
+			break;
+		case REPLICATE_REFUSE_LEADER:
+			ereport(ERROR,
+					(errcode(FELIX_ERRCODE_NOT_LEADER),
+					 errmsg("%s: this node leads the shard at generation " UINT64_FORMAT " and takes no shipment for it",
+							what, f->our_generation),
+					 errhint("Two nodes believe they lead the same generation; check felix_shards on both and the control plane's assignments.")));
+			break;
+		case REPLICATE_REFUSE_UNKNOWN:
+			ereport(ERROR,
+					(errcode(FELIX_ERRCODE_GENERATION_UNKNOWN),
+					 errmsg("%s: this node has not learned who leads generation " UINT64_FORMAT " yet",
+							what, f->generation),
+					 errdetail("It knows generation " UINT64_FORMAT "%s%s%s.", f->our_generation,
+							   v.leader[0] ? ", led by \"" : "", v.leader, v.leader[0] ? "\"" : ""),
+					 errhint("The leader retries; this node learns of the generation from the control plane at its next heartbeat.")));
+			break;
+		case REPLICATE_REFUSE_SENDER:
+			ereport(ERROR,
+					(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+					 errmsg("%s: role \"%s\" may not ship generation " UINT64_FORMAT ", which node \"%s\" leads",
+							what, caller, f->generation, v.leader),
+					 errhint("Only the shard's leader ships to its followers, as role %s.",
+							 felix_node_role(v.leader))));
+			break;
+		default:
+			elog(ERROR, "felix: %s: replicate decision %d is not a refusal", what, (int) d->action);
+	}
 }
 
 PG_FUNCTION_INFO_V1(felix_replicate);
@@ -399,6 +471,8 @@ felix_replicate(PG_FUNCTION_ARGS)
 	char	   *stream_name;
 	int32		shard;
 	int64		generation_arg;
+	char	   *target;
+	char	   *target_incarnation;
 	int64		from_arg;
 	int64		hwm_arg;
 	bytea	   *shipment;
@@ -409,21 +483,14 @@ felix_replicate(PG_FUNCTION_ARGS)
 	char		dir[MAXPGPATH];
 	ShippedBatch *batches;
 	int			nbatches;
-	uint64		generation;
-	uint64		from_seq;
+	ReplicateFacts f;
+	ReplicateDecision d;
 	uint64		sent_end;
-	uint64		shard_generation;
-	FelixRole	role;
-	uint64		tail;
-	uint64		start_seq;
-	int			nbelow;
-	int			mismatch;
-	bool		appended;
 	int			stop;
 
 	felix_require_preload();
 	felix_require_replication_role("felix.replicate");
-	for (int i = 0; i < 6; i++)
+	for (int i = 0; i < 9; i++)
 		if (PG_ARGISNULL(i))
 			ereport(ERROR,
 					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
@@ -432,17 +499,21 @@ felix_replicate(PG_FUNCTION_ARGS)
 	stream_name = text_to_cstring(PG_GETARG_TEXT_PP(0));
 	shard = PG_GETARG_INT32(1);
 	generation_arg = PG_GETARG_INT64(2);
-	from_arg = PG_GETARG_INT64(3);
-	hwm_arg = PG_GETARG_INT64(4);
-	shipment = PG_GETARG_BYTEA_PP(5);
+	target = text_to_cstring(PG_GETARG_TEXT_PP(3));
+	target_incarnation = text_to_cstring(PG_GETARG_TEXT_PP(4));
+	memset(&f, 0, sizeof(f));
+	f.op = parse_op(stream_name, shard, text_to_cstring(PG_GETARG_TEXT_PP(5)));
+	from_arg = PG_GETARG_INT64(6);
+	hwm_arg = PG_GETARG_INT64(7);
+	shipment = PG_GETARG_BYTEA_PP(8);
 	if (generation_arg <= 0 || from_arg < 0 || hwm_arg < 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("felix.replicate for stream \"%s\" shard %d: generation must be positive and positions not negative",
 						stream_name, shard),
 				 errhint("felix.replicate is called by a shard's leader, not by users.")));
-	generation = (uint64) generation_arg;
-	from_seq = (uint64) from_arg;
+	f.generation = (uint64) generation_arg;
+	f.from_seq = (uint64) from_arg;
 
 	InitMaterializedSRF(fcinfo, 0);
 
@@ -453,144 +524,127 @@ felix_replicate(PG_FUNCTION_ARGS)
 	what = shard_what(s);
 	shard_dir(s, dir);
 
-	/* 3. Verify everything shipped before looking at our log. */
+	/* Verify everything shipped before looking at our log. */
+	if (f.op != REPLICATE_SHIP && VARSIZE_ANY_EXHDR(shipment) > 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROTOCOL_VIOLATION),
+				 errmsg("%s: a %s carries no batches", what,
+						f.op == REPLICATE_BOOTSTRAP ? "bootstrap" : "rebuild"),
+				 errhint("felix.replicate is called by a shard's leader, not by users.")));
 	batches = verify_shipment(what, VARDATA_ANY(shipment),
-							  VARSIZE_ANY_EXHDR(shipment), from_seq,
-							  generation, stream_copy.payload_type, &nbatches);
+							  VARSIZE_ANY_EXHDR(shipment), f.from_seq,
+							  f.generation, stream_copy.payload_type, &nbatches);
 	sent_end = nbatches > 0 ?
 		batches[nbatches - 1].hdr.base_seq + batches[nbatches - 1].hdr.count :
-		from_seq;
+		f.from_seq;
 
+	/* One hold of the tail: the facts, the decision and its effect. */
 	shard_lock_tail(s);
+	gather_facts(&f, s, dir, what, target, target_incarnation, batches, nbatches);
+	d = replicate_decide(&f);
 
-	SpinLockAcquire(&s->mutex);
-	shard_generation = s->generation;
-	role = s->role;
-	SpinLockRelease(&s->mutex);
-	tail = s->log.next_seq;
-	start_seq = s->log.start_seq;
-
-	/* 1. A superseded leader can make us store or discard nothing. */
-	if (generation < shard_generation)
+	switch (d.action)
 	{
-		shard_unlock_tail(s);
-		answer(fcinfo, "fenced", tail);
-		return (Datum) 0;
-	}
-	/*
-	 * Only a follower stores shipments.  A leader at the shipment's
-	 * generation means two nodes believe they lead it; a leader at an older
-	 * one was deposed and has not heard yet -- either way nothing of the
-	 * shipment may land in a log this node serves writes from.
-	 */
-	if (role == FELIX_ROLE_LEADER)
-	{
-		shard_unlock_tail(s);
-		ereport(ERROR,
-				(errcode(FELIX_ERRCODE_NOT_LEADER),
-				 errmsg("%s: this node leads the shard at generation " UINT64_FORMAT " and takes no shipment for it (sent at generation " UINT64_FORMAT ")",
-						what, shard_generation, generation),
-				 errhint(generation == shard_generation ?
-						 "Two nodes believe they lead the same generation; check felix_shards on both and the control plane's assignments." :
-						 "This node will learn of the newer generation from the control plane and follow it.")));
-	}
-	check_sender(s, what, generation, shard_generation);
+		case REPLICATE_REFUSE_ADDRESS:
+		case REPLICATE_REFUSE_LEADER:
+		case REPLICATE_REFUSE_UNKNOWN:
+		case REPLICATE_REFUSE_SENDER:
+			refuse(&d, &f, s, what, target, target_incarnation);
+			break;
 
-	/* 2. We lack records before the shipment: the leader rewinds to our tail. */
-	if (from_seq > tail)
-	{
-		shard_unlock_tail(s);
-		answer(fcinfo, "gap", tail);
-		return (Datum) 0;
-	}
+		case REPLICATE_STEP_DOWN:
+			/* deposed: stop leading first; who leads now is the next heartbeat's */
+			(void) lease_step_down_locked(s, f.generation,
+										  psprintf("a shipment of generation " UINT64_FORMAT " arrived", f.generation));
+			f.we_lead = false;
+			f.leader_known = false;
+			d.action = REPLICATE_REFUSE_UNKNOWN;
+			refuse(&d, &f, s, what, target, target_incarnation);
+			break;
 
-	/* 4. The overlap with what we hold must agree byte for byte. */
-	nbelow = 0;
-	while (nbelow < nbatches &&
-		   batches[nbelow].hdr.base_seq + batches[nbelow].hdr.count <= tail)
-		nbelow++;
-	if (nbelow < nbatches && batches[nbelow].hdr.base_seq < tail)
-	{
-		/* straddles our tail: our last batch and the leader's disagree */
-		mismatch = nbelow;
-	}
-	else
-		mismatch = -1;
-	if (nbelow > 0)
-	{
-		int			m = compare_overlap(dir, what, batches, nbelow, start_seq);
-
-		if (m >= 0)
-			mismatch = m;
-	}
-	if (mismatch >= 0)
-	{
-		uint64		cut = batches[mismatch].hdr.base_seq;
-
-		if (divergence_droppable(s, dir, what, &batches[mismatch], cut))
-		{
-			/*
-			 * Our records from `cut` on are an earlier leader's proposals
-			 * that a newer generation did not adopt.  They lie above the
-			 * high-water mark (log_truncate_after refuses otherwise), so
-			 * dropping them rewrites nothing acknowledged.  Answer with our
-			 * new tail: the leader resends from there.
-			 */
-			uint64		hwm;
-			uint64		dropped_generation = s->log.last_generation;
-
-			SpinLockAcquire(&s->mutex);
-			hwm = s->hwm_end;
-			SpinLockRelease(&s->mutex);
-			log_truncate_after(dir, what, &s->log, cut - 1, hwm);
-			shard_after_replicated(s, 0);
-			ereport(LOG,
-					(errmsg("%s: dropped records from seq " UINT64_FORMAT " written at generation " UINT64_FORMAT ", which generation " UINT64_FORMAT " did not adopt",
-							what, cut, dropped_generation, batches[mismatch].hdr.generation)));
-			tail = s->log.next_seq;
+		case REPLICATE_ANSWER_FENCED:
 			shard_unlock_tail(s);
-			answer(fcinfo, "gap", tail);
-			return (Datum) 0;
-		}
-		shard_unlock_tail(s);
-		answer(fcinfo, "conflict", cut);
-		return (Datum) 0;
+			answer(fcinfo, "fenced", d.seq);
+			break;
+
+		case REPLICATE_ANSWER_GAP:
+			shard_unlock_tail(s);
+			answer(fcinfo, "gap", d.seq);
+			break;
+
+		case REPLICATE_ANSWER_STALE:
+		case REPLICATE_ANSWER_NEEDS_BOOTSTRAP:
+			shard_unlock_tail(s);
+			answer(fcinfo, "needs_bootstrap", d.seq);
+			break;
+
+		case REPLICATE_ANSWER_CONFLICT:
+			/* our copy differs where we cannot repair it: serve none of that */
+			shard_mark_diverged(s, d.seq);
+			shard_unlock_tail(s);
+			answer(fcinfo, "conflict", d.seq);
+			break;
+
+		case REPLICATE_DROP_THEN_GAP:
+			{
+				uint64		dropped_generation = s->log.last_generation;
+
+				/*
+				 * Our records from d.seq on are an earlier leader's proposals
+				 * that a newer generation did not adopt, all above the mark
+				 * (the rule checked; shard_truncate_after refuses otherwise).
+				 * Answer with our new tail: the leader resends from there.
+				 */
+				shard_truncate_after_locked(s, d.seq - 1);
+				ereport(LOG,
+						(errmsg("%s: dropped records from seq " UINT64_FORMAT " written at generation " UINT64_FORMAT ", which generation " UINT64_FORMAT " did not adopt",
+								what, d.seq, dropped_generation, batches[f.mismatch].hdr.generation)));
+				shard_unlock_tail(s);
+				answer(fcinfo, "gap", d.seq);
+			}
+			break;
+
+		case REPLICATE_BEGIN_AT:
+			shard_begin_at_locked(s, d.seq, f.generation);
+			shard_unlock_tail(s);
+			felix_count(f.op == REPLICATE_REBUILD ? FELIX_CTR_COPIES_REBUILT :
+						FELIX_CTR_COPIES_BOOTSTRAPPED, 1);
+			answer(fcinfo, f.op == REPLICATE_REBUILD ? "rebuilt" : "bootstrapped", d.seq);
+			break;
+
+		case REPLICATE_APPEND:
+			/* Append the rest unchanged, noting each generation new to the log. */
+			stop = append_shipped(s, dir, what, batches, f.nbelow, nbatches);
+
+			/*
+			 * Durable before the answer: the leader counts this node towards
+			 * a quorum on the strength of it.  Sealed segments were synced
+			 * when log_append sealed them; the active one is synced here.
+			 */
+			if (stop > f.nbelow)
+			{
+				log_sync(dir, what, s->log.active_base);
+				felix_count(FELIX_CTR_BATCHES_REPLICATED, stop - f.nbelow);
+			}
+			if (stop < nbatches)
+			{
+				/* the histories part at batch `stop`: keep what came before */
+				shard_after_replicated(s, Min((uint64) hwm_arg, batches[stop].hdr.base_seq));
+				shard_mark_diverged(s, batches[stop].hdr.base_seq);
+				shard_unlock_tail(s);
+				answer(fcinfo, "conflict", batches[stop].hdr.base_seq);
+				break;
+			}
+
+			/*
+			 * What our readers may see: at most what the leader says a
+			 * majority holds, and only as far as this shipment has checked
+			 * or written.
+			 */
+			shard_after_replicated(s, Min((uint64) hwm_arg, sent_end));
+			shard_unlock_tail(s);
+			answer(fcinfo, "stored", sent_end);
+			break;
 	}
-
-	/* 5. Append the rest unchanged, noting each generation new to the log. */
-	stop = append_shipped(s, dir, what, batches, nbelow, nbatches);
-	appended = stop > nbelow;
-	if (stop < nbatches)
-	{
-		/* the appended part before the conflict is kept, made durable */
-		if (appended)
-		{
-			log_sync(dir, what, s->log.active_base);
-			shard_after_replicated(s, Min((uint64) hwm_arg, batches[stop].hdr.base_seq));
-		}
-		shard_unlock_tail(s);
-		answer(fcinfo, "conflict", batches[stop].hdr.base_seq);
-		return (Datum) 0;
-	}
-
-	/*
-	 * Durable before the answer: the leader counts this node towards a
-	 * quorum on the strength of it.  Sealed segments were synced when
-	 * log_append sealed them; the active one is synced here.
-	 */
-	if (appended)
-	{
-		log_sync(dir, what, s->log.active_base);
-		felix_count(FELIX_CTR_BATCHES_REPLICATED, nbatches - nbelow);
-	}
-
-	/*
-	 * What our readers may see: at most what the leader says a majority
-	 * holds, and only as far as this shipment has checked or written.
-	 */
-	shard_after_replicated(s, Min((uint64) hwm_arg, sent_end));
-	shard_unlock_tail(s);
-
-	answer(fcinfo, "stored", sent_end);
 	return (Datum) 0;
 }

@@ -10,7 +10,7 @@
  *	  majority of the replica set holds the records, the leader counting as
  *	  one member, not when the slowest follower does.  A halted follower
  *	  counts for nothing.  The mark is also never past the leader's own
- *	  durable end (shard_set_hwm insists).
+ *	  durable end (quorum_mark).
  *
  *	  The control plane promotes only a follower reported caught up, so
  *	  the invariant kept here is: a mark moves only when every follower the
@@ -24,7 +24,7 @@
  *	      the mark moves at once, with no report (report_still_true);
  *	    - otherwise a report counting the lagging followers out is sent,
  *	      and only once it has landed -- felix.cp_report answered and wrote
- *	      every row -- does shard_set_hwm release the publishers.  A report
+ *	      every row -- does quorum_release release the publishers.  A report
  *	      that did not land leaves the mark where it was.  When the lagging
  *	      followers' answers are already on the way, they get
  *	      FELIX_REPORT_GRACE_US first (answers_due_by).
@@ -43,14 +43,14 @@
  *	  expire, and count only when made after the lease last granted -- stay
  *	  fresh enough to promote on.  Leader-consistency shards are reported
  *	  the same way (so their followers are promotable), but their mark
- *	  moves with the leader's flush, in shard.c.
+ *	  moves with the leader's flush (quorum.c).
  *
  *	  A halted follower is reported with caught_up = false: it has stopped,
  *	  and a caught-up report it made earlier must not be what the control
  *	  plane promotes on.
  *
  * Locking rule: follower state is copied under its entry's spinlock, then
- * the shard's fields under the shard's spinlock (in that order, so the
+ * the shard's fields (shard_read) (in that order, so the
  * written end is never older than the acknowledgements); nothing is held
  * across a call.  The connection and the queue are this process's.
  *
@@ -65,12 +65,13 @@
 #include "libpq-fe.h"
 #include "metrics.h"
 #include "miscadmin.h"
+#include "replication/quorum.h"
 #include "replication/report.h"
+#include "replication/rules.h"
 #include "replication/ship.h"
 #include "replication/state.h"
 #include "storage/latch.h"
 #include "storage/shard.h"
-#include "storage/spin.h"
 #include "utils/json.h"
 #include "utils/memutils.h"
 
@@ -96,9 +97,12 @@ static const char *const report_sql = "SELECT felix.cp_report($1, $2, $3)";
 typedef struct Reported
 {
 	char		name[NAMEDATALEN];
+	char		incarnation[FELIX_INCARNATION_LEN];	/* the copy it speaks of */
 	bool		present;		/* a row was sent */
 	uint64		acked_end;
 	bool		caught_up;
+	FelixHalt	halt;			/* FELIX_HALT_NONE unless halted */
+	uint64		position;		/* where a halted follower stood */
 } Reported;
 
 /*
@@ -230,13 +234,11 @@ finish_request(bool landed, int64 now_ns)
 		if (ps->mark > 0)
 		{
 			FelixShard *s = shard_slot(ps->slot);
-			bool		same;
+			FelixShardView v;
 
-			SpinLockAcquire(&s->mutex);
-			same = s->in_use && key_equal(&s->key, &ps->key);
-			SpinLockRelease(&s->mutex);
-			if (same)
-				(void) shard_set_hwm(s, ps->generation, ps->mark);
+			shard_read(s, &v);
+			if (v.in_use && key_equal(&v.key, &ps->key))
+				(void) quorum_release(s, ps->generation, ps->mark);
 		}
 		if (rs->active && key_equal(&rs->key, &ps->key) &&
 			rs->generation == ps->generation)
@@ -250,15 +252,6 @@ finish_request(bool landed, int64 now_ns)
 		}
 	}
 	npending = 0;
-}
-
-static int
-cmp_desc(const void *a, const void *b)
-{
-	uint64		x = *(const uint64 *) a;
-	uint64		y = *(const uint64 *) b;
-
-	return x < y ? 1 : (x > y ? -1 : 0);
 }
 
 /* May the control plane take follower i for caught up (see ReportSlot)? */
@@ -339,14 +332,10 @@ consider_slot(int slot, FelixReplShard *e, StringInfo json, int *nrows,
 {
 	FelixShard *s = shard_slot(slot);
 	ReportSlot *rs = &report_slots[slot];
+	FelixShardView v;
 	bool		leads;
 	FelixShardKey key;
-	int			consistency;
-	int			rf;
-	int			nreplicas;
-	uint64		flushed_end;
 	uint64		hwm_end;
-	int64		lease_expiry_ns;
 	bool		quorum;
 	uint64		mark = 0;
 	uint64		caught_up_at;
@@ -370,17 +359,10 @@ consider_slot(int slot, FelixReplShard *e, StringInfo json, int *nrows,
 		return;
 	}
 	/* ... then the leader's positions, never older than them */
-	SpinLockAcquire(&s->mutex);
-	leads = s->in_use && s->role == FELIX_ROLE_LEADER &&
-		s->generation == e->generation;
-	key = s->key;
-	consistency = s->consistency;
-	rf = s->replication_factor;
-	nreplicas = s->nreplicas;
-	flushed_end = s->flushed_end;
-	hwm_end = s->hwm_end;
-	lease_expiry_ns = s->lease_expiry_ns;
-	SpinLockRelease(&s->mutex);
+	shard_read(s, &v);
+	leads = v.in_use && v.role == FELIX_ROLE_LEADER && v.generation == e->generation;
+	key = v.key;
+	hwm_end = v.hwm_end;
 	if (!leads || !key_equal(&key, &e->key))
 		return;
 
@@ -396,7 +378,7 @@ consider_slot(int slot, FelixReplShard *e, StringInfo json, int *nrows,
 	ps.slot = slot;
 	ps.key = key;
 	ps.generation = e->generation;
-	ps.lease_expiry_ns = lease_expiry_ns;
+	ps.lease_expiry_ns = v.lease_expiry_ns;
 	ps.nfollowers = e->nfollowers;
 	for (int i = 0; i < e->nfollowers; i++)
 	{
@@ -404,39 +386,32 @@ consider_slot(int slot, FelixReplShard *e, StringInfo json, int *nrows,
 		Reported   *row = &ps.rows[i];
 
 		strlcpy(row->name, f->name, NAMEDATALEN);
-		if (!f->answered)
+		strlcpy(row->incarnation, f->incarnation, FELIX_INCARNATION_LEN);
+		if ((!f->answered && f->state != FELIX_FOLLOWER_HALTED) || f->incarnation[0] == '\0')
 			continue;			/* nothing known of it at this generation */
 		row->present = true;
-		if (f->state == FELIX_FOLLOWER_SHIPPING)
-		{
-			row->acked_end = f->acked_end;
+		row->acked_end = f->acked_end;
+		if (f->state != FELIX_FOLLOWER_HALTED)
 			acks[nacks++] = f->acked_end;
-		}
 		else
 		{
 			/* halted: counts for nothing, and is not promotable */
-			row->acked_end = f->acked_end;
 			row->caught_up = false;
+			row->halt = f->halt;
+			row->position = f->halt_position;
 		}
 	}
 
-	quorum = consistency == FELIX_CONSISTENCY_QUORUM && rf > 1;
+	quorum = !quorum_acks_on_flush(v.consistency, v.replication_factor);
 	if (quorum)
 	{
-		int			majority = Max(rf, nreplicas) / 2 + 1;
+		bool		held_by_flush;
 
-		acks[nacks++] = flushed_end;
-		if (nacks >= majority)
-		{
-			qsort(acks, nacks, sizeof(uint64), cmp_desc);
-			mark = acks[majority - 1];
-			if (mark > flushed_end)
-			{
-				/* the leader's own flush is the last to come: wait for it */
-				mark_held = true;
-				mark = flushed_end;
-			}
-		}
+		acks[nacks++] = v.flushed_end;
+		mark = quorum_mark(acks, nacks, Max(v.replication_factor, v.nreplicas) / 2 + 1,
+						   v.flushed_end, &held_by_flush);
+		if (held_by_flush)
+			mark_held = true;
 	}
 
 	/*
@@ -453,12 +428,12 @@ consider_slot(int slot, FelixReplShard *e, StringInfo json, int *nrows,
 	{
 		Reported   *row = &ps.rows[i];
 
-		if (row->present && e->followers[i].state == FELIX_FOLLOWER_SHIPPING)
+		if (row->present && e->followers[i].state != FELIX_FOLLOWER_HALTED)
 			row->caught_up = row->acked_end >= caught_up_at;
 	}
 
 	if (quorum && mark > hwm_end && report_still_true(rs, e, mark) &&
-		shard_set_hwm(s, e->generation, mark))
+		quorum_release(s, e->generation, mark))
 	{
 		felix_count(FELIX_CTR_MARKS_ON_STANDING_REPORT, 1);
 		hwm_end = mark;
@@ -487,16 +462,17 @@ consider_slot(int slot, FelixReplShard *e, StringInfo json, int *nrows,
 	}
 	due = mark_needs_report ||
 		now_ns - rs->last_report_ns >= (int64) felix_heartbeat_interval * NS_PER_MS ||
-		lease_expiry_ns != rs->lease_expiry_ns ||
+		v.lease_expiry_ns != rs->lease_expiry_ns ||
 		rs->nfollowers != ps.nfollowers;
 	for (int i = 0; !due && i < ps.nfollowers; i++)
 	{
 		Reported   *a = &ps.rows[i];
 		Reported   *b = &rs->last[i];
 		bool		fell_behind = b->caught_up && !a->caught_up &&
-			(!quorum || e->followers[i].state != FELIX_FOLLOWER_SHIPPING);
+			(!quorum || e->followers[i].state == FELIX_FOLLOWER_HALTED);
 
-		if (a->present != b->present || fell_behind || strcmp(a->name, b->name) != 0)
+		if (a->present != b->present || fell_behind || a->halt != b->halt ||
+			strcmp(a->name, b->name) != 0 || strcmp(a->incarnation, b->incarnation) != 0)
 			due = true;
 	}
 	if (!due)
@@ -519,8 +495,14 @@ consider_slot(int slot, FelixReplShard *e, StringInfo json, int *nrows,
 		appendStringInfo(json, ",\"shard\":%d,\"generation\":" UINT64_FORMAT ",\"follower\":",
 						 key.shard, e->generation);
 		escape_json(json, row->name);
-		appendStringInfo(json, ",\"acked_end\":" UINT64_FORMAT ",\"caught_up\":%s}",
+		appendStringInfoString(json, ",\"incarnation\":");
+		escape_json(json, row->incarnation);
+		appendStringInfo(json, ",\"acked_end\":" UINT64_FORMAT ",\"caught_up\":%s",
 						 row->acked_end, row->caught_up ? "true" : "false");
+		if (row->halt != FELIX_HALT_NONE)
+			appendStringInfo(json, ",\"halted\":\"%s\",\"position\":" UINT64_FORMAT,
+							 felix_halt_name(row->halt), row->position);
+		appendStringInfoChar(json, '}');
 		(*nrows)++;
 		/* from now on the control plane may believe it, landed or not */
 		if (row->caught_up)

@@ -59,7 +59,9 @@
 #include "privilege.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
+#include "replication/lease.h"
 #include "replication/report.h"
+#include "replication/rules.h"
 #include "replication/ship.h"
 #include "replication/state.h"
 #include "storage/fd.h"
@@ -91,9 +93,11 @@
 
 /* Prepared once per connection: the follower parses and plans it once. */
 static const char *const replicate_sql =
-"SELECT status, seq FROM felix.replicate($1, $2, $3, $4, $5, $6)";
+"SELECT status, seq FROM felix.replicate($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 static const char *const replicate_stmt = "felix_replicate";
-static const Oid replicate_types[6] = {TEXTOID, INT4OID, INT8OID, INT8OID, INT8OID, BYTEAOID};
+#define REPLICATE_NPARAMS	9
+static const Oid replicate_types[REPLICATE_NPARAMS] = {TEXTOID, INT4OID, INT8OID, TEXTOID,
+TEXTOID, TEXTOID, INT8OID, INT8OID, BYTEAOID};
 
 /* One request in a peer's pipeline, oldest first. */
 typedef struct ShipRequest
@@ -104,6 +108,7 @@ typedef struct ShipRequest
 	uint64		generation;
 	int			fidx;			/* follower index in the entry */
 	char		follower[NAMEDATALEN];
+	ReplicateOp op;
 	uint64		from_seq;
 	uint64		sent_end;		/* end of the batches sent */
 	uint64		hwm_sent;		/* leader_hwm_end sent with it */
@@ -143,7 +148,12 @@ typedef struct ShipSlot
 	int64		in_flight_ns[FELIX_MAX_REPLICAS];	/* when it left */
 	int64		retry_at_ns[FELIX_MAX_REPLICAS];
 	uint64		hwm_sent[FELIX_MAX_REPLICAS];
+	uint64		conn_serial[FELIX_MAX_REPLICAS];	/* connection the mark was
+													 * sent on */
+	bool		discarded[FELIX_MAX_REPLICAS];	/* REBUILDING: the follower
+												 * answered 'rebuilt' */
 	FelixLogPos read_pos[FELIX_MAX_REPLICAS];	/* where the last read stopped */
+	uint64		generation_start;	/* first seq of this leadership */
 	bool		problem_logged;
 } ShipSlot;
 
@@ -556,6 +566,7 @@ typedef struct FreshCursorArg
 	const char *what;
 	uint64		generation;
 	uint64		cursor;
+	uint64		start;			/* where the generation began (0: unknown) */
 } FreshCursorArg;
 
 /*
@@ -571,11 +582,12 @@ fresh_cursor_fn(void *varg)
 	FelixGenEntry *entries;
 	int			n = genmap_load(a->dir, a->what, &entries);
 
-	a->cursor = 0;
+	a->cursor = a->start = 0;
 	for (int i = n - 1; i >= 0; i--)
 	{
 		if (entries[i].generation == a->generation)
 		{
+			a->start = entries[i].first_seq;
 			a->cursor = entries[i].first_seq > 0 ? entries[i].first_seq - 1 : 0;
 			break;
 		}
@@ -589,6 +601,7 @@ typedef struct ReadArg
 	const char *what;
 	uint64		from;
 	uint64		end;
+	Size		max_bytes;
 	StringInfo	out;
 	FelixLogPos *pos;
 	uint64		next;
@@ -600,7 +613,7 @@ read_fn(void *varg)
 	ReadArg    *a = (ReadArg *) varg;
 
 	a->next = log_read_range(a->dir, a->what, a->from, a->end,
-							 FELIX_SHIP_MAX_BYTES, a->out, a->pos);
+							 a->max_bytes, a->out, a->pos);
 }
 
 /* ---------------------------------------------------------------------
@@ -608,38 +621,28 @@ read_fn(void *varg)
  * ---------------------------------------------------------------------
  */
 
-/* Read the shard under its spinlock; false unless it is led here with followers. */
+/* Read the shard (one snapshot); false unless it is led here with followers. */
 static bool
 shard_snapshot(FelixShard *s, ShardSnap *snap)
 {
-	bool		lead;
-	int			nreplicas;
-	char		replicas[FELIX_MAX_REPLICAS][NAMEDATALEN];
+	FelixShardView v;
 
-	if (!s->in_use)
+	shard_read(s, &v);
+	if (!v.in_use || v.phase != FELIX_SHARD_OPEN || v.role != FELIX_ROLE_LEADER ||
+		v.replication_factor <= 1 || !v.clustered)
 		return false;
-	SpinLockAcquire(&s->mutex);
-	lead = s->in_use && s->phase == FELIX_SHARD_OPEN &&
-		s->role == FELIX_ROLE_LEADER && s->replication_factor > 1 &&
-		s->clustered;
-	snap->key = s->key;
-	strlcpy(snap->stream_name, s->stream_name, NAMEDATALEN);
-	snap->generation = s->generation;
-	snap->start_seq = s->start_seq;
-	snap->written_end = s->written_end;
-	snap->hwm_end = s->hwm_end;
-	nreplicas = Min(s->nreplicas, FELIX_MAX_REPLICAS);
-	memcpy(replicas, s->replicas, sizeof(replicas));
-	SpinLockRelease(&s->mutex);
-	if (!lead)
-		return false;
-
+	snap->key = v.key;
+	strlcpy(snap->stream_name, v.stream_name, NAMEDATALEN);
+	snap->generation = v.generation;
+	snap->start_seq = v.start_seq;
+	snap->written_end = v.written_end;
+	snap->hwm_end = v.hwm_end;
 	snap->nfollowers = 0;
-	for (int i = 0; i < nreplicas; i++)
+	for (int i = 0; i < Min(v.nreplicas, FELIX_MAX_REPLICAS); i++)
 	{
-		if (replicas[i][0] == '\0' || felix_is_this_node(replicas[i]))
+		if (v.replicas[i][0] == '\0' || felix_is_this_node(v.replicas[i]))
 			continue;
-		strlcpy(snap->followers[snap->nfollowers++], replicas[i], NAMEDATALEN);
+		strlcpy(snap->followers[snap->nfollowers++], v.replicas[i], NAMEDATALEN);
 	}
 	return snap->nfollowers > 0;
 }
@@ -668,6 +671,51 @@ follower_note_error(int slot, int fidx, FelixFollower *f, const char *msg,
 	repl_state_put_follower(slot, fidx, f);
 }
 
+/* Bytes of the batches in buf (whole batches, as read) that begin below seq. */
+static uint64
+bytes_below(const StringInfo buf, uint64 seq)
+{
+	uint64		n = 0;
+	int			off = 0;
+
+	while (off + (int) sizeof(FelixBatchHeader) <= buf->len)
+	{
+		FelixBatchHeader h;
+
+		memcpy(&h, buf->data + off, sizeof(h));
+		if (h.base_seq >= seq)
+			break;
+		n += batch_stored_len(&h);
+		off += (int) batch_stored_len(&h);
+	}
+	return n;
+}
+
+/*
+ * A follower being rebuilt is shipped to at felix.rebuild_bytes_per_sec
+ * (0: unlimited) over the rebuild so far.  Returns the most the next
+ * request may carry, or 0 (and sets its retry time) when it must wait.
+ */
+static Size
+rebuild_allowance(ShipSlot *ss, int fidx, const FelixFollower *f, int64 now_ns)
+{
+	double		rate = (double) felix_rebuild_bytes_per_sec;
+	double		elapsed_s;
+	double		budget;
+
+	if (f->state != FELIX_FOLLOWER_REBUILDING || rate <= 0)
+		return FELIX_SHIP_MAX_BYTES;
+	elapsed_s = (double) Max(GetCurrentTimestamp() - f->rebuild_started_at, 0) / 1e6;
+	budget = rate * elapsed_s - (double) f->rebuild_bytes;
+	if (budget <= 0)
+	{
+		ss->retry_at_ns[fidx] = now_ns + (int64) (-budget / rate * 1e9) + NS_PER_MS;
+		return 0;
+	}
+	/* small requests, so the pace holds over short spans too */
+	return (Size) Max(Min(budget, Min(rate / 8, (double) FELIX_SHIP_MAX_BYTES)), 1.0);
+}
+
 /* Send one follower of one shard what it lacks, if anything and if possible. */
 static void
 ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
@@ -678,31 +726,53 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 	ReadArg		ra;
 	char		err[FELIX_REPL_ERROR_LEN];
 	char		dir[MAXPGPATH];
+	char		incarnation[FELIX_INCARNATION_LEN];
 	char	   *what;
+	ReplicateOp op = REPLICATE_SHIP;
 	uint64		from_seq;
 	uint64		sent_end;
 	uint64		hwm_param;
+	Size		max_bytes;
 	char		shard_s[16],
 				gen_s[24],
 				from_s[24],
 				hwm_s[24];
-	const char *values[6];
-	int			lengths[6];
-	int			formats[6] = {0, 0, 0, 0, 0, 1};
+	const char *values[REPLICATE_NPARAMS];
+	int			lengths[REPLICATE_NPARAMS];
+	int			formats[REPLICATE_NPARAMS] = {0, 0, 0, 0, 0, 0, 0, 0, 1};
 	ShipRequest *r;
 
-	if (f->state != FELIX_FOLLOWER_SHIPPING || ss->in_flight[fidx] ||
+	if (f->state == FELIX_FOLLOWER_HALTED || ss->in_flight[fidx] ||
 		now_ns < ss->retry_at_ns[fidx])
 		return;
 
 	/*
-	 * Work to do: records it lacks, a high-water mark it has not heard, or
-	 * no answer yet at this generation (its position is unknown: even an
-	 * empty shipment tells us where it stands).
+	 * The copy we ship to is the one its node's incarnation holds: a node
+	 * whose data directory was replaced since is a new, empty replica, and
+	 * nothing it acknowledged before counts.
 	 */
-	if (!(f->cursor < snap->written_end || snap->hwm_end > ss->hwm_sent[fidx] ||
-		  !f->answered))
+	if (!felix_node_incarnation_of(f->name, incarnation))
+	{
+		follower_note_error(slot, fidx, f,
+							"its incarnation is not known yet (the node directory learns it from the control plane)",
+							snap, true);
+		ss->retry_at_ns[fidx] = now_ns + FELIX_SHIP_RETRY_MS * NS_PER_MS;
 		return;
+	}
+	if (strcmp(f->incarnation, incarnation) != 0)
+	{
+		if (f->incarnation[0] != '\0')
+			ereport(LOG,
+					(errmsg("felix ship: stream \"%s\" shard %d: follower \"%s\" has a new felix data directory (incarnation %s); shipping to it starts over",
+							snap->stream_name, snap->key.shard, f->name, incarnation)));
+		strlcpy(f->incarnation, incarnation, FELIX_INCARNATION_LEN);
+		f->acked_end = 0;
+		f->answered = false;
+		if (f->state == FELIX_FOLLOWER_REBUILDING)
+			felix_count(FELIX_CTR_REBUILDS_REFUSED, 1);
+		f->state = FELIX_FOLLOWER_SHIPPING;
+		repl_state_put_follower(slot, fidx, f);
+	}
 
 	p = peer_get(f->name, now_ns);
 	if (p == NULL)
@@ -726,16 +796,37 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 	if (p->bytes_in_flight >= FELIX_SHIP_PEER_MAX_BYTES)
 		return;
 
+	if (f->state == FELIX_FOLLOWER_BOOTSTRAP)
+		op = REPLICATE_BOOTSTRAP;
+	else if (f->state == FELIX_FOLLOWER_REBUILDING && !ss->discarded[fidx])
+		op = REPLICATE_REBUILD;
+
+	/*
+	 * Work to do: records it lacks, a high-water mark it has not heard
+	 * (on this connection: a follower that restarted has forgotten what it
+	 * was told), no answer yet at this generation (its position is
+	 * unknown: even an empty shipment tells us where it stands), or a copy
+	 * to begin afresh.
+	 */
+	if (op == REPLICATE_SHIP &&
+		!(f->cursor < snap->written_end || snap->hwm_end > ss->hwm_sent[fidx] ||
+		  ss->conn_serial[fidx] != p->ac.serial || !f->answered))
+		return;
+	max_bytes = rebuild_allowance(ss, fidx, f, now_ns);
+	if (max_bytes == 0)
+		return;
+
 	felix_shard_dir(&snap->key, dir);
 	what = psprintf("stream \"%s\" shard %d", snap->stream_name, snap->key.shard);
 	initStringInfo(&buf);
-	from_seq = sent_end = f->cursor;
-	if (f->cursor < snap->written_end)
+	from_seq = sent_end = op == REPLICATE_SHIP ? f->cursor : snap->start_seq;
+	if (op == REPLICATE_SHIP && f->cursor < snap->written_end)
 	{
 		ra.dir = dir;
 		ra.what = what;
 		ra.from = f->cursor;
 		ra.end = snap->written_end;
+		ra.max_bytes = max_bytes;
 		ra.out = &buf;
 		ra.pos = &ss->read_pos[fidx];
 		if (!ship_local(read_fn, &ra, err, sizeof(err)))
@@ -768,17 +859,20 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 	values[0] = snap->stream_name;
 	values[1] = shard_s;
 	values[2] = gen_s;
-	values[3] = from_s;
-	values[4] = hwm_s;
-	values[5] = buf.data;
-	for (int i = 0; i < 5; i++)
+	values[3] = f->name;
+	values[4] = f->incarnation;
+	values[5] = op == REPLICATE_SHIP ? "ship" : op == REPLICATE_BOOTSTRAP ? "bootstrap" : "rebuild";
+	values[6] = from_s;
+	values[7] = hwm_s;
+	values[8] = buf.data;
+	for (int i = 0; i < REPLICATE_NPARAMS - 1; i++)
 		lengths[i] = 0;
-	lengths[5] = buf.len;
+	lengths[REPLICATE_NPARAMS - 1] = buf.len;
 
 	if (p->prepared_serial != p->ac.serial)
 	{
 		/* first shipment on this connection: prepare, in the same pipeline */
-		if (PQsendPrepare(p->ac.conn, replicate_stmt, replicate_sql, 6,
+		if (PQsendPrepare(p->ac.conn, replicate_stmt, replicate_sql, REPLICATE_NPARAMS,
 						  replicate_types) != 1 ||
 			PQpipelineSync(p->ac.conn) != 1)
 		{
@@ -791,7 +885,7 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 		r->sent_ns = now_ns;
 		p->prepared_serial = p->ac.serial;
 	}
-	if (PQsendQueryPrepared(p->ac.conn, replicate_stmt, 6, values, lengths,
+	if (PQsendQueryPrepared(p->ac.conn, replicate_stmt, REPLICATE_NPARAMS, values, lengths,
 							formats, 0) != 1 ||
 		PQpipelineSync(p->ac.conn) != 1)
 	{
@@ -805,6 +899,7 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 	r->generation = snap->generation;
 	r->fidx = fidx;
 	strlcpy(r->follower, f->name, NAMEDATALEN);
+	r->op = op;
 	r->from_seq = from_seq;
 	r->sent_end = sent_end;
 	r->hwm_sent = hwm_param;
@@ -814,7 +909,17 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 	ss->in_flight[fidx] = true;
 	ss->in_flight_end[fidx] = sent_end;
 	ss->in_flight_ns[fidx] = now_ns;
+	ss->conn_serial[fidx] = p->ac.serial;
 	felix_count(FELIX_CTR_BYTES_SHIPPED, buf.len);
+	/* what a follower is sent of the log before this leadership began */
+	if (ss->generation_start > 0 && from_seq < ss->generation_start)
+		felix_count(FELIX_CTR_CATCHUP_BYTES, bytes_below(&buf, ss->generation_start));
+	if (f->state == FELIX_FOLLOWER_REBUILDING && buf.len > 0)
+	{
+		f->rebuild_bytes += buf.len;
+		felix_count(FELIX_CTR_REBUILD_BYTES, buf.len);
+		repl_state_put_follower(slot, fidx, f);
+	}
 	/* libpq holds its own copy now */
 	pfree(buf.data);
 	pfree(what);
@@ -822,6 +927,101 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 	(void) async_flush(&p->ac, now_ns);
 	if (p->ac.state != FELIX_ASYNC_READY)
 		peer_drop_requests(p);
+}
+
+/*
+ * The rebuild policy, once per pass over every shard led here: a rebuild
+ * that has brought its follower level with the log is complete (its slot
+ * is free again); then halted followers are rebuilt while fewer than the
+ * cap are -- automatically, for a diverged or needs_bootstrap halt, while
+ * felix.rebuild_max_concurrent > 0; when asked (felix_rebuild), under the
+ * same cap but at least one at a time, and a protocol halt too.  A fenced
+ * halt is never rebuilt: this node no longer leads, and nothing it ships
+ * is authoritative.  The count is node-wide, as a leader sees only its own
+ * followers.
+ */
+static void
+rebuild_policy(void)
+{
+	FelixReplShard *e = palloc(sizeof(FelixReplShard));
+	int			nslots = Min(shard_count_slots(), ship_nslots);
+	int			rebuilding = 0;
+	int			cap_auto = felix_rebuild_max_concurrent;
+	int			cap_asked = Max(cap_auto, 1);
+
+	for (int pass = 0; pass < 2; pass++)
+	{
+		for (int slot = 0; slot < nslots; slot++)
+		{
+			ShipSlot   *ss = &ship_slots[slot];
+			FelixShardView v;
+
+			if (!ss->active)
+				continue;
+			repl_state_copy(slot, e);
+			if (!e->valid || e->generation != ss->generation || !key_equal(&e->key, &ss->key))
+				continue;
+			shard_read(shard_slot(slot), &v);
+			for (int i = 0; i < e->nfollowers; i++)
+			{
+				FelixFollower f = e->followers[i];
+				bool		asked = f.rebuild_requested;
+				bool		rebuildable;
+
+				if (pass == 0)
+				{
+					if (f.state != FELIX_FOLLOWER_REBUILDING)
+						continue;
+					if (ss->discarded[i] && f.answered && f.acked_end >= v.written_end)
+					{
+						f.state = FELIX_FOLLOWER_SHIPPING;
+						repl_state_put_follower(slot, i, &f);
+						felix_count(FELIX_CTR_REBUILDS_COMPLETED, 1);
+						ereport(LOG,
+								(errmsg("felix ship: stream \"%s\" shard %d: follower \"%s\" rebuilt: it holds seqs [" UINT64_FORMAT ", " UINT64_FORMAT ") after " UINT64_FORMAT " bytes",
+										e->stream_name, e->key.shard, f.name, v.start_seq,
+										f.acked_end, f.rebuild_bytes)));
+					}
+					else
+						rebuilding++;
+					continue;
+				}
+
+				if (f.state != FELIX_FOLLOWER_HALTED)
+					continue;
+				rebuildable = f.halt == FELIX_HALT_DIVERGED ||
+					f.halt == FELIX_HALT_NEEDS_BOOTSTRAP ||
+					(asked && f.halt == FELIX_HALT_PROTOCOL);
+				if (!rebuildable)
+				{
+					if (asked)
+						(void) repl_state_take_rebuild_request(slot, i);
+					continue;
+				}
+				if (asked ? rebuilding >= cap_asked : (cap_auto <= 0 || rebuilding >= cap_auto))
+					continue;
+				if (asked)
+					(void) repl_state_take_rebuild_request(slot, i);
+				ereport(LOG,
+						(errmsg("felix ship: stream \"%s\" shard %d: rebuilding follower \"%s\" (halted %s) from seq " UINT64_FORMAT "%s",
+								e->stream_name, e->key.shard, f.name, felix_halt_name(f.halt),
+								v.start_seq, asked ? ", as asked" : "")));
+				f.state = FELIX_FOLLOWER_REBUILDING;
+				f.halt = FELIX_HALT_NONE;
+				f.answered = false;
+				f.acked_end = 0;
+				f.rebuild_started_at = GetCurrentTimestamp();
+				f.rebuild_bytes = 0;
+				f.last_error[0] = '\0';
+				repl_state_put_follower(slot, i, &f);
+				ss->discarded[i] = false;
+				ss->retry_at_ns[i] = 0;
+				rebuilding++;
+				felix_count(FELIX_CTR_REBUILDS_STARTED, 1);
+			}
+		}
+	}
+	pfree(e);
 }
 
 /* One pass over every slot: keep entries in step with the shards, ship. */
@@ -878,6 +1078,7 @@ ship_scan(int64 now_ns)
 			ss->active = true;
 			ss->key = snap.key;
 			ss->generation = snap.generation;
+			ss->generation_start = fa.start;
 			repl_state_copy(slot, e);
 		}
 
@@ -892,21 +1093,51 @@ ship_scan(int64 now_ns)
 }
 
 /*
- * Can the answer be true of the shipment it answers?  'stored' names
- * exactly the end of what was sent (the follower compared or wrote all of
- * it); 'gap' a tail before that end; 'conflict' the first seq of a batch
- * that was sent; 'fenced' any tail.  Anything else is a protocol error.
+ * Can the answer be true of the request it answers?  To a shipment:
+ * 'stored' names exactly the end of what was sent (the follower compared
+ * or wrote all of it); 'gap' a tail before that end; 'conflict' the first
+ * seq of a batch that was sent; 'fenced' and 'needs_bootstrap' any tail.
+ * To a bootstrap or a rebuild: 'bootstrapped' or 'rebuilt' at exactly the
+ * seq offered, 'needs_bootstrap' or 'fenced'.  Anything else is a protocol
+ * error.
  */
 static bool
 answer_believable(const ShipRequest *r)
 {
+	bool		ship = r->op == REPLICATE_SHIP;
+
 	if (strcmp(r->status, "stored") == 0)
-		return r->seq == r->sent_end;
+		return ship && r->seq == r->sent_end;
 	if (strcmp(r->status, "gap") == 0)
-		return r->seq < r->sent_end;
+		return ship && r->seq < r->sent_end;
 	if (strcmp(r->status, "conflict") == 0)
-		return r->seq >= r->from_seq && r->seq < r->sent_end;
-	return true;
+		return ship && r->seq >= r->from_seq && r->seq < r->sent_end;
+	if (strcmp(r->status, "bootstrapped") == 0)
+		return r->op == REPLICATE_BOOTSTRAP && r->seq == r->from_seq;
+	if (strcmp(r->status, "rebuilt") == 0)
+		return r->op == REPLICATE_REBUILD && r->seq == r->from_seq;
+	return strcmp(r->status, "fenced") == 0 || strcmp(r->status, "needs_bootstrap") == 0;
+}
+
+/* Halt follower f for `halt`, saying why (its entry is written by the caller). */
+static void
+follower_halt(FelixFollower *f, FelixHalt halt, uint64 position, uint64 generation,
+			  const ShardSnap *snap, const char *detail, const char *hint)
+{
+	if (f->state == FELIX_FOLLOWER_REBUILDING)
+		felix_count(FELIX_CTR_REBUILDS_REFUSED, 1);
+	f->state = FELIX_FOLLOWER_HALTED;
+	f->halt = halt;
+	f->halt_position = position;
+	f->halted_at = GetCurrentTimestamp();
+	ereport(WARNING,
+			(errcode(halt == FELIX_HALT_PROTOCOL ? ERRCODE_PROTOCOL_VIOLATION :
+					 ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("felix ship: stream \"%s\" shard %d: follower \"%s\" halted (%s) at generation " UINT64_FORMAT ": %s",
+					snap->stream_name, snap->key.shard, f->name, felix_halt_name(halt),
+					generation, f->last_error),
+			 detail ? errdetail("%s", detail) : 0,
+			 errhint("%s", hint)));
 }
 
 /* Apply a finished request's answer to its follower's entry. */
@@ -917,6 +1148,7 @@ apply_answer(ShipRequest *r, int64 now_ns)
 	FelixReplShard *e;
 	FelixFollower f;
 	ShardSnap	snap;
+	FelixShardView v;
 
 	if (ss == NULL)
 		return;					/* the shard moved on since it was sent */
@@ -935,16 +1167,22 @@ apply_answer(ShipRequest *r, int64 now_ns)
 	snap.key = e->key;
 	strlcpy(snap.stream_name, e->stream_name, NAMEDATALEN);
 	pfree(e);
+	shard_read(shard_slot(r->slot), &v);
 
 	if (r->failed || !r->have_answer)
 	{
 		/*
 		 * A follower that has not yet heard of this generation (the grant
 		 * is newer than its last heartbeat) will have within one heartbeat:
-		 * retry soon and say nothing.
+		 * retry soon and say nothing.  A refused rebuild gives its slot back.
 		 */
 		bool		unknown = strcmp(r->sqlstate, "55F04") == 0;
 
+		if (r->op == REPLICATE_REBUILD && !unknown && f.state == FELIX_FOLLOWER_REBUILDING)
+		{
+			felix_count(FELIX_CTR_REBUILDS_REFUSED, 1);
+			f.state = FELIX_FOLLOWER_HALTED;
+		}
 		follower_note_error(r->slot, r->fidx, &f,
 							r->failed ? r->error : "the follower returned no answer", &snap,
 							unknown);
@@ -962,16 +1200,13 @@ apply_answer(ShipRequest *r, int64 now_ns)
 		 * follower complete a quorum alone.  It is out of every quorum
 		 * from here (a halted follower counts for nothing, report.c).
 		 */
-		f.state = FELIX_FOLLOWER_HALTED_PROTOCOL;
 		snprintf(f.last_error, sizeof(f.last_error),
-				 "it answered %s " UINT64_FORMAT " to a shipment of seqs [" UINT64_FORMAT ", " UINT64_FORMAT ")",
-				 r->status, r->seq, r->from_seq, r->sent_end);
-		ereport(WARNING,
-				(errcode(ERRCODE_PROTOCOL_VIOLATION),
-				 errmsg("felix ship: stream \"%s\" shard %d: follower \"%s\" halted at generation " UINT64_FORMAT ": %s",
-						snap.stream_name, snap.key.shard, f.name, r->generation, f.last_error),
-				 errdetail("A follower answers with the end of what it was sent, or a position inside it; this answer cannot be true."),
-				 errhint("The follower is out of every quorum; check that node's felix version and its felix.replicate.")));
+				 "it answered %s " UINT64_FORMAT " to a %s of seqs [" UINT64_FORMAT ", " UINT64_FORMAT ")",
+				 r->status, r->seq, r->op == REPLICATE_SHIP ? "shipment" : "bootstrap or rebuild",
+				 r->from_seq, r->sent_end);
+		follower_halt(&f, FELIX_HALT_PROTOCOL, r->seq, r->generation, &snap,
+					  "A follower answers with the end of what it was sent, or a position inside it; this answer cannot be true.",
+					  "The follower is out of every quorum; check that node's felix version, then rebuild it with felix_rebuild.");
 	}
 	else if (strcmp(r->status, "stored") == 0)
 	{
@@ -984,57 +1219,62 @@ apply_answer(ShipRequest *r, int64 now_ns)
 	}
 	else if (strcmp(r->status, "gap") == 0)
 	{
-		uint64		start_seq;
-		FelixShard *s = shard_slot(r->slot);
-
-		SpinLockAcquire(&s->mutex);
-		start_seq = s->start_seq;
-		SpinLockRelease(&s->mutex);
 		f.cursor = r->seq;
-		if (r->seq < start_seq)
+		f.last_error[0] = '\0';
+		if (r->seq < v.start_seq)
 		{
-			/* what it lacks is gone from here too: only a rebuild helps */
-			f.state = FELIX_FOLLOWER_HALTED_BEHIND;
+			/* what it lacks is gone from here too: offer our log as it is */
+			f.state = FELIX_FOLLOWER_BOOTSTRAP;
 			snprintf(f.last_error, sizeof(f.last_error),
-					 "its log ends at seq " UINT64_FORMAT ", before this leader's oldest record " UINT64_FORMAT,
-					 r->seq, start_seq);
-			ereport(WARNING,
-					(errmsg("felix ship: stream \"%s\" shard %d: follower \"%s\" halted at generation " UINT64_FORMAT ": %s",
-							snap.stream_name, snap.key.shard, f.name, r->generation, f.last_error),
-					 errhint("Retention removed records the follower still needs; the follower must be rebuilt from the leader.")));
+					 "its log ends at seq " UINT64_FORMAT ", before this leader's oldest record " UINT64_FORMAT ": offering it a copy beginning there",
+					 r->seq, v.start_seq);
 		}
+	}
+	else if (strcmp(r->status, "bootstrapped") == 0 || strcmp(r->status, "rebuilt") == 0)
+	{
+		/* an empty copy beginning at our oldest record: ship from there */
+		f.cursor = f.acked_end = r->seq;
+		f.answered = true;
+		f.last_error[0] = '\0';
+		if (f.state == FELIX_FOLLOWER_BOOTSTRAP)
+			f.state = FELIX_FOLLOWER_SHIPPING;
 		else
-			f.last_error[0] = '\0';
+			ss->discarded[r->fidx] = true;
+		ss->read_pos[r->fidx].seq = 0;
+	}
+	else if (strcmp(r->status, "needs_bootstrap") == 0)
+	{
+		snprintf(f.last_error, sizeof(f.last_error),
+				 r->op == REPLICATE_SHIP ?
+				 "its copy predates its node's current incarnation (its log ends at seq " UINT64_FORMAT ")" :
+				 "its log ends at seq " UINT64_FORMAT ", before this leader's oldest record, and it holds records of its own",
+				 r->seq);
+		follower_halt(&f, FELIX_HALT_NEEDS_BOOTSTRAP, r->seq, r->generation, &snap,
+					  "A copy placed over records of its own would hide a hole nothing downstream could detect.",
+					  "The follower is out of every quorum until it is rebuilt: automatically under felix.rebuild_max_concurrent, or with felix_rebuild.");
 	}
 	else if (strcmp(r->status, "conflict") == 0)
 	{
-		f.state = FELIX_FOLLOWER_HALTED_CONFLICT;
 		snprintf(f.last_error, sizeof(f.last_error),
 				 "its log differs from this leader's at the batch starting at seq " UINT64_FORMAT,
 				 r->seq);
-		ereport(WARNING,
-				(errmsg("felix ship: stream \"%s\" shard %d: follower \"%s\" halted at generation " UINT64_FORMAT ": %s",
-						snap.stream_name, snap.key.shard, f.name, r->generation, f.last_error),
-				 errdetail("The two logs disagree about records both hold; retrying cannot converge."),
-				 errhint("The follower is out of every quorum until it is rebuilt; felix_replication lists it.")));
-	}
-	else if (strcmp(r->status, "fenced") == 0)
-	{
-		f.state = FELIX_FOLLOWER_HALTED_FENCED;
-		snprintf(f.last_error, sizeof(f.last_error),
-				 "it is at a newer generation than " UINT64_FORMAT " (its log ends at seq " UINT64_FORMAT ")",
-				 r->generation, r->seq);
-		ereport(WARNING,
-				(errmsg("felix ship: stream \"%s\" shard %d: follower \"%s\" halted at generation " UINT64_FORMAT ": %s",
-						snap.stream_name, snap.key.shard, f.name, r->generation, f.last_error),
-				 errdetail("This node is no longer the shard's leader; it will learn so from the control plane."),
-				 errhint("Nothing to do: the next heartbeat hands the shard to its new leader.")));
+		follower_halt(&f, FELIX_HALT_DIVERGED, r->seq, r->generation, &snap,
+					  "The two logs disagree about records both hold, where the follower's generation history cannot show they are an earlier leader's unadopted tail; retrying cannot converge.",
+					  "The follower serves nothing from that seq on and is out of every quorum until it is rebuilt: automatically under felix.rebuild_max_concurrent, or with felix_rebuild.");
 	}
 	else
 	{
-		follower_note_error(r->slot, r->fidx, &f,
-							psprintf("unexpected answer \"%s\"", r->status), &snap, false);
-		ss->retry_at_ns[r->fidx] = now_ns + FELIX_SHIP_RETRY_MS * NS_PER_MS;
+		Assert(strcmp(r->status, "fenced") == 0);
+		snprintf(f.last_error, sizeof(f.last_error),
+				 "it is at a newer generation than " UINT64_FORMAT " (its log ends at seq " UINT64_FORMAT ")",
+				 r->generation, r->seq);
+		follower_halt(&f, FELIX_HALT_FENCED, r->seq, r->generation, &snap,
+					  "This node is no longer the shard's leader; it steps down now and learns the new leader from the control plane.",
+					  "Nothing to do: the next heartbeat hands the shard to its new leader.");
+		repl_state_put_follower(r->slot, r->fidx, &f);
+		/* deposition is immediate: nothing more is acknowledged at r->generation */
+		(void) lease_step_down(shard_slot(r->slot), r->generation + 1,
+							   psprintf("follower \"%s\" is at a newer generation", f.name));
 		return;
 	}
 	repl_state_put_follower(r->slot, r->fidx, &f);
@@ -1189,7 +1429,7 @@ felix_ship_worker_register(void)
 static void
 ship_worker_exit(int code, Datum arg)
 {
-	shard_set_shipper_latch(NULL);
+	repl_set_shipper_latch(NULL);
 	for (int i = 0; i < FELIX_MAX_NODES; i++)
 		if (peers[i].used && peers[i].ac.conn != NULL)
 		{
@@ -1311,7 +1551,7 @@ felix_ship_worker_main(Datum arg)
 	report_init();
 
 	before_shmem_exit(ship_worker_exit, (Datum) 0);
-	shard_set_shipper_latch(MyLatch);
+	repl_set_shipper_latch(MyLatch);
 	ereport(LOG,
 			(errmsg("felix ship worker started as node \"%s\"", felix_node_name_resolved())));
 
@@ -1412,6 +1652,7 @@ felix_ship_worker_main(Datum arg)
 		pgstat_report_activity(STATE_RUNNING, "felix: shipping to followers");
 		peers_check(now_ns);
 		report_check(now_ns);	/* time-outs of the control-plane request */
+		rebuild_policy();
 		ship_scan(now_ns);
 		report_tick(felix_monotonic_ns());
 		if (IsTransactionState())

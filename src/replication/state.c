@@ -34,12 +34,21 @@
 #include "utils/builtins.h"
 #include "utils/tuplestore.h"
 
+/* The ship worker's latch (set while it runs), then one entry per slot. */
+typedef struct FelixReplState
+{
+	Latch	   *volatile shipper_latch;
+	FelixReplShard entries[FLEXIBLE_ARRAY_MEMBER];
+} FelixReplState;
+
+static FelixReplState *repl = NULL;
 static FelixReplShard *repl_entries = NULL;
 
 Size
 repl_state_shmem_size(void)
 {
-	return MAXALIGN(mul_size(sizeof(FelixReplShard), felix_max_shards));
+	return MAXALIGN(add_size(offsetof(FelixReplState, entries),
+							 mul_size(sizeof(FelixReplShard), felix_max_shards)));
 }
 
 void
@@ -47,16 +56,34 @@ repl_state_shmem_init(void)
 {
 	bool		found;
 
-	repl_entries = ShmemInitStruct("felix replication state",
-								   repl_state_shmem_size(), &found);
+	repl = ShmemInitStruct("felix replication state",
+						   repl_state_shmem_size(), &found);
+	repl_entries = repl->entries;
 	if (!found)
 	{
+		repl->shipper_latch = NULL;
 		for (int i = 0; i < felix_max_shards; i++)
 		{
 			memset(&repl_entries[i], 0, sizeof(FelixReplShard));
 			SpinLockInit(&repl_entries[i].mutex);
 		}
 	}
+}
+
+void
+repl_set_shipper_latch(Latch *latch)
+{
+	felix_require_preload();
+	repl->shipper_latch = latch;
+}
+
+void
+repl_wake_shipper(void)
+{
+	Latch	   *latch = repl != NULL ? repl->shipper_latch : NULL;
+
+	if (latch != NULL)
+		SetLatch(latch);
 }
 
 FelixReplShard *
@@ -101,6 +128,7 @@ repl_state_reset(int slot, const FelixShardKey *key, const char *stream_name,
 		f->acked_end = 0;
 		f->answered = false;
 		f->state = FELIX_FOLLOWER_SHIPPING;
+		f->halt = FELIX_HALT_NONE;
 		f->last_answer_at = 0;
 		f->last_error[0] = '\0';
 	}
@@ -128,10 +156,53 @@ repl_state_put_follower(int slot, int i, const FelixFollower *f)
 {
 	FelixReplShard *e = repl_state_entry(slot);
 
+	bool		requested;
+
 	Assert(i >= 0 && i < FELIX_MAX_REPLICAS);
 	SpinLockAcquire(&e->mutex);
+	requested = e->followers[i].rebuild_requested;
 	e->followers[i] = *f;
+	e->followers[i].rebuild_requested = requested;
 	SpinLockRelease(&e->mutex);
+}
+
+bool
+repl_state_take_rebuild_request(int slot, int i)
+{
+	FelixReplShard *e = repl_state_entry(slot);
+	bool		requested;
+
+	SpinLockAcquire(&e->mutex);
+	requested = e->followers[i].rebuild_requested;
+	e->followers[i].rebuild_requested = false;
+	SpinLockRelease(&e->mutex);
+	return requested;
+}
+
+FelixHalt
+repl_request_rebuild(int slot, uint64 generation, const char *follower)
+{
+	FelixReplShard *e = repl_state_entry(slot);
+	FelixHalt	halt = FELIX_HALT_NONE;
+
+	SpinLockAcquire(&e->mutex);
+	if (e->valid && e->generation == generation)
+	{
+		for (int i = 0; i < e->nfollowers; i++)
+		{
+			FelixFollower *f = &e->followers[i];
+
+			if (strcmp(f->name, follower) == 0 && f->state == FELIX_FOLLOWER_HALTED)
+			{
+				f->rebuild_requested = true;
+				halt = f->halt;
+			}
+		}
+	}
+	SpinLockRelease(&e->mutex);
+	if (halt != FELIX_HALT_NONE)
+		repl_wake_shipper();
+	return halt;
 }
 
 const char *
@@ -141,16 +212,33 @@ felix_follower_state_name(FelixFollowerState st)
 	{
 		case FELIX_FOLLOWER_SHIPPING:
 			return "shipping";
-		case FELIX_FOLLOWER_HALTED_CONFLICT:
-			return "halted_conflict";
-		case FELIX_FOLLOWER_HALTED_FENCED:
-			return "halted_fenced";
-		case FELIX_FOLLOWER_HALTED_BEHIND:
-			return "halted_behind";
-		case FELIX_FOLLOWER_HALTED_PROTOCOL:
-			return "halted_protocol";
+		case FELIX_FOLLOWER_BOOTSTRAP:
+			return "bootstrapping";
+		case FELIX_FOLLOWER_REBUILDING:
+			return "rebuilding";
+		case FELIX_FOLLOWER_HALTED:
+			return "halted";
 	}
 	return "unknown";
+}
+
+const char *
+felix_halt_name(FelixHalt h)
+{
+	switch (h)
+	{
+		case FELIX_HALT_NONE:
+			break;
+		case FELIX_HALT_DIVERGED:
+			return "diverged";
+		case FELIX_HALT_NEEDS_BOOTSTRAP:
+			return "needs_bootstrap";
+		case FELIX_HALT_FENCED:
+			return "fenced";
+		case FELIX_HALT_PROTOCOL:
+			return "protocol";
+	}
+	return "";
 }
 
 /*
@@ -160,17 +248,14 @@ felix_follower_state_name(FelixFollowerState st)
 static bool
 leader_position(int slot, const FelixReplShard *e, uint64 *written_end)
 {
-	FelixShard *s = shard_slot(slot);
-	bool		ok;
+	FelixShardView v;
 
-	SpinLockAcquire(&s->mutex);
-	ok = s->in_use && s->role == FELIX_ROLE_LEADER &&
-		s->generation == e->generation &&
-		s->key.dboid == e->key.dboid && s->key.relid == e->key.relid &&
-		s->key.shard == e->key.shard;
-	*written_end = s->written_end;
-	SpinLockRelease(&s->mutex);
-	return ok;
+	shard_read(shard_slot(slot), &v);
+	*written_end = v.written_end;
+	return v.in_use && v.role == FELIX_ROLE_LEADER &&
+		v.generation == e->generation &&
+		v.key.dboid == e->key.dboid && v.key.relid == e->key.relid &&
+		v.key.shard == e->key.shard;
 }
 
 void
@@ -196,7 +281,7 @@ felix_replication_gauges(uint64 *lag_records, uint64 *halted_followers,
 			continue;
 		for (int f = 0; f < e->nfollowers; f++)
 		{
-			if (e->followers[f].state != FELIX_FOLLOWER_SHIPPING)
+			if (e->followers[f].state == FELIX_FOLLOWER_HALTED)
 			{
 				halted++;
 				continue;
@@ -259,7 +344,9 @@ felix_replication_view(PG_FUNCTION_ARGS)
 				nulls[4] = true;
 			values[5] = Int64GetDatum(written_end > fl->acked_end ?
 									  (int64) (written_end - fl->acked_end) : 0);
-			values[6] = CStringGetTextDatum(felix_follower_state_name(fl->state));
+			values[6] = CStringGetTextDatum(fl->state == FELIX_FOLLOWER_HALTED ?
+											psprintf("halted_%s", felix_halt_name(fl->halt)) :
+											felix_follower_state_name(fl->state));
 			if (fl->last_answer_at != 0)
 				values[7] = TimestampTzGetDatum(fl->last_answer_at);
 			else

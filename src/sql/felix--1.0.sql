@@ -193,10 +193,17 @@ REVOKE ALL ON FUNCTION felix_create_node_role(text) FROM PUBLIC;
 SELECT felix_create_node_role(felix.node_name());
 
 -- Cluster members: a node is alive while its last heartbeat is younger
--- than felix.node_expiry.
+-- than felix.node_expiry.  incarnation identifies the node's felix data
+-- directory (a new one is a new, empty replica of everything), starts
+-- counts the server starts that directory has seen (one restored from an
+-- older copy comes back with fewer), and unable lists the shards
+-- ('stream/shard') the node said it cannot serve at its last heartbeat.
 CREATE TABLE felix.nodes (
     name           text PRIMARY KEY CHECK (name <> ''),
     conninfo       text NOT NULL,
+    incarnation    text NOT NULL,
+    starts         bigint NOT NULL CHECK (starts > 0),
+    unable         text[] NOT NULL DEFAULT '{}',
     registered_at  timestamptz NOT NULL,
     last_heartbeat timestamptz NOT NULL
 );
@@ -222,15 +229,23 @@ CREATE TABLE felix.cluster_streams (
 -- is NULL from the moment a generation is published until its leader's
 -- first heartbeat takes the lease; lease_ms is the duration that grant
 -- promised.  assigned_at is when the generation was published.
--- unplaced_reason says why a lapsed shard has no successor yet; the
--- leader column then still names the last leader.
+-- leader_incarnation is the incarnation the generation was granted to:
+-- only that incarnation of the leader takes or renews its lease.
+-- taken_generation is the newest generation whose lease was ever taken
+-- (a generation never taken wrote nothing), and taken_until when the last
+-- lease taken or renewed ran out, by this clock.  unplaced_reason says why a
+-- lapsed shard has no successor yet; the leader column then still names
+-- the last leader.
 CREATE TABLE felix.assignments (
     stream           text NOT NULL REFERENCES felix.cluster_streams (name) ON DELETE CASCADE,
     shard            integer NOT NULL CHECK (shard >= 0),
     generation       bigint NOT NULL CHECK (generation >= 1),
     leader           text,
+    leader_incarnation text,
     replicas         text[] NOT NULL CHECK (cardinality(replicas) > 0),
     lease_granted_at timestamptz,
+    taken_generation bigint NOT NULL DEFAULT 0,
+    taken_until      timestamptz,
     lease_ms         integer NOT NULL CHECK (lease_ms > 0),
     unplaced_reason  text,
     assigned_at      timestamptz NOT NULL,
@@ -241,19 +256,25 @@ CREATE TABLE felix.assignments (
 CREATE INDEX assignments_leader ON felix.assignments (leader);
 
 -- The leader's word on each follower: how far it has acknowledged
--- (exclusive end) and whether it holds every record acknowledged to a
--- client.  Written only by felix.cp_report, and only while the reporter
--- leads the shard at that generation.  token orders one leader's reports
--- at one generation: a request that arrives after a later one (it was
--- held up, and the leader gave up on it) is not allowed to undo it.
+-- (exclusive end), whether it holds every record acknowledged to a
+-- client, the follower's incarnation it shipped to, and -- when shipping
+-- to it has halted -- why, since when, and at which position.  Written
+-- only by felix.cp_report, and only while the reporter leads the shard at
+-- that generation.  token orders one leader's reports at one generation:
+-- a request that arrives after a later one (it was held up, and the
+-- leader gave up on it) is not allowed to undo it.
 CREATE TABLE felix.replica_reports (
     stream      text NOT NULL,
     shard       integer NOT NULL,
     generation  bigint NOT NULL,
     leader      text NOT NULL,
     follower    text NOT NULL,
+    follower_incarnation text NOT NULL,
     acked_end   bigint NOT NULL CHECK (acked_end >= 0),
     caught_up   boolean NOT NULL,
+    halted      text CHECK (halted IN ('diverged', 'needs_bootstrap', 'fenced', 'protocol')),
+    halted_since timestamptz,
+    position    bigint,
     reported_at timestamptz NOT NULL,
     token       bigint,
     PRIMARY KEY (stream, shard, follower),
@@ -341,7 +362,8 @@ $$;
 -- felix.cp_heartbeat: register the node, renew or take the leases it is
 -- due, and tell it every assignment of every stream.
 -- ---------------------------------------------------------------------
-CREATE FUNCTION felix.cp_heartbeat(node text, conninfo text)
+CREATE FUNCTION felix.cp_heartbeat(node text, conninfo text, incarnation text,
+                                   starts bigint, unable text[] DEFAULT NULL)
 RETURNS TABLE (stream text, shard integer, generation bigint, leader text,
                leader_conninfo text, replicas text[], lease_granted boolean,
                lease_ms integer, unplaced_reason text, shards integer,
@@ -351,35 +373,88 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 DECLARE
     cfg       record;
     a         record;
+    prev      record;
+    known     boolean;
     t         timestamptz;
+    masked    text;
+    other     text;
+    v_unable  text[];
     g_streams text[] := '{}';
     g_shards  integer[] := '{}';
 BEGIN
     PERFORM felix.check_node_name(cp_heartbeat.node);
     -- A node registers and renews only for itself.
     PERFORM felix.cp_require_node(cp_heartbeat.node, 'felix.cp_heartbeat');
-    IF cp_heartbeat.conninfo IS NULL THEN
-        RAISE EXCEPTION 'node "%": conninfo must not be NULL', cp_heartbeat.node
+    IF cp_heartbeat.conninfo IS NULL OR cp_heartbeat.incarnation IS NULL
+       OR cp_heartbeat.starts IS NULL THEN
+        RAISE EXCEPTION 'node "%": conninfo, incarnation and starts must not be NULL', cp_heartbeat.node
             USING ERRCODE = 'null_value_not_allowed',
-                  HINT = 'Pass the conninfo peers use to reach the node (felix.node_conninfo).';
+                  HINT = 'Pass the conninfo peers use to reach the node (felix.node_conninfo) and the identity of its felix data directory.';
+    END IF;
+    IF cp_heartbeat.incarnation !~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+       OR cp_heartbeat.starts <= 0 THEN
+        RAISE EXCEPTION 'node "%": incarnation % / starts % is not an identity felix made',
+                cp_heartbeat.node, cp_heartbeat.incarnation, cp_heartbeat.starts
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'This is felix''s internal protocol; node and control plane may run different felix versions.';
     END IF;
     cfg := felix.cp_settings();
+    masked := felix.cp_mask_conninfo(cp_heartbeat.conninfo);
 
     t := clock_timestamp();
-    INSERT INTO felix.nodes AS n (name, conninfo, registered_at, last_heartbeat)
-    VALUES (cp_heartbeat.node, felix.cp_mask_conninfo(cp_heartbeat.conninfo), t, t)
+    SELECT n.* INTO prev FROM felix.nodes n WHERE n.name = cp_heartbeat.node FOR UPDATE;
+    known := FOUND;
+    IF known AND prev.incarnation = cp_heartbeat.incarnation AND cp_heartbeat.starts < prev.starts THEN
+        -- The same directory has been seen started more often: this is an
+        -- older copy of it (restored from a snapshot, say).
+        RAISE EXCEPTION 'node "%": its felix data directory is an older copy of incarnation % (start % after start %)',
+                cp_heartbeat.node, cp_heartbeat.incarnation, cp_heartbeat.starts, prev.starts
+            USING ERRCODE = '55F06',
+                  DETAIL = 'Records acknowledged since that copy was taken may be missing from it.',
+                  HINT = 'The node gives its data directory a new incarnation and registers again; its copies are rebuilt from their leaders.';
+    END IF;
+    -- One address, one node: shipments meant for one must not reach another.
+    SELECT n.name INTO other FROM felix.nodes n
+     WHERE n.name <> cp_heartbeat.node AND n.conninfo = masked
+       AND n.last_heartbeat >= t - cfg.expiry_ms * interval '1 millisecond'
+     ORDER BY n.name COLLATE "C" LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'node "%": conninfo "%" is already the address of node "%"',
+                cp_heartbeat.node, masked, other
+            USING ERRCODE = 'duplicate_object',
+                  DETAIL = format('Node "%s" registered that conninfo and is alive.', other),
+                  HINT = format('Set felix.node_conninfo on node "%s" to the address of that server itself.', cp_heartbeat.node);
+    END IF;
+    IF known AND prev.incarnation <> cp_heartbeat.incarnation THEN
+        -- A new data directory holds nothing the old one did: what leaders
+        -- said of the old one's copies is void.
+        DELETE FROM felix.replica_reports rr WHERE rr.follower = cp_heartbeat.node;
+        RAISE LOG 'felix: node "%" has a new felix data directory (incarnation % replaces %); it is an empty replica of every shard',
+            cp_heartbeat.node, cp_heartbeat.incarnation, prev.incarnation;
+    END IF;
+    v_unable := coalesce(cp_heartbeat.unable, CASE WHEN known THEN prev.unable END, '{}');
+    INSERT INTO felix.nodes AS n (name, conninfo, incarnation, starts, unable, registered_at, last_heartbeat)
+    VALUES (cp_heartbeat.node, masked, cp_heartbeat.incarnation, cp_heartbeat.starts, v_unable, t, t)
     ON CONFLICT ON CONSTRAINT nodes_pkey
-    DO UPDATE SET conninfo = EXCLUDED.conninfo, last_heartbeat = EXCLUDED.last_heartbeat;
+    DO UPDATE SET conninfo = EXCLUDED.conninfo, incarnation = EXCLUDED.incarnation,
+                  starts = EXCLUDED.starts, unable = EXCLUDED.unable,
+                  last_heartbeat = EXCLUDED.last_heartbeat;
 
     -- The leases this node is due, each row locked before its clock is read.
     FOR a IN
-        SELECT x.stream, x.shard, x.lease_granted_at, x.lease_ms
+        SELECT x.stream, x.shard, x.generation, x.lease_granted_at, x.lease_ms,
+               x.leader_incarnation
           FROM felix.assignments x
          WHERE x.leader = cp_heartbeat.node
          ORDER BY x.stream, x.shard
            FOR UPDATE
     LOOP
         t := clock_timestamp();
+        -- Only the incarnation the generation was granted to holds it, and
+        -- only while it can serve the shard: a leader whose copy failed
+        -- lets its lease lapse, and the shard fails over.
+        CONTINUE WHEN a.leader_incarnation IS DISTINCT FROM cp_heartbeat.incarnation
+                   OR (a.stream || '/' || a.shard) = ANY (v_unable);
         -- A fresh generation's lease is taken here, by its leader's first
         -- heartbeat.  A held lease is renewed only while it has not lapsed
         -- by our clock: once it has, nothing extends it, the leader stops at
@@ -389,7 +464,9 @@ BEGIN
         IF a.lease_granted_at IS NULL
            OR t <= a.lease_granted_at + a.lease_ms * interval '1 millisecond' THEN
             UPDATE felix.assignments x
-               SET lease_granted_at = t, lease_ms = cfg.lease_ms, unplaced_reason = NULL
+               SET lease_granted_at = t, lease_ms = cfg.lease_ms, unplaced_reason = NULL,
+                   taken_generation = a.generation,
+                   taken_until = t + cfg.lease_ms * interval '1 millisecond'
              WHERE x.stream = a.stream AND x.shard = a.shard;
             g_streams := g_streams || a.stream;
             g_shards := g_shards || a.shard;
@@ -563,9 +640,11 @@ BEGIN
     -- Replica set: the replication_factor alive nodes scoring highest for
     -- this shard (ties by name); the first of them leads generation 1.
     INSERT INTO felix.assignments AS x
-           (stream, shard, generation, leader, replicas, lease_granted_at,
-            lease_ms, unplaced_reason, assigned_at)
-    SELECT v_name, h.shard, 1, p.replicas[1], p.replicas, NULL, cfg.lease_ms, NULL, t
+           (stream, shard, generation, leader, leader_incarnation, replicas,
+            lease_granted_at, lease_ms, unplaced_reason, assigned_at)
+    SELECT v_name, h.shard, 1, p.replicas[1],
+           (SELECT n.incarnation FROM felix.nodes n WHERE n.name = p.replicas[1]),
+           p.replicas, NULL, cfg.lease_ms, NULL, t
       FROM generate_series(0, v_shards - 1) AS h(shard)
      CROSS JOIN LATERAL (
             SELECT array_agg(q.node ORDER BY q.score DESC, q.node COLLATE "C") AS replicas
@@ -650,7 +729,7 @@ BEGIN
     IF cp_report.reports IS NULL OR jsonb_typeof(cp_report.reports) <> 'array' THEN
         RAISE EXCEPTION 'node "%": reports must be a JSON array', cp_report.leader
             USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Pass [{"stream": ..., "shard": ..., "generation": ..., "follower": ..., "acked_end": ..., "caught_up": ...}, ...].';
+                  HINT = 'Pass [{"stream": ..., "shard": ..., "generation": ..., "follower": ..., "incarnation": ..., "acked_end": ..., "caught_up": ..., "halted": ..., "position": ...}, ...].';
     END IF;
     -- A malformed element refuses the whole call: nothing of it lands.
     SELECT e.v INTO bad
@@ -658,7 +737,14 @@ BEGIN
      WHERE jsonb_typeof(e.v) IS DISTINCT FROM 'object'
         OR jsonb_typeof(e.v -> 'stream') IS DISTINCT FROM 'string'
         OR jsonb_typeof(e.v -> 'follower') IS DISTINCT FROM 'string'
+        OR jsonb_typeof(e.v -> 'incarnation') IS DISTINCT FROM 'string'
+        OR (e.v ->> 'incarnation') !~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
         OR jsonb_typeof(e.v -> 'caught_up') IS DISTINCT FROM 'boolean'
+        OR (e.v ? 'halted' AND (jsonb_typeof(e.v -> 'halted') IS DISTINCT FROM 'string'
+                                OR (e.v ->> 'halted') NOT IN ('diverged', 'needs_bootstrap', 'fenced', 'protocol')
+                                OR (e.v ->> 'caught_up')::boolean))
+        OR (e.v ? 'position' AND (jsonb_typeof(e.v -> 'position') IS DISTINCT FROM 'number'
+                                  OR (e.v ->> 'position') !~ '^[0-9]{1,18}$'))
         OR jsonb_typeof(e.v -> 'shard') IS DISTINCT FROM 'number'
         OR jsonb_typeof(e.v -> 'generation') IS DISTINCT FROM 'number'
         OR jsonb_typeof(e.v -> 'acked_end') IS DISTINCT FROM 'number'
@@ -669,7 +755,7 @@ BEGIN
     IF FOUND THEN
         RAISE EXCEPTION 'node "%": malformed replica report %', cp_report.leader, bad
             USING ERRCODE = 'invalid_parameter_value',
-                  DETAIL = 'A report is an object with string stream and follower, non-negative integer shard, generation and acked_end, and boolean caught_up.',
+                  DETAIL = 'A report is an object with string stream, follower and incarnation (a uuid), non-negative integer shard, generation and acked_end, boolean caught_up, and optionally halted (diverged, needs_bootstrap, fenced or protocol; never with caught_up) and an integer position.',
                   HINT = 'This is felix''s internal protocol; leader and control plane may run different felix versions.';
     END IF;
 
@@ -678,7 +764,9 @@ BEGIN
     FOR r IN
         SELECT e.v ->> 'stream' AS stream, (e.v ->> 'shard')::integer AS shard,
                (e.v ->> 'generation')::bigint AS generation, e.v ->> 'follower' AS follower,
-               (e.v ->> 'acked_end')::bigint AS acked_end, (e.v ->> 'caught_up')::boolean AS caught_up
+               (e.v ->> 'acked_end')::bigint AS acked_end, (e.v ->> 'caught_up')::boolean AS caught_up,
+               e.v ->> 'incarnation' AS incarnation, e.v ->> 'halted' AS halted,
+               (e.v ->> 'position')::bigint AS position
           FROM jsonb_array_elements(cp_report.reports) WITH ORDINALITY AS e(v, ord)
          ORDER BY 1, 2, e.ord
     LOOP
@@ -706,12 +794,23 @@ BEGIN
                    OR NOT (r.follower = ANY (a.replicas)) OR r.follower = cp_report.leader;
         t := clock_timestamp();
         INSERT INTO felix.replica_reports AS rr
-               (stream, shard, generation, leader, follower, acked_end, caught_up, reported_at, token)
-        VALUES (r.stream, r.shard, r.generation, cp_report.leader, r.follower, r.acked_end,
-                r.caught_up, t, cp_report.token)
+               (stream, shard, generation, leader, follower, follower_incarnation, acked_end,
+                caught_up, halted, halted_since, position, reported_at, token)
+        VALUES (r.stream, r.shard, r.generation, cp_report.leader, r.follower, r.incarnation,
+                r.acked_end, r.caught_up, r.halted, CASE WHEN r.halted IS NOT NULL THEN t END,
+                r.position, t, cp_report.token)
         ON CONFLICT ON CONSTRAINT replica_reports_pkey
         DO UPDATE SET generation = EXCLUDED.generation, leader = EXCLUDED.leader,
+                      follower_incarnation = EXCLUDED.follower_incarnation,
                       acked_end = EXCLUDED.acked_end, caught_up = EXCLUDED.caught_up,
+                      halted = EXCLUDED.halted,
+                      -- a halt is as old as the first report of it
+                      halted_since = CASE WHEN EXCLUDED.halted IS NULL THEN NULL
+                                          WHEN rr.halted IS NOT DISTINCT FROM EXCLUDED.halted
+                                               AND rr.generation = EXCLUDED.generation
+                                          THEN rr.halted_since
+                                          ELSE EXCLUDED.halted_since END,
+                      position = EXCLUDED.position,
                       reported_at = EXCLUDED.reported_at, token = EXCLUDED.token
          WHERE rr.generation <> EXCLUDED.generation OR rr.leader <> EXCLUDED.leader
             OR rr.token IS NULL OR EXCLUDED.token IS NULL OR rr.token < EXCLUDED.token;
@@ -787,8 +886,14 @@ BEGIN
         -- A leader whose lease lapsed counts as alive again only once it has
         -- heartbeated after the lapse: a dead leader's last heartbeat can be
         -- younger than node_expiry when the lease lapses.
+        -- Only the incarnation it was granted to, and only if it can serve
+        -- the shard: a new data directory holds nothing of it.
         leader_alive := EXISTS (SELECT 1 FROM felix.nodes n
                                  WHERE n.name = a.leader AND n.last_heartbeat >= t - expiry
+                                   -- (a single copy has no better place to be)
+                                   AND (n.incarnation = a.leader_incarnation
+                                        OR cardinality(a.replicas) = 1)
+                                   AND NOT ((a.stream || '/' || a.shard) = ANY (n.unable))
                                    AND (a.lease_granted_at IS NULL
                                         OR n.last_heartbeat > a.lease_granted_at
                                                               + a.lease_ms * interval '1 millisecond'));
@@ -813,21 +918,26 @@ BEGIN
                        OR NOT (t > a.assigned_at + a.lease_ms * interval '1 millisecond' + margin);
         END IF;
 
-        -- Candidates, best first.  The last leader, alive again, holds every
-        -- record of its generation, so it counts as furthest ahead.  Any
-        -- other must be in the replica set, alive, and reported caught up
-        -- (bound zero) by this generation's leader, in a report no older than
-        -- node_expiry + heartbeat_interval now.  A leader-consistency leader
-        -- acknowledges without reporting, until its lease lapses; a report
-        -- that has aged past the window may predate writes it acknowledged
-        -- (a control plane that was down cannot tell), so it does not
-        -- qualify and the shard waits for its last leader to come back.
-        -- The defaults keep the window (1.7 s) longer than a lease plus the
-        -- margin plus a tick, so a report made at the last renewal of a
-        -- leader that died still qualifies at the first promotable tick.
-        -- A halted follower
-        -- is never reported caught up.  Furthest ahead first; score only
-        -- breaks ties.
+        -- Candidates, best first.  The last leader, alive again (the same
+        -- incarnation, able to serve), holds every record of its
+        -- generation, so it counts as furthest ahead.  Any other must be in
+        -- the replica set, alive at the incarnation the report names, able
+        -- to serve, and reported caught up (bound zero) in the newest
+        -- generation whose leader's reports landed:
+        --  - quorum: nothing is acknowledged before the report naming who
+        --    holds it has landed, so the newest landed report is true of
+        --    every acknowledged record however old it is, and a generation
+        --    whose leader never reported (never took its lease, or died
+        --    first) acknowledged nothing;
+        --  - leader: a leader acknowledges without reporting until its lease
+        --    lapses, so the report must come from the last generation that
+        --    took its lease and have been made no more than node_expiry +
+        --    heartbeat_interval before that lease ran out; otherwise the
+        --    shard waits for its last leader to come back.  The defaults
+        --    keep the window (1.7 s) longer than a lease, so a report made
+        --    at the last renewal of a leader that died qualifies.
+        -- A halted follower is never reported caught up.  Furthest ahead
+        -- first; score only breaks ties.
         SELECT c.node, c.is_leader, c.acked_end INTO cand
           FROM (SELECT a.leader AS node, true AS is_leader, NULL::bigint AS acked_end
                  WHERE leader_alive
@@ -835,11 +945,17 @@ BEGIN
                 SELECT rr.follower, false, rr.acked_end
                   FROM felix.replica_reports rr
                   JOIN felix.nodes n ON n.name = rr.follower
+                  JOIN felix.cluster_streams cs ON cs.name = rr.stream
                  WHERE rr.stream = a.stream AND rr.shard = a.shard
-                   AND rr.generation = a.generation AND rr.leader = a.leader
-                   AND rr.caught_up
-                   AND rr.reported_at > t - window_
-                   AND rr.follower = ANY (a.replicas) AND rr.follower <> a.leader
+                   AND rr.generation = (SELECT max(r2.generation) FROM felix.replica_reports r2
+                                         WHERE r2.stream = a.stream AND r2.shard = a.shard)
+                   AND rr.caught_up AND rr.halted IS NULL
+                   AND (cs.consistency = 'quorum'
+                        OR (rr.generation = a.taken_generation
+                            AND rr.reported_at > a.taken_until - window_))
+                   AND rr.follower = ANY (a.replicas)
+                   AND n.incarnation = rr.follower_incarnation
+                   AND NOT ((a.stream || '/' || a.shard) = ANY (n.unable))
                    -- alive, and seen after the lease lapsed: a follower that
                    -- died with its leader may still look recent here
                    AND n.last_heartbeat >= t - expiry
@@ -855,6 +971,8 @@ BEGIN
             -- next heartbeat.
             UPDATE felix.assignments x
                SET generation = a.generation + 1, leader = cand.node,
+                   leader_incarnation = (SELECT n.incarnation FROM felix.nodes n
+                                          WHERE n.name = cand.node),
                    lease_granted_at = NULL, lease_ms = cfg.lease_ms,
                    unplaced_reason = NULL, assigned_at = t
              WHERE x.stream = a.stream AND x.shard = a.shard
@@ -885,9 +1003,14 @@ BEGIN
         END IF;
         SELECT string_agg(format('%s: %s', f.node,
                    CASE WHEN n.name IS NULL OR n.last_heartbeat < t - expiry THEN 'not alive'
-                        WHEN rr.follower IS NULL OR rr.generation <> a.generation
-                             OR rr.leader IS DISTINCT FROM a.leader THEN 'no report'
+                        WHEN rr.follower IS NULL THEN 'no report'
+                        WHEN rr.generation < (SELECT max(r2.generation) FROM felix.replica_reports r2
+                                               WHERE r2.stream = a.stream AND r2.shard = a.shard)
+                        THEN 'report of an older generation'
+                        WHEN rr.follower_incarnation <> n.incarnation THEN 'new data directory'
+                        WHEN rr.halted IS NOT NULL THEN 'halted ' || rr.halted
                         WHEN NOT rr.caught_up THEN 'behind'
+                        WHEN (a.stream || '/' || a.shard) = ANY (n.unable) THEN 'cannot serve it'
                         ELSE 'report too old' END),
                    '; ' ORDER BY f.node COLLATE "C")
           INTO details
@@ -918,7 +1041,8 @@ $$;
 -- (felix_nodes on every node shows this).
 -- ---------------------------------------------------------------------
 CREATE FUNCTION felix.cp_nodes()
-RETURNS TABLE (name text, conninfo text, alive boolean, last_heartbeat timestamptz)
+RETURNS TABLE (name text, conninfo text, alive boolean, last_heartbeat timestamptz,
+               incarnation text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     expiry interval := (felix.cp_settings()).expiry_ms * interval '1 millisecond';
@@ -926,9 +1050,30 @@ BEGIN
     PERFORM felix.cp_require_node(NULL, 'felix.cp_nodes');
     RETURN QUERY
     SELECT n.name, felix.cp_mask_conninfo(n.conninfo),
-           n.last_heartbeat >= clock_timestamp() - expiry, n.last_heartbeat
+           n.last_heartbeat >= clock_timestamp() - expiry, n.last_heartbeat, n.incarnation
       FROM felix.nodes n
      ORDER BY n.name COLLATE "C";
+END
+$$;
+
+-- ---------------------------------------------------------------------
+-- felix.cp_halted: the followers whose shard's current leader reported
+-- them halted (felix_halted on every node shows this).
+-- ---------------------------------------------------------------------
+CREATE FUNCTION felix.cp_halted()
+RETURNS TABLE (stream text, shard integer, node text, generation bigint, leader text,
+               halted_at_seq bigint, reason text, since timestamptz)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM felix.cp_require_node(NULL, 'felix.cp_halted');
+    RETURN QUERY
+    SELECT rr.stream, rr.shard, rr.follower, rr.generation, rr.leader,
+           rr.position, rr.halted, rr.halted_since
+      FROM felix.replica_reports rr
+      JOIN felix.assignments x ON x.stream = rr.stream AND x.shard = rr.shard
+     WHERE rr.halted IS NOT NULL
+       AND rr.generation = x.generation AND rr.leader = x.leader
+     ORDER BY rr.stream COLLATE "C", rr.shard, rr.follower COLLATE "C";
 END
 $$;
 
@@ -936,15 +1081,15 @@ $$;
 -- superusers) only; the helpers for the entry points only.
 REVOKE ALL ON FUNCTION felix.cp_settings(), felix.cp_score(text, text, integer),
     felix.cp_mask_conninfo(text), felix.cp_report_unnamed(text, integer, text, bigint, text[]),
-    felix.cp_require_node(text, text), felix.cp_heartbeat(text, text),
+    felix.cp_require_node(text, text), felix.cp_heartbeat(text, text, text, bigint, text[]),
     felix.cp_create_stream(text, integer, integer, text, text, text, bigint, interval, text),
     felix.cp_drop_stream(text, uuid, boolean), felix.cp_report(text, jsonb, bigint), felix.cp_tick(),
-    felix.cp_nodes()
+    felix.cp_nodes(), felix.cp_halted()
     FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION felix.cp_heartbeat(text, text),
+GRANT EXECUTE ON FUNCTION felix.cp_heartbeat(text, text, text, bigint, text[]),
     felix.cp_create_stream(text, integer, integer, text, text, text, bigint, interval, text),
     felix.cp_drop_stream(text, uuid, boolean), felix.cp_report(text, jsonb, bigint), felix.cp_tick(),
-    felix.cp_nodes()
+    felix.cp_nodes(), felix.cp_halted()
     TO felix_replication;
 -- END control plane
 
@@ -1001,16 +1146,28 @@ CREATE VIEW felix_nodes AS SELECT * FROM felix.nodes_view();
 -- ---------------------------------------------------------------------
 -- Replication (log shipping)
 -- ---------------------------------------------------------------------
--- The follower's append rule, called over libpq by a shard's leader:
--- ('stored', end of the batches sent) once they are durable here,
--- ('gap', tail), ('conflict', first seq of the differing batch) or
--- ('fenced', tail) when the sender's generation is superseded.
+-- The follower's rule, called over libpq by a shard's leader (node and
+-- incarnation name the follower it means; op is ship, bootstrap or
+-- rebuild): ('stored', end of the batches sent) once they are durable
+-- here, ('gap', tail), ('conflict', first seq of the differing batch),
+-- ('fenced', tail) when the sender's generation is superseded,
+-- ('needs_bootstrap', tail) when this copy cannot be built on, and
+-- ('bootstrapped' | 'rebuilt', start) when the copy was begun afresh.
 CREATE FUNCTION felix.replicate(stream text, shard integer, generation bigint,
+                                node text, incarnation text, op text,
                                 from_seq bigint, leader_hwm_end bigint, batches bytea)
 RETURNS TABLE(status text, seq bigint)
     AS 'MODULE_PATHNAME', 'felix_replicate' LANGUAGE C CALLED ON NULL INPUT VOLATILE ROWS 1;
-REVOKE ALL ON FUNCTION felix.replicate(text, integer, bigint, bigint, bigint, bytea) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION felix.replicate(text, integer, bigint, bigint, bigint, bytea) TO felix_replication;
+REVOKE ALL ON FUNCTION felix.replicate(text, integer, bigint, text, text, text, bigint, bigint, bytea) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION felix.replicate(text, integer, bigint, text, text, text, bigint, bigint, bytea) TO felix_replication;
+
+-- Who this node is: its name and the incarnation of its felix data
+-- directory.  A node checks at registration that its own conninfo reaches
+-- a server answering with its name and incarnation.
+CREATE FUNCTION felix.node_identity(OUT name text, OUT incarnation text)
+    AS 'MODULE_PATHNAME', 'felix_node_identity' LANGUAGE C STRICT VOLATILE;
+REVOKE ALL ON FUNCTION felix.node_identity() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION felix.node_identity() TO felix_replication;
 
 -- On a leader, each follower of each shard it leads: how far it has
 -- acknowledged, how far behind it is, and whether shipping goes on.
@@ -1023,7 +1180,32 @@ RETURNS SETOF record
 
 CREATE VIEW felix_replication AS SELECT * FROM felix.replication_view();
 
+-- Followers that have halted, as the shards' leaders last reported them
+-- to the control plane: the same list on every node, empty when nothing
+-- is halted.  action says what to run.
+CREATE FUNCTION felix.halted_view(
+    OUT stream text, OUT shard integer, OUT node text, OUT generation bigint,
+    OUT "position" bigint, OUT reason text, OUT since timestamptz, OUT action text)
+RETURNS SETOF record
+    AS 'MODULE_PATHNAME', 'felix_halted_view' LANGUAGE C STRICT VOLATILE;
+
+CREATE VIEW felix_halted AS SELECT * FROM felix.halted_view();
+
 -- Everyone may read the views; each shows a reader only what it may see
 -- (the streams it may SELECT, node addresses to pg_read_all_stats).
-GRANT SELECT ON felix_streams, felix_shards, felix_metrics, felix_nodes, felix_replication
-    TO PUBLIC;
+GRANT SELECT ON felix_streams, felix_shards, felix_metrics, felix_nodes, felix_replication,
+    felix_halted TO PUBLIC;
+
+-- ---------------------------------------------------------------------
+-- Operations
+-- ---------------------------------------------------------------------
+-- Rebuild a halted follower now (on the shard's leader; the stream's
+-- owner), under felix.rebuild_max_concurrent but at least one at a time:
+-- 'started', or 'queued' when every rebuild slot is taken.
+CREATE FUNCTION felix_rebuild(stream text, shard integer, node text) RETURNS text
+    AS 'MODULE_PATHNAME', 'felix_rebuild' LANGUAGE C CALLED ON NULL INPUT VOLATILE;
+-- Ask for a rebuild of every follower halted diverged or needs_bootstrap
+-- of the shards this node leads (of the streams the caller owns); returns
+-- how many were asked for.  Meant for a pg_cron job on every node.
+CREATE FUNCTION felix_rebuild_halted() RETURNS integer
+    AS 'MODULE_PATHNAME', 'felix_rebuild_halted' LANGUAGE C STRICT VOLATILE;

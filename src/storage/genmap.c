@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "log_internal.h"
+#include "storage/crc.h"
 #include "common/file_perm.h"
 #include "storage/fd.h"
 #include "utils/memutils.h"
@@ -40,12 +41,7 @@ genmap_path(char *buf, const char *dir)
 static pg_crc32c
 genmap_entry_crc(const FelixGenEntry *e)
 {
-	pg_crc32c	crc;
-
-	INIT_CRC32C(crc);
-	COMP_CRC32C(crc, e, offsetof(FelixGenEntry, crc));
-	FIN_CRC32C(crc);
-	return crc;
+	return felix_crc32c(e, offsetof(FelixGenEntry, crc));
 }
 
 /*

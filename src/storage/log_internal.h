@@ -49,6 +49,10 @@ extern void felix_fdatasync(int fd, const char *path, const char *what);
 /* Unlink a file (ENOENT is fine); errors are raised. */
 extern void felix_unlink(const char *path, const char *what);
 
+/* Create the segment beginning at st->next_seq and make it the active one. */
+extern void segment_create(const char *dir, const char *what, FelixLogState *st,
+						   uint64 generation);
+
 /* Drop this backend's cached descriptors for a shard directory. */
 extern void felix_fd_cache_forget(const char *dir);
 

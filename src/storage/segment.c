@@ -659,7 +659,7 @@ segment_reserve(int fd, const char *dir, const char *what, FelixLogState *st,
  * Create the segment that starts at st->next_seq and make it the active
  * one: header written and synced, directory synced, index file started.
  */
-static void
+void
 segment_create(const char *dir, const char *what, FelixLogState *st,
 			   uint64 generation)
 {

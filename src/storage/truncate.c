@@ -329,3 +329,41 @@ log_truncate_to(const char *dir, const char *what, FelixLogState *st,
 					what, (long long) cut - 1,
 					(unsigned long long) (removed_bytes + (old_size - w.end_offset)))));
 }
+
+void
+log_discard(const char *dir, const char *what, FelixLogState *st,
+			uint64 start_seq, uint64 generation)
+{
+	uint64	   *bases;
+	int			n;
+	char		path[MAXPGPATH];
+	uint32		version = st->segments_version;
+
+	felix_fd_cache_forget(dir);
+	/* the mark first: it must never outlive records it vouched for */
+	log_hwm_reset(dir, what);
+	snprintf(path, sizeof(path), "%s/%s", dir, FELIX_GENMAP_FILE);
+	felix_unlink(path, what);
+
+	/* newest first, so a stop part-way leaves an unbroken, shorter run */
+	n = felix_list_segments(dir, what, &bases);
+	for (int i = n - 1; i >= 0; i--)
+	{
+		CHECK_FOR_INTERRUPTS();
+		felix_index_path(path, dir, bases[i]);
+		felix_unlink(path, what);
+		felix_segment_path(path, dir, bases[i]);
+		felix_unlink(path, what);
+		fsync_fname(dir, true);
+	}
+	if (bases)
+		pfree(bases);
+
+	memset(st, 0, sizeof(*st));
+	st->segments_version = version + 1;
+	st->start_seq = st->next_seq = start_seq;
+	segment_create(dir, what, st, generation);
+	ereport(LOG,
+			(errmsg("%s: discarded its copy; the log now begins, empty, at seq " UINT64_FORMAT,
+					what, start_seq)));
+}

@@ -12,7 +12,7 @@
  *		 holds, and returns every assignment of every stream;
  *	  2. applies each returned row to the local shard in its own
  *		 subtransaction (one bad shard cannot stop the rest): the stream is
- *		 looked up, the shard acquired and shard_apply_assignment() told
+ *		 looked up, the shard acquired and lease_apply_assignment() told
  *		 what the control plane said, with the lease anchored at t_send --
  *		 the instant the heartbeat was sent, which is at or before the
  *		 control plane's grant time, so the round trip comes out of this
@@ -65,6 +65,7 @@
 #include "common/hashfn.h"
 #include "control/client.h"
 #include "control/conninfo.h"
+#include "control/halts.h"
 #include "control/nodes.h"
 #include "executor/spi.h"
 #include "felix.h"
@@ -73,6 +74,8 @@
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "privilege.h"
+#include "replication/lease.h"
+#include "storage/incarnation.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
 #include "storage/ipc.h"
@@ -96,6 +99,8 @@ PGDLLEXPORT void felix_heartbeat_worker_main(Datum arg);
 #define HB_PURPOSE			"the felix control plane"
 /* At most one line per this interval for a repeating failure. */
 #define HB_LOG_INTERVAL_NS	(INT64CONST(5) * 1000000000)
+/* How often an unanswered check of felix.node_conninfo is tried again. */
+#define HB_SELF_CHECK_NS	(INT64CONST(10) * 1000000000)
 /* A stream's creation may fail quietly for this long (a race, see below). */
 #define HB_CREATE_GRACE_NS	(INT64CONST(2) * 1000000000)
 
@@ -116,7 +121,7 @@ PGDLLEXPORT void felix_heartbeat_worker_main(Datum arg);
 	"   OPERATOR(pg_catalog.*) 1000000) " \
 	"  OPERATOR(pg_catalog.+) extract(microseconds FROM retention))::bigint, " \
 	"schema, creation_id " \
-	"FROM felix.cp_heartbeat($1, $2)"
+	"FROM " FELIX_CP_HEARTBEAT_CALL
 #define HB_NCOLS	19
 
 /* One assignment as the control plane returned it. */
@@ -138,6 +143,7 @@ typedef struct HbRow
 	char	   *bad;			/* why the row is unusable, or NULL */
 	bool		missing;		/* the stream has no table here yet */
 	bool		created;		/* ... and this cycle created it */
+	bool		applied;		/* the assignment reached the local shard */
 } HbRow;
 
 /* The worker's state; all of it is process-local. */
@@ -148,6 +154,10 @@ static int64 last_failure_log_ns = 0;	/* 0: next failure logs */
 static int	failed_in_a_row = 0;
 static bool waiting_logged = false;
 static HTAB *row_errors = NULL;
+/* Shards whose assignment could not be applied here, and since when. */
+static HTAB *unserved = NULL;
+/* felix.node_conninfo reaches this node: 0 unknown, 1 yes, -1 another one */
+static int	self_check = 0;
 
 /*
  * shard_streams_forgotten() just before this heartbeat's rows were asked
@@ -193,6 +203,12 @@ typedef struct RowErrorEntry
 	int64		last_ns;
 	uint32		msg_hash;
 } RowErrorEntry;
+
+typedef struct UnservedEntry
+{
+	RowErrorKey key;
+	int64		since_ns;
+} UnservedEntry;
 
 static void
 row_error_key(RowErrorKey *key, const char *stream, int shard)
@@ -638,7 +654,8 @@ apply_row_guts(void *arg)
 		return;					/* dropped meanwhile */
 
 	s = felix_stream_shard(&stream, r->shard);
-	shard_apply_assignment(s, &r->a);
+	lease_apply_assignment(s, &r->a);
+	r->applied = true;
 }
 
 /*
@@ -652,16 +669,16 @@ apply_row_guts(void *arg)
 static void
 apply_stream_guts(PGconn *conn, const char *stream)
 {
-	const char *me[2] = {felix_node_name_resolved(),
-		felix_conninfo_address(felix_node_conninfo_resolved())};
+	const char *me[FELIX_CP_HEARTBEAT_NARGS];
 	PGresult   *res;
 	HbRow	   *rows;
 	int			nrows;
 	int64		t_send;
 
+	felix_cp_heartbeat_args(me, NULL);
 	(void) felix_conn_set_statement_timeout(conn, FELIX_CP_CALL_TIMEOUT_MS, ERROR);
 	t_send = felix_monotonic_ns();
-	res = felix_conn_exec(conn, "felix.cp_heartbeat", HB_SQL, 2, me,
+	res = felix_conn_exec(conn, "felix.cp_heartbeat", HB_SQL, FELIX_CP_HEARTBEAT_NARGS, me,
 						  FELIX_CP_CALL_TIMEOUT_MS, ERROR);
 	rows = read_rows(res, t_send, &nrows);
 	PQclear(res);
@@ -929,15 +946,15 @@ refresh_directory(void)
 	/* Epoch microseconds: independent of either side's DateStyle. */
 	PGresult   *res = cp_exec("felix.cp_nodes",
 							  "SELECT name, conninfo, alive, "
-							  "(extract(epoch FROM last_heartbeat) OPERATOR(pg_catalog.*) 1000000)::bigint "
-							  "FROM felix.cp_nodes()",
+							  "(extract(epoch FROM last_heartbeat) OPERATOR(pg_catalog.*) 1000000)::bigint, "
+							  "incarnation FROM felix.cp_nodes()",
 							  0, NULL);
 	FelixNodeInfo *nodes;
 	int			n = 0;
 
 	if (res == NULL)
 		return;
-	if (PQnfields(res) != 4)
+	if (PQnfields(res) != 5)
 	{
 		PQclear(res);
 		return;
@@ -955,6 +972,8 @@ refresh_directory(void)
 			!copy_name(nodes[n].name, name) || !parse_int64(usec, &us))
 			continue;
 		strlcpy(nodes[n].conninfo, conninfo, FELIX_NODE_CONNINFO_LEN);
+		if (col(res, i, 4) != NULL)
+			strlcpy(nodes[n].incarnation, col(res, i, 4), FELIX_INCARNATION_LEN);
 		nodes[n].alive = alive[0] == 't';
 		nodes[n].last_heartbeat = unix_usec_to_timestamptz(us);
 		n++;
@@ -963,13 +982,188 @@ refresh_directory(void)
 	felix_nodes_listed(nodes, n);
 }
 
+/*
+ * Remember which shards' assignments reached their local shard this time
+ * (see unable_list).  Rows of streams this node has no table for, or that
+ * it cannot read, say nothing about serving.
+ */
+static void
+note_served(HbRow *rows, int nrows)
+{
+	int64		now = felix_monotonic_ns();
+
+	for (int i = 0; i < nrows; i++)
+	{
+		HbRow	   *r = &rows[i];
+		RowErrorKey key;
+		UnservedEntry *e;
+		bool		found;
+
+		if (r->bad != NULL || (r->missing && !r->created))
+			continue;
+		row_error_key(&key, r->stream, r->shard);
+		if (r->applied)
+		{
+			(void) hash_search(unserved, &key, HASH_REMOVE, NULL);
+			continue;
+		}
+		e = hash_search(unserved, &key, HASH_ENTER, &found);
+		if (!found)
+			e->since_ns = now;
+	}
+}
+
+/*
+ * The shards this node cannot serve, as a text[] literal of "stream/shard"
+ * for felix.cp_heartbeat: those whose assignment has failed to reach the
+ * local shard (damaged, the table locked, ...) for a whole lease.  The
+ * control plane renews no lease of theirs here and counts this node out
+ * of their promotions, so a shard this node leads but cannot serve fails
+ * over instead of holding a lease nobody can use.
+ */
+static char *
+unable_list(void)
+{
+	HASH_SEQ_STATUS seq;
+	UnservedEntry *e;
+	StringInfoData buf;
+	int64		now = felix_monotonic_ns();
+	bool		first = true;
+
+	initStringInfo(&buf);
+	appendStringInfoChar(&buf, '{');
+	hash_seq_init(&seq, unserved);
+	while ((e = hash_seq_search(&seq)) != NULL)
+	{
+		char	   *elem;
+
+		if (now - e->since_ns < (int64) felix_lease_duration * 1000000)
+			continue;
+		elem = psprintf("%s/%d", e->key.stream, e->key.shard);
+		appendStringInfoString(&buf, first ? "\"" : ",\"");
+		for (const char *c = elem; *c; c++)
+		{
+			if (*c == '"' || *c == '\\')
+				appendStringInfoChar(&buf, '\\');
+			appendStringInfoChar(&buf, *c);
+		}
+		appendStringInfoChar(&buf, '"');
+		first = false;
+	}
+	appendStringInfoChar(&buf, '}');
+	return buf.data;
+}
+
+/*
+ * Does felix.node_conninfo reach this very node?  A conninfo pasted from
+ * another node's would have this node registered at that node's address,
+ * and its shipments land there.  Checked until a server answers (at most
+ * every HB_SELF_CHECK_NS, with a deadline of one heartbeat interval, so a
+ * slow answer never delays a lease renewal by more than that); a server
+ * that answers as another node or another incarnation keeps this node from
+ * registering until the setting is fixed.  One that cannot be reached is
+ * logged and does not stop registration: peers then fail to connect, and
+ * every shipment names the node it is for, so nothing lands elsewhere.
+ */
+static bool
+own_conninfo_ok(void)
+{
+	static int64 next_check_ns = 0;
+	PGconn	   *conn;
+	PGresult   *res;
+	char		incarnation[FELIX_INCARNATION_LEN];
+	int64		now = felix_monotonic_ns();
+
+	if (self_check > 0 || now < next_check_ns)
+		return self_check >= 0;
+	next_check_ns = now + HB_SELF_CHECK_NS;
+
+	conn = felix_conn_open(felix_node_conninfo_resolved(),
+						   "this node itself (felix.node_conninfo)", HB_APPNAME,
+						   Max(felix_heartbeat_interval, 100), LOG);
+	if (conn == NULL)
+		return self_check >= 0;
+	res = felix_conn_exec(conn, "felix.node_identity",
+						  "SELECT name, incarnation FROM felix.node_identity()", 0, NULL,
+						  Max(felix_heartbeat_interval, 100), LOG);
+	felix_incarnation(incarnation, NULL);
+	if (res != NULL && PQntuples(res) == 1 && PQnfields(res) == 2)
+	{
+		const char *name = PQgetvalue(res, 0, 0);
+		const char *inc = PQgetvalue(res, 0, 1);
+
+		if (strcmp(name, felix_node_name_resolved()) == 0 && strcmp(inc, incarnation) == 0)
+			self_check = 1;
+		else
+		{
+			if (self_check == 0)
+				ereport(WARNING,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("felix.node_conninfo of node \"%s\" reaches node \"%s\" (incarnation %s), not this node (incarnation %s)",
+								felix_node_name_resolved(), name, inc, incarnation),
+						 errdetail("Peers would reach that node when they mean this one; this node does not join the cluster."),
+						 errhint("Set felix.node_conninfo to an address of this server and restart it.")));
+			self_check = -1;
+		}
+	}
+	PQclear(res);
+	felix_conn_close(conn);
+	return self_check >= 0;
+}
+
+/*
+ * Re-read the halted followers the control plane knows of (the reports
+ * of the shards' current leaders) into the cache felix_halted shows.
+ */
+static void
+refresh_halts(void)
+{
+	PGresult   *res = cp_exec("felix.cp_halted",
+							  "SELECT stream, shard, node, generation, leader, halted_at_seq, reason, "
+							  "(extract(epoch FROM since) OPERATOR(pg_catalog.*) 1000000)::bigint "
+							  "FROM felix.cp_halted()",
+							  0, NULL);
+	FelixHaltInfo *halts;
+	int			n = 0;
+
+	if (res == NULL)
+		return;
+	if (PQnfields(res) != 8)
+	{
+		PQclear(res);
+		return;
+	}
+	halts = palloc0(sizeof(FelixHaltInfo) * FELIX_MAX_HALTS);
+	for (int i = 0; i < PQntuples(res) && n < FELIX_MAX_HALTS; i++)
+	{
+		FelixHaltInfo *h = &halts[n];
+		int64		v;
+
+		if (col(res, i, 0) == NULL || col(res, i, 2) == NULL || col(res, i, 4) == NULL ||
+			col(res, i, 6) == NULL || !copy_name(h->stream, col(res, i, 0)) ||
+			!copy_name(h->node, col(res, i, 2)) || !copy_name(h->leader, col(res, i, 4)) ||
+			col(res, i, 1) == NULL || !parse_int32(col(res, i, 1), &h->shard) ||
+			col(res, i, 3) == NULL || !parse_int64(col(res, i, 3), &v))
+			continue;
+		h->generation = (uint64) v;
+		h->has_position = col(res, i, 5) != NULL && parse_int64(col(res, i, 5), &v);
+		h->position = h->has_position ? (uint64) v : 0;
+		strlcpy(h->reason, col(res, i, 6), FELIX_HALT_REASON_LEN);
+		h->since = col(res, i, 7) != NULL && parse_int64(col(res, i, 7), &v) ?
+			unix_usec_to_timestamptz(v) : 0;
+		n++;
+	}
+	PQclear(res);
+	felix_halts_listed(halts, n);
+}
+
 static void
 heartbeat_once(void)
 {
 	const char *me = felix_node_name_resolved();
 	/* only where this node is: its credentials never leave it */
 	const char *my_conninfo = felix_conninfo_address(felix_node_conninfo_resolved());
-	const char *params[2] = {me, my_conninfo};
+	const char *params[FELIX_CP_HEARTBEAT_NARGS];
 	int64		t_send;
 	PGresult   *res;
 	HbRow	   *rows;
@@ -977,7 +1171,10 @@ heartbeat_once(void)
 
 	if (!local_extension_ready())
 		return;
+	if (!own_conninfo_ok())
+		return;
 	felix_node_note(me, my_conninfo);
+	felix_cp_heartbeat_args(params, unable_list());
 
 	if (!cp_connect())
 	{
@@ -995,8 +1192,15 @@ heartbeat_once(void)
 	drops_before_rows = shard_streams_forgotten();
 	t_send = felix_monotonic_ns();
 	felix_count(FELIX_CTR_HEARTBEATS_SENT, 1);
-	res = cp_exec("felix.cp_heartbeat", HB_SQL, 2, params);
+	res = cp_exec("felix.cp_heartbeat", HB_SQL, FELIX_CP_HEARTBEAT_NARGS, params);
 	pgstat_report_activity(STATE_IDLE, NULL);
+	if (res == NULL && strcmp(felix_conn_last_sqlstate(), "55F06") == 0)
+	{
+		/* an older copy of this data directory: it becomes a new one */
+		felix_incarnation_renew();
+		shard_mark_stale_copies();
+		self_check = 0;
+	}
 	if (res != NULL && PQnfields(res) != HB_NCOLS)
 	{
 		int			elevel = failure_elevel();
@@ -1027,6 +1231,7 @@ heartbeat_once(void)
 	PQclear(res);
 
 	apply_rows(rows, nrows);
+	note_served(rows, nrows);
 
 	if (felix_cp_embedded())
 	{
@@ -1047,6 +1252,8 @@ heartbeat_once(void)
 
 	if (cp_conn != NULL)
 		refresh_directory();
+	if (cp_conn != NULL)
+		refresh_halts();
 }
 
 /* ---------------------------------------------------------------------
@@ -1079,6 +1286,9 @@ felix_heartbeat_worker_main(Datum arg)
 	ctl.entrysize = sizeof(RowErrorEntry);
 	row_errors = hash_create("felix heartbeat: reported errors", 64, &ctl,
 							 HASH_ELEM | HASH_BLOBS);
+	ctl.entrysize = sizeof(UnservedEntry);
+	unserved = hash_create("felix heartbeat: shards not served", 64, &ctl,
+						   HASH_ELEM | HASH_BLOBS);
 
 	ereport(LOG,
 			(errmsg("felix heartbeat worker started: node \"%s\" in database \"%s\", control plane %s",

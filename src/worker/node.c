@@ -7,6 +7,11 @@
  *	  and then applies retention every felix.retention_check_interval.
  *	  Shards of other databases are opened lazily by their first user.
  *
+ *	  Every felix.heartbeat_interval, and as it exits, it makes each
+ *	  replicated shard's high-water mark durable (shard_persist_hwm): a
+ *	  replica restarted after that serves at once what it knew to be
+ *	  acknowledged, and never cuts it.
+ *
  *	  One shard's failure never stops the worker: each shard is handled in
  *	  its own subtransaction, and an error is logged and left for the shard
  *	  to report to its readers (felix_shards shows it).
@@ -118,9 +123,62 @@ tend_all(void)
 	pgstat_report_activity(STATE_IDLE, NULL);
 }
 
+/* Make one shard's mark durable; a failure is logged. */
+static void
+persist_mark(FelixShard *s)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+
+	PG_TRY();
+	{
+		shard_persist_hwm(s);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(cxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		shard_unlock_tail_if_held(s);
+		edata->elevel = LOG;
+		ThrowErrorData(edata);
+		FreeErrorData(edata);
+	}
+	PG_END_TRY();
+}
+
+/* Make every moved high-water mark durable. */
+static void
+persist_marks(void)
+{
+	for (int i = 0; i < shard_count_slots(); i++)
+	{
+		CHECK_FOR_INTERRUPTS();
+		persist_mark(shard_slot(i));
+	}
+}
+
+static void
+node_worker_exit(int code, Datum arg)
+{
+	/* a clean stop leaves every mark durable; nothing may raise here */
+	PG_TRY();
+	{
+		persist_marks();
+	}
+	PG_CATCH();
+	{
+		FlushErrorState();
+	}
+	PG_END_TRY();
+}
+
 void
 felix_node_worker_main(Datum arg)
 {
+	int64		next_retention_ns = 0;
+
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
@@ -128,21 +186,34 @@ felix_node_worker_main(Datum arg)
 	BackgroundWorkerInitializeConnection(felix_database, NULL, 0);
 	felix_worker_pin_search_path();
 	elog(LOG, "felix node worker started in database \"%s\"", felix_database);
+	before_shmem_exit(node_worker_exit, (Datum) 0);
 
 	for (;;)
 	{
+		int64		now_ns;
+		long		wait_ms;
+
 		CHECK_FOR_INTERRUPTS();
 		if (ConfigReloadPending)
 		{
 			ConfigReloadPending = false;
 			ProcessConfigFile(PGC_SIGHUP);
+			next_retention_ns = 0;	/* on the new schedule from now */
 		}
 
-		tend_all();
+		now_ns = felix_monotonic_ns();
+		if (now_ns >= next_retention_ns)
+		{
+			tend_all();
+			next_retention_ns = now_ns + (int64) felix_retention_interval * 1000000;
+		}
+		persist_marks();
 
+		wait_ms = Min((long) felix_heartbeat_interval,
+					  (long) ((next_retention_ns - felix_monotonic_ns()) / 1000000));
 		(void) WaitLatch(MyLatch,
 						 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 felix_retention_interval,
+						 Max(wait_ms, 1),
 						 PG_WAIT_EXTENSION);
 		ResetLatch(MyLatch);
 	}

@@ -70,8 +70,11 @@ for my $node ($c->nodes)
 	my $name = $node->{felix_name};
 	$node->safe_psql('postgres', 'CREATE ROLE mallory LOGIN');
 	my @calls = (
-		"felix.replicate('$stream', 0, 99, 0, 0, ''::bytea)",
-		"felix.cp_heartbeat('mallory', 'host=/nowhere')",
+		"felix.replicate('$stream', 0, 99, 'x', 'x', 'ship', 0, 0, ''::bytea)",
+		"felix.cp_heartbeat('mallory', 'host=/nowhere', '00000000-0000-4000-8000-000000000000', 1)",
+		"felix.cp_halted()",
+		"felix.node_identity()",
+		"felix_rebuild('$stream', 0, 'x')",
 		"felix.cp_tick()",
 		"felix.cp_report('$set[0]', '[]'::jsonb)",
 		"felix.cp_create_stream('evil', 1, 1, 'leader', 'jsonb', 'local', NULL, NULL)",

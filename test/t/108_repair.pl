@@ -5,7 +5,8 @@
 #   (the earlier leader's unadopted tail), and the follower answers 'gap'
 #   with its new tail;
 # - a difference found by a batch of the follower's own newest generation
-#   (a leader disagreeing with itself) halts: 'conflict', nothing dropped;
+#   (a leader disagreeing with itself) halts: 'conflict', nothing dropped,
+#   and the follower serves nothing from the difference on;
 # - a difference reaching back before the newest generation began halts.
 #
 # The control plane and the stream's leader are stopped first, so nothing
@@ -54,8 +55,7 @@ sub replicate
 {
 	my ($gen, $from, $hwm, $hex) = @_;
 	return $f->safe_psql('postgres',
-		"SELECT status || ' ' || seq FROM felix.replicate('$stream', 0, $gen, $from, $hwm, "
-		  . "decode('$hex', 'hex'))");
+		replicate_call($f, $stream, 0, $gen, $from, $hex, hwm => $hwm));
 }
 
 sub state
@@ -81,20 +81,23 @@ is(replicate(2, 3, 4, shipment(3, 2, 'X')), 'stored 4', 'the new leader\'s recor
 is($f->safe_psql('postgres', "SELECT string_agg(payload, ',' ORDER BY seq) FROM $stream"),
 	'r0,r1,r2,X', 'readers see the adopted history only');
 
-# The same generation disagreeing with itself halts, dropping nothing.
+# The same generation disagreeing with itself halts, dropping nothing;
+# the follower stops serving what the leader says differs.
 is(replicate(2, 3, 4, shipment(3, 2, 'Y')), 'conflict 3', 'generation 2 contradicting itself: conflict');
-is(state(), '4 3', 'nothing was dropped');
+is(state(), '4 3', 'nothing was dropped, the mark did not move');
+is($f->safe_psql('postgres', "SELECT string_agg(payload, ',' ORDER BY seq) FROM $stream"),
+	'r0,r1,r2', 'readers no longer see seq 3, where the copy differs from the leader');
 
 # A difference before the newest generation began (seq 1 < 3) halts too.
 is(replicate(3, 1, 4, shipment(1, 3, 'Z')), 'conflict 1',
 	'a difference reaching back before generation 2 began: conflict');
+is(state(), '4 3', 'still nothing dropped');
 is($f->safe_psql('postgres', "SELECT string_agg(payload, ',' ORDER BY seq) FROM $stream"),
-	'r0,r1,r2,X', 'every acknowledged record is intact');
+	'r0', 'readers see only what precedes the difference');
 
 # The follower knows generation 1 from the control plane: an older
 # shipment would be fenced; generation 0 is not a generation.
-my ($rc, $err) = psql_error($f,
-	"SELECT * FROM felix.replicate('$stream', 0, 0, 4, 4, '\\x'::bytea)");
+my ($rc, $err) = psql_error($f, replicate_call($f, $stream, 0, 0, 4, '', hwm => 4));
 like($err, qr/generation must be positive/, 'generation 0 is refused');
 
 $c->teardown;

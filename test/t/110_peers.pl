@@ -4,9 +4,11 @@
 #   valid value of the stream's payload type (jsonb bytes that are not a
 #   jsonb value, a key that is not valid text), takes nothing from a node
 #   that does not lead the shipment's generation, nothing at a generation
-#   the follower has not heard of, and nothing at all on the shard's
-#   leader; each is refused with its SQLSTATE and the follower's log is
-#   unchanged.
+#   the follower has not heard of, nothing meant for another node (or
+#   another incarnation of this one), and nothing at all on the shard's
+#   leader -- which, shipped a newer generation, steps down at once and
+#   leads again only when the control plane says so; each is refused with
+#   its SQLSTATE and the follower's log is unchanged.
 # - A follower that answers past what it was sent (here: its felix.replicate
 #   replaced by one that adds 5 to every 'stored' end) is halted with
 #   halted_protocol; it completes no quorum, so with the other follower
@@ -49,10 +51,10 @@ sub next_seq
 # felix.replicate on $node as role $role; returns (rc, stderr, stdout).
 sub replicate_as
 {
-	my ($node, $role, $gen, $from, $hex) = @_;
+	my ($node, $role, $gen, $from, $hex, %opt) = @_;
 	my ($out, $err) = ('', '');
 	my $rc = $node->psql('postgres',
-		"\\set VERBOSITY verbose\nSELECT status || ' ' || seq FROM felix.replicate('$stream', 0, $gen, $from, 0, decode('$hex', 'hex'))",
+		"\\set VERBOSITY verbose\n" . replicate_call($node, $stream, 0, $gen, $from, $hex, %opt),
 		stdout => \$out, stderr => \$err,
 		extra_params => [ '-U', "felix_node_$role" ]);
 	return ($rc, $err, $out);
@@ -101,21 +103,47 @@ for my $case (@bad)
 	like($err, qr/ERROR:\s+55F04:.*not learned who leads generation $next/,
 		"a shipment at unknown generation $next is refused (55F04)");
 }
-# 5. Anything at all to the shard's leader.
+# 5. Anything at all to the shard's leader.  Its own generation: refused.
+#    A newer one: it learns that it was deposed and steps down at once
+#    (refusing the shipment, whose leader it does not know yet); the
+#    control plane still says it leads, so its next heartbeat makes it
+#    the leader again.
 {
-	my ($rc, $err) = replicate_as($leader, $fname, $g + 1, 3, shipment_hex(3, $g + 1, [ undef, $raw ]));
+	my ($rc, $err) = replicate_as($leader, $fname, $g, 3, shipment_hex(3, $g, [ undef, $raw ]));
 	like($err, qr/ERROR:\s+55F02:.*leads the shard at generation $g and takes no shipment/,
-		'the leader takes no shipment, even of a newer generation (55F02)');
-	($rc, $err) = replicate_as($leader, $fname, $g, 3, shipment_hex(3, $g, [ undef, $raw ]));
-	like($err, qr/ERROR:\s+55F02:/, 'nor of its own generation');
+		'the leader takes no shipment of its own generation (55F02)');
+	my $downs = metric($leader, 'step_downs');
+	($rc, $err) = replicate_as($leader, $fname, $g + 1, 3, shipment_hex(3, $g + 1, [ undef, $raw ]));
+	like($err, qr/ERROR:\s+55F04:.*not learned who leads generation @{[$g + 1]}/,
+		'shipped a newer generation, the leader stores nothing (55F04)');
+	is(metric($leader, 'step_downs'), $downs + 1, 'and steps down first');
+	like(read_file($leader->logfile),
+		qr/this node stops leading generation $g: a shipment of generation @{[$g + 1]} arrived/,
+		'saying so in its log');
+	ok(defined FelixCluster::poll(20, sub {
+		$leader->safe_psql('postgres',
+			"SELECT role || ' ' || generation FROM felix_shards WHERE stream = '$stream' AND shard = 0")
+		  eq "leader $g" }),
+		'its next heartbeat makes it the leader of generation $g again');
 }
-# 6. A role that is no node's.
+# 6. Meant for another node: a conninfo pointing at the wrong server, or a
+#    server whose felix data directory was replaced, must not take it.
+{
+	my ($rc, $err) = replicate_as($f, $lname, $g, 3, shipment_hex(3, $g, [ undef, $raw ]),
+		name => $oname);
+	like($err, qr/ERROR:\s+55F05:.*this shipment is for node "$oname".*but this is node "$fname"/,
+		"a shipment for $oname that reaches $fname is refused (55F05)");
+	($rc, $err) = replicate_as($f, $lname, $g, 3, shipment_hex(3, $g, [ undef, $raw ]),
+		incarnation => '00000000-0000-4000-8000-000000000000');
+	like($err, qr/ERROR:\s+55F05:/, 'so is one for another incarnation of this node');
+}
+# 7. A role that is no node's.
 {
 	$f->safe_psql('postgres', 'CREATE ROLE regress_peer_member LOGIN IN ROLE felix_replication');
 	my ($out, $err) = ('', '');
 	$f->psql('postgres',
-		"\\set VERBOSITY verbose\nSELECT * FROM felix.replicate('$stream', 0, $g, 3, 0, decode('"
-		  . shipment_hex(3, $g, [ undef, $raw ]) . "', 'hex'))",
+		"\\set VERBOSITY verbose\n"
+		  . replicate_call($f, $stream, 0, $g, 3, shipment_hex(3, $g, [ undef, $raw ])),
 		stdout => \$out, stderr => \$err, extra_params => [ '-U', 'regress_peer_member' ]);
 	like($err, qr/ERROR:\s+42501:/, 'a member of felix_replication that is no node may not ship (42501)');
 }
@@ -138,14 +166,17 @@ is($f->safe_psql('postgres', "SELECT string_agg(payload->>'i', ',' ORDER BY seq)
 # A follower that answers past what it was sent
 # ---------------------------------------------------------------------
 $f->safe_psql('postgres', q{
-	ALTER FUNCTION felix.replicate(text, integer, bigint, bigint, bigint, bytea) RENAME TO replicate_honest;
-	CREATE FUNCTION felix.replicate(stream text, shard integer, generation bigint, from_seq bigint,
+	ALTER FUNCTION felix.replicate(text, integer, bigint, text, text, text, bigint, bigint, bytea)
+	    RENAME TO replicate_honest;
+	CREATE FUNCTION felix.replicate(stream text, shard integer, generation bigint, node text,
+	                                incarnation text, op text, from_seq bigint,
 	                                leader_hwm_end bigint, batches bytea)
 	RETURNS TABLE (status text, seq bigint) LANGUAGE sql AS $$
 	    SELECT r.status, CASE WHEN r.status = 'stored' THEN r.seq + 5 ELSE r.seq END
-	      FROM felix.replicate_honest($1, $2, $3, $4, $5, $6) r
+	      FROM felix.replicate_honest($1, $2, $3, $4, $5, $6, $7, $8, $9) r
 	$$;
-	GRANT EXECUTE ON FUNCTION felix.replicate(text, integer, bigint, bigint, bigint, bytea) TO felix_replication;
+	GRANT EXECUTE ON FUNCTION felix.replicate(text, integer, bigint, text, text, text, bigint, bigint, bytea)
+	    TO felix_replication;
 });
 # The leader's shipping session prepared the honest function: make it
 # reconnect and prepare the liar.
@@ -163,12 +194,22 @@ my $state = $leader->safe_psql('postgres',
 like($state, qr/^halted_protocol: it answered stored \d+ to a shipment of seqs/,
 	"the leader halted $fname: $state");
 like(read_file($leader->logfile),
-	qr/follower "$fname" halted at generation $g: it answered stored/,
+	qr/follower "$fname" halted \(protocol\) at generation $g: it answered stored/,
 	'and said so in its log');
+
 is($leader->safe_psql('postgres',
 		"SELECT hwm FROM felix_shards WHERE stream = '$stream' AND shard = 0"),
 	'2', 'the high-water mark did not move past the acknowledged records');
 $c->resume_node($other);
+for my $node ($c->nodes)
+{
+	ok(defined FelixCluster::poll(20, sub {
+		$node->safe_psql('postgres',
+			"SELECT reason || ' ' || generation || ' ' || (action ~ 'felix_rebuild') FROM felix_halted "
+			  . "WHERE stream = '$stream' AND shard = 0 AND node = '$fname'") eq "protocol $g true" }),
+		"felix_halted on $node->{felix_name} lists the halt, with what to run")
+	  or diag($node->safe_psql('postgres', 'SELECT * FROM felix_halted'));
+}
 
 $c->teardown;
 felix_done_testing();

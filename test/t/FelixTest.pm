@@ -21,7 +21,7 @@ use Time::HiRes qw(usleep time);
 our @EXPORT = qw(
   felix_base_conf felix_node felix_node_conninfo felix_done_testing FELIX_TEST_SECRET shard_dir segment_files read_file write_file write_at
   read_batches record_batches data_end flip_byte crash_node metric
-  psql_error crc32c batch_header batch_trailer shipment_hex
+  psql_error crc32c batch_header batch_trailer shipment_hex replicate_call
 );
 
 use constant SEGMENT_HEADER_BYTES => 64;
@@ -249,6 +249,24 @@ sub shipment_hex
 		body_len   => length($body),
 		body_crc   => crc32c($body));
 	return unpack('H*', $h . $body . batch_trailer($h));
+}
+
+# The SQL of a felix.replicate call that ships the batches in $hex (from
+# shipment_hex) to $target (a node) as if from the leader of $gen: it
+# names the target by its felix name and incarnation, as a leader does.
+# %opt: op => 'ship' | 'bootstrap' | 'rebuild', hwm => leader_hwm_end,
+# name/incarnation => to address it to another node than $target.
+sub replicate_call
+{
+	my ($target, $stream, $shard, $gen, $from, $hex, %opt) = @_;
+	my ($name, $inc) = split /\|/, $target->safe_psql('postgres',
+		"SELECT name || '|' || incarnation FROM felix.node_identity()");
+	$name = $opt{name} if defined $opt{name};
+	$inc = $opt{incarnation} if defined $opt{incarnation};
+	my $op = $opt{op} // 'ship';
+	my $hwm = $opt{hwm} // 0;
+	return "SELECT status || ' ' || seq FROM felix.replicate('$stream', $shard, $gen, "
+	  . "'$name', '$inc', '$op', $from, $hwm, decode('" . ($hex // '') . "', 'hex'))";
 }
 
 # Only the batches that hold records (not seals).

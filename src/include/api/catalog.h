@@ -59,6 +59,8 @@ typedef struct FelixStream
 /* Lookup by name (exact, case-sensitive); errors naming the stream with a
  * hint when unknown or when the name is a table that is not a stream. */
 extern const FelixStream *felix_stream_by_name(const char *name);
+/* Lookup by name; NULL if no stream has it (never raises for that). */
+extern const FelixStream *felix_stream_lookup_name(const char *name);
 /* Lookup by the stream table's OID; NULL if it is not a registered stream. */
 extern const FelixStream *felix_stream_by_relid(Oid relid);
 /* Every stream of this database, ordered by name: a List of palloc'd

@@ -51,6 +51,21 @@ extern PGresult *felix_conn_exec(PGconn *conn, const char *call,
 								 const char *const *values,
 								 int timeout_ms, int elevel);
 
+/* The SQLSTATE of the last remote error felix_conn_exec reported in this
+ * process ("" after a success or a connection failure). */
+extern const char *felix_conn_last_sqlstate(void);
+
+/*
+ * felix.cp_heartbeat's arguments for this node: its name, the address
+ * part of felix.node_conninfo, its incarnation and start count, and the
+ * shards it cannot serve ("{stream/shard,...}"; NULL: unchanged since its
+ * last heartbeat).  values[] points into static storage until the next call.
+ */
+#define FELIX_CP_HEARTBEAT_NARGS	5
+#define FELIX_CP_HEARTBEAT_CALL		"felix.cp_heartbeat($1, $2, $3, $4, $5)"
+extern void felix_cp_heartbeat_args(const char *values[FELIX_CP_HEARTBEAT_NARGS],
+									const char *unable);
+
 /*
  * Make the remote session cancel any statement running longer than
  * timeout_ms (statement_timeout), so a call this side gave up on does not

@@ -18,6 +18,7 @@
 #include "postgres.h"
 
 #include "datatype/timestamp.h"
+#include "storage/incarnation.h"
 
 /* Most nodes the directory remembers; the least recently seen is evicted. */
 #define FELIX_MAX_NODES		128
@@ -28,6 +29,7 @@ typedef struct FelixNodeInfo
 {
 	char		name[NAMEDATALEN];
 	char		conninfo[FELIX_NODE_CONNINFO_LEN];	/* address, secrets masked */
+	char		incarnation[FELIX_INCARNATION_LEN];	/* "" when unknown */
 	bool		alive;
 	TimestampTz last_heartbeat;
 } FelixNodeInfo;
@@ -37,6 +39,12 @@ typedef struct FelixNodeInfo
  * return true; false (buf set to "") when the node is not known here.
  */
 extern bool felix_node_conninfo_of(const char *name, char *buf, Size len);
+
+/*
+ * Copy the incarnation the control plane last listed for node `name` into
+ * buf (FELIX_INCARNATION_LEN) and return true; false (buf "") if unknown.
+ */
+extern bool felix_node_incarnation_of(const char *name, char *buf);
 
 /* Record (or refresh) a node's conninfo; its "last seen" becomes now. */
 extern void felix_node_note(const char *name, const char *conninfo);

@@ -5,9 +5,10 @@
  *	  shard slot (index = shard_slot_index), each holding, for the
  *	  generation it belongs to, every follower's cursor (where the next
  *	  shipment starts), acknowledged end, and whether shipping to it goes on
- *	  or has halted.  The ship worker is the only writer; the
- *	  felix_replication view, the metrics gauges and the quorum report
- *	  read it.
+ *	  or has halted, been offered a bootstrap or is being rebuilt.  The
+ *	  ship worker is the only writer but for one flag, rebuild_requested,
+ *	  which felix_rebuild sets and the worker takes; the felix_replication
+ *	  view, the metrics gauges and the quorum report read it.
  *
  *	  A cursor is a belief about a follower's position under one
  *	  leadership, so the whole entry is reset whenever the shard's
@@ -25,28 +26,49 @@
 
 #include "postgres.h"
 #include "felix.h"
+#include "storage/latch.h"
 #include "storage/s_lock.h"
+#include "storage/incarnation.h"
 #include "storage/shard.h"
 #include "utils/timestamp.h"
 
 typedef enum FelixFollowerState
 {
 	FELIX_FOLLOWER_SHIPPING,		/* shipped to as its cursor says */
-	FELIX_FOLLOWER_HALTED_CONFLICT, /* its log differs from the leader's */
-	FELIX_FOLLOWER_HALTED_FENCED,	/* it is at a newer generation */
-	FELIX_FOLLOWER_HALTED_BEHIND,	/* its log ends before the leader's
-									 * oldest record (retention trimmed
-									 * what it needs): needs a rebuild */
-	FELIX_FOLLOWER_HALTED_PROTOCOL	/* it answered what the leader cannot
-									 * believe (a position past what was
-									 * sent to it) */
+	FELIX_FOLLOWER_BOOTSTRAP,		/* its log ends before the leader's oldest
+									 * record: offered a copy beginning there
+									 * (op bootstrap) next */
+	FELIX_FOLLOWER_REBUILDING,		/* holds a rebuild slot: told to discard
+									 * its copy (op rebuild), then shipped to
+									 * at the paced rate until level */
+	FELIX_FOLLOWER_HALTED			/* stopped, for `halt`; out of every
+									 * quorum and never reported caught up */
 } FelixFollowerState;
+
+/* Why a follower halted (felix_halted.reason). */
+typedef enum FelixHalt
+{
+	FELIX_HALT_NONE,
+	FELIX_HALT_DIVERGED,			/* its log differs from the leader's where
+									 * the generation-map rule cannot repair
+									 * it (or at or below its mark) */
+	FELIX_HALT_NEEDS_BOOTSTRAP,		/* the leader's retention trimmed past its
+									 * position and it holds records of its
+									 * own, or its copy predates its node's
+									 * incarnation */
+	FELIX_HALT_FENCED,				/* it is at a newer generation */
+	FELIX_HALT_PROTOCOL				/* it answered what the leader cannot
+									 * believe */
+} FelixHalt;
 
 #define FELIX_REPL_ERROR_LEN	200
 
 typedef struct FelixFollower
 {
 	char		name[NAMEDATALEN];
+	char		incarnation[FELIX_INCARNATION_LEN];	/* the copy shipped to:
+													 * its node's incarnation
+													 * when shipping began */
 	uint64		cursor;			/* next shipment starts with the batch
 								 * holding this seq */
 	uint64		acked_end;		/* durable on the follower up to here
@@ -54,6 +76,14 @@ typedef struct FelixFollower
 								 * answer at this generation */
 	bool		answered;		/* acked_end comes from an answer */
 	FelixFollowerState state;
+	FelixHalt	halt;			/* HALTED: why */
+	uint64		halt_position;	/* HALTED: where it stood (a conflict's seq,
+								 * else its log's end) */
+	TimestampTz halted_at;		/* HALTED: when */
+	bool		rebuild_requested;	/* felix_rebuild asked for one (written
+									 * by backends, under the spinlock) */
+	TimestampTz rebuild_started_at; /* REBUILDING: when the slot was taken */
+	uint64		rebuild_bytes;	/* REBUILDING: shipped since */
 	TimestampTz last_answer_at; /* 0: no answer at this generation */
 	char		last_error[FELIX_REPL_ERROR_LEN];	/* "" when none */
 } FelixFollower;
@@ -72,6 +102,10 @@ typedef struct FelixReplShard
 extern Size repl_state_shmem_size(void);
 extern void repl_state_shmem_init(void);
 
+/* Wake whoever ships this node's shards (set by the ship worker). */
+extern void repl_set_shipper_latch(Latch *latch);
+extern void repl_wake_shipper(void);
+
 /* Entry for shard slot `slot` (0 <= slot < felix.max_shards). */
 extern FelixReplShard *repl_state_entry(int slot);
 
@@ -89,8 +123,11 @@ extern void repl_state_reset(int slot, const FelixShardKey *key,
 							 uint64 fresh_cursor);
 /* (Ship worker only.)  The shard is no longer shipped from here. */
 extern void repl_state_clear(int slot);
-/* (Ship worker only.)  Write one follower's fields back. */
+/* (Ship worker only.)  Write one follower's fields back (all but
+ * rebuild_requested, which stays as backends left it). */
 extern void repl_state_put_follower(int slot, int i, const FelixFollower *f);
+/* (Ship worker only.)  Clear follower i's rebuild request; was there one? */
+extern bool repl_state_take_rebuild_request(int slot, int i);
 
 /*
  * Gauges for felix_metrics: replication_lag_records (the lag in records
@@ -104,5 +141,14 @@ extern void felix_replication_gauges(uint64 *lag_records,
 									 double *reports_per_request);
 
 extern const char *felix_follower_state_name(FelixFollowerState st);
+extern const char *felix_halt_name(FelixHalt h);
+
+/*
+ * (Backends.)  Ask the ship worker to rebuild a halted follower of the
+ * shard in `slot` at `generation`, under felix.rebuild_max_concurrent (at
+ * least one at a time, even at 0).  Returns the follower's halt, or
+ * FELIX_HALT_NONE (nothing asked) when no such follower is halted there.
+ */
+extern FelixHalt repl_request_rebuild(int slot, uint64 generation, const char *follower);
 
 #endif							/* FELIX_REPLICATION_STATE_H */

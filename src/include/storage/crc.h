@@ -20,4 +20,16 @@
  */
 extern pg_crc32c felix_crc32c_update(pg_crc32c crc, const void *data, Size len);
 
+/* The finished CRC-32C of len bytes (of a small record, say). */
+static inline pg_crc32c
+felix_crc32c(const void *data, Size len)
+{
+	pg_crc32c	crc;
+
+	INIT_CRC32C(crc);
+	COMP_CRC32C(crc, data, len);
+	FIN_CRC32C(crc);
+	return crc;
+}
+
 #endif							/* FELIX_STORAGE_CRC_H */

@@ -148,6 +148,17 @@ extern void log_truncate_to(const char *dir, const char *what,
 							FelixLogState *st, uint64 end, uint64 hwm_end);
 
 /*
+ * Discard the whole log -- records, indexes, generation map, durable mark
+ * -- and begin it again, empty, at start_seq (an empty segment whose base
+ * is start_seq, written by `generation`).  The one operation that removes
+ * records at or below the high-water mark: a bootstrap or a rebuild
+ * replaces the copy with the leader's.  A stop part-way leaves a shorter
+ * log, or none.
+ */
+extern void log_discard(const char *dir, const char *what, FelixLogState *st,
+						uint64 start_seq, uint64 generation);
+
+/*
  * Retention: unlink whole sealed segments from the front while the log
  * holds more than retention_bytes (if > 0) or while a segment's newest
  * batch is older than retention_ms before now (if > 0).  The active
@@ -160,6 +171,15 @@ extern int	log_trim(const char *dir, const char *what, FelixLogState *st,
 
 /* Remove the shard's whole directory (stream dropped, at commit). */
 extern void log_remove_all(const char *dir);
+
+/* ---- durable high-water mark (hwm.c) ---- */
+
+/* The last mark made durable for the shard in dir; 0 when none. */
+extern uint64 log_hwm_read(const char *dir);
+/* Make hwm_end the durable mark (fdatasync'd before returning). */
+extern void log_hwm_write(const char *dir, const char *what, uint64 hwm_end);
+/* Forget the mark (the whole log was discarded). */
+extern void log_hwm_reset(const char *dir, const char *what);
 
 /* ---- generation map (genmap.c): generation -> first seq ---- */
 

@@ -1,35 +1,41 @@
 /*-------------------------------------------------------------------------
  *
  * shard.h
- *	  Per-shard shared state: where the shard's log ends, what is durable,
- *	  what readers may see, and who may write (role, generation, lease).
- *	  The write path (admission, append, group flush) lives here because it
- *	  is the one place that must see all of those at once.
+ *	  A shard slot in shared memory, and what the storage layer does with
+ *	  it: open (recover) the shard's log, append at its tail, flush (one
+ *	  fdatasync serving a group of writers), bound what readers see (the
+ *	  high-water mark, kept durable), trim, truncate, forget.  Storage
+ *	  decides nothing about who may write or when a write is acknowledged:
+ *	  leases and roles are replication/lease.c's, acknowledgement
+ *	  replication/quorum.c's, and the write path that strings them together
+ *	  replication/leader.c's.  Storage calls none of them; it tells
+ *	  replication what happened through one notify hook.
+ *
+ *	  The slot carries every group's fields, each written only by the
+ *	  module that owns it (marked below); everyone reads them through one
+ *	  snapshot, shard_read().
  *
  * Locking rule:
  *	 - FelixShardRegistry->lock (LWLock) guards the key -> slot hash and slot
  *	   allocation: shared to look up, exclusive to add or free a slot.
- *	 - append_lock (LWLock, exclusive) serialises appends, recovery, trim,
- *	   truncation and phase changes, and guards `log`.
- *	 - the commit gate (commit_holder, written with append_lock held, read
- *	   under mutex) holds a shard's tail for a commit spanning several
- *	   shards, from its append on this shard until every shard's append
- *	   has succeeded (then the batches are published) or one failed (then
- *	   they are cut back).  Everything that takes append_lock to move the
- *	   tail, mirror it or change leadership waits for the gate first
- *	   (shard_lock_tail); gates are taken in slot order, so two commits
- *	   never wait for each other in a cycle.
+ *	 - The tail: append_lock (LWLock, exclusive) behind the commit gate
+ *	   (shard_lock_tail).  It serialises appends, recovery, trim,
+ *	   truncation and changes of phase, role or generation, and guards
+ *	   `log`.  The commit gate (commit_holder, written with append_lock
+ *	   held, read under mutex) holds a shard's tail for a commit spanning
+ *	   several shards, from its append on this shard until every shard's
+ *	   append has succeeded (then the batches are published) or one failed
+ *	   (then they are cut back); gates are taken in slot order, so two
+ *	   commits never wait for each other in a cycle.
  *	 - flush_lock (LWLock) is held by the one backend doing a group flush;
  *	   others wait on it with LWLockAcquireOrWait, as XLogFlush does.
- *	 - mutex (spinlock) guards the small fields marked (mutex) so readers
- *	   and flushers can read them without the append lock.  Writers update
- *	   them while also holding append_lock or flush_lock as noted.
- *	 - hwm_cv is broadcast whenever phase, role or generation changes.
- *	   A quorum waiter for the records ending at `end` sleeps on
- *	   ack_cv[end % FELIX_ACK_CVS] instead: those are broadcast when the
- *	   high-water mark passes one of their ends (only those, so a mark
- *	   move wakes the publishers it releases, not every waiter), and all
- *	   of them whenever hwm_cv is.
+ *	 - mutex (spinlock) guards the fields marked (mutex), so readers and
+ *	   flushers see them without the tail.
+ *	 - tail_cv is broadcast whenever the phase, role or generation changes
+ *	   or a commit gate is released; quorum waiters sleep on ack_cv
+ *	   (quorum.h).
+ *	 No path takes two shards' LWLocks, and the tail is never held while
+ *	 waiting for a flush.
  *
  *-------------------------------------------------------------------------
  */
@@ -37,12 +43,15 @@
 #define FELIX_STORAGE_SHARD_H
 
 #include "postgres.h"
-#include "felix.h"
+
+#include "lib/stringinfo.h"
 #include "storage/condition_variable.h"
 #include "storage/latch.h"
-#include "storage/log.h"
 #include "storage/lwlock.h"
 #include "storage/s_lock.h"
+
+#include "felix.h"
+#include "storage/log.h"
 
 /* Condition variables quorum waiters are spread over, by record end. */
 #define FELIX_ACK_CVS	32
@@ -51,7 +60,7 @@ typedef enum FelixShardPhase
 {
 	FELIX_SHARD_CLOSED,			/* slot allocated, log not recovered yet */
 	FELIX_SHARD_OPEN,			/* recovered, serving */
-	FELIX_SHARD_FAILED			/* recovery found corruption: refuses */
+	FELIX_SHARD_FAILED			/* damaged: refuses to serve */
 } FelixShardPhase;
 
 typedef enum FelixRole
@@ -65,24 +74,6 @@ typedef enum FelixRole
 #define FELIX_CONNINFO_LEN		256
 #define FELIX_REASON_LEN		160
 
-/*
- * What the control plane says about one shard, as applied by the node
- * agent after each heartbeat (shard_apply_assignment).
- */
-typedef struct FelixAssignment
-{
-	uint64		generation;
-	char		leader[NAMEDATALEN];	/* "" while unplaced */
-	char		leader_conninfo[FELIX_CONNINFO_LEN];
-	int			nreplicas;
-	char		replicas[FELIX_MAX_REPLICAS][NAMEDATALEN];
-	bool		lease_granted;	/* this heartbeat granted/renewed our lease */
-	int64		lease_ms;
-	int64		sent_at_ns;		/* felix_monotonic_ns() when the heartbeat
-								 * carrying the grant was sent */
-	char		unplaced_reason[FELIX_REASON_LEN];
-} FelixAssignment;
-
 typedef struct FelixShard
 {
 	/* set when the slot is allocated, under the registry lock; then fixed */
@@ -93,46 +84,94 @@ typedef struct FelixShard
 	LWLock		append_lock;
 	LWLock		flush_lock;
 	slock_t		mutex;
+	ConditionVariable tail_cv;
 
-	/* (mutex) phase; written with append_lock held */
+	/* ---- storage (storage/shard.c) ---- */
+	/* (mutex; written with the tail held) */
 	FelixShardPhase phase;
-	/* (mutex) leadership: written with append_lock held */
+	/* (mutex) positions, all exclusive ends */
+	uint64		start_seq;		/* copy of log.start_seq */
+	uint64		written_end;	/* copy of log.next_seq (tail) */
+	uint64		written_base;	/* copy of log.active_base (tail) */
+	uint64		flushed_end;	/* durable on this node (flush_lock) */
+	uint64		hwm_end;		/* readers see [start_seq, hwm_end) */
+	uint64		total_bytes;	/* copy of log.total_bytes */
+	int64		retention_bytes;	/* the stream's retention */
+	int64		retention_ms;
+	/* (mutex; written with the tail held) the commit gate: pgprocno + 1
+	 * of the backend whose appended batches are not published yet */
+	int			commit_holder;
+	/* (mutex) why the shard is FAILED */
+	char		error[FELIX_SHARD_ERROR_LEN];
+	/* (mutex; written with the tail held) the copy was made under an
+	 * older incarnation of this node (incarnation.h) */
+	bool		copy_stale;
+	/* (mutex) the leader's log differs from this copy from here on:
+	 * readers see nothing at or after it; PG_UINT64_MAX when none */
+	uint64		diverged_at;
+	/* (tail) the high-water mark last made durable (shard_advance_hwm) */
+	uint64		hwm_persisted;
+	/* (tail) the storage layer's tail bookkeeping */
+	FelixLogState log;
+
+	/* ---- leadership (replication/lease.c) ---- */
+	/* (mutex; written with the tail held) */
 	FelixRole	role;
 	uint64		generation;
 	int64		lease_expiry_ns;	/* felix_monotonic_ns() after which this
 									 * node must not write (epsilon already
 									 * taken off); 0: no lease */
-	/* (mutex) positions, all exclusive ends */
-	uint64		start_seq;		/* copy of log.start_seq */
-	uint64		written_end;	/* copy of log.next_seq (append_lock) */
-	uint64		written_base;	/* copy of log.active_base (append_lock) */
-	uint64		flushed_end;	/* durable on this node (flush_lock) */
-	uint64		hwm_end;		/* readers see [start_seq, hwm_end) */
-	uint64		total_bytes;	/* copy of log.total_bytes */
-	/* (mutex) settings from the stream's definition */
-	int64		retention_bytes;
-	int64		retention_ms;
+	/* (mutex) the stream's replication settings */
 	int			consistency;	/* FelixConsistency */
 	int			replication_factor;
-	/* (mutex) what the control plane last said (written with append_lock) */
+	/* (mutex) what the control plane last said */
 	char		leader[NAMEDATALEN];	/* "" = unknown or unplaced */
 	char		leader_conninfo[FELIX_CONNINFO_LEN];
 	int			nreplicas;
 	char		replicas[FELIX_MAX_REPLICAS][NAMEDATALEN];
 	char		unplaced_reason[FELIX_REASON_LEN];
 	bool		clustered;		/* an assignment has been applied */
-	/* (mutex) why the shard is FAILED */
-	char		error[FELIX_SHARD_ERROR_LEN];
-	/* (mutex; written with append_lock) the commit gate: pgprocno + 1 of
-	 * the backend whose appended batches are not published yet, 0: none */
-	int			commit_holder;
 
-	ConditionVariable hwm_cv;
+	/* ---- acknowledgement (replication/quorum.c) ---- */
+	/* (mutex) how far this node, leading at acked_generation, has
+	 * acknowledged: a waiter succeeds only on its own generation's word */
+	uint64		acked_generation;
+	uint64		acked_end;
 	ConditionVariable ack_cv[FELIX_ACK_CVS];
-
-	/* (append_lock) the storage layer's tail bookkeeping */
-	FelixLogState log;
 } FelixShard;
+
+/* The (mutex) fields of a slot, copied at one instant (shard_read). */
+typedef struct FelixShardView
+{
+	FelixShardKey key;
+	char		stream_name[NAMEDATALEN];
+	bool		in_use;
+	FelixShardPhase phase;
+	uint64		start_seq;
+	uint64		written_end;
+	uint64		written_base;
+	uint64		flushed_end;
+	uint64		hwm_end;
+	uint64		total_bytes;
+	int64		retention_bytes;
+	int64		retention_ms;
+	FelixRole	role;
+	uint64		generation;
+	int64		lease_expiry_ns;
+	int			consistency;
+	int			replication_factor;
+	char		leader[NAMEDATALEN];
+	char		leader_conninfo[FELIX_CONNINFO_LEN];
+	int			nreplicas;
+	char		replicas[FELIX_MAX_REPLICAS][NAMEDATALEN];
+	char		unplaced_reason[FELIX_REASON_LEN];
+	bool		clustered;
+	uint64		acked_generation;
+	uint64		acked_end;
+	char		error[FELIX_SHARD_ERROR_LEN];
+	bool		copy_stale;
+	uint64		diverged_at;
+} FelixShardView;
 
 /* What a caller needs to name and open a shard. */
 typedef struct FelixShardSpec
@@ -145,6 +184,8 @@ typedef struct FelixShardSpec
 	int			replication_factor;
 } FelixShardSpec;
 
+/* ---- slots ---- */
+
 /*
  * Find the shard's slot, allocating it and recovering its log on first use
  * after a start.  Errors (ERRCODE_DATA_CORRUPTED) if the shard is FAILED,
@@ -154,77 +195,144 @@ extern FelixShard *shard_acquire(const FelixShardSpec *spec);
 /* Slot if allocated, else NULL; never opens anything. */
 extern FelixShard *shard_lookup(const FelixShardKey *key);
 
-/*
- * Publish one batch body (built with batch_begin/batch_add/batch_seal_body)
- * holding `count` records: admission check, append under the lock with the
- * leadership re-checked right before the bytes go down, then wait for the
- * group flush and the high-water mark.  Returns the first record's seq;
- * the batch holds [result, result + count).
- */
-extern uint64 shard_publish(FelixShard *s, StringInfo batch, uint32 count);
+/* Copy the slot's (mutex) fields at one instant. */
+extern void shard_read(FelixShard *s, FelixShardView *out);
 
-/*
- * The same for n batches appended back to back under one hold of the
- * append lock: they get contiguous seqs and become visible together, or,
- * if appending batch k fails, the ones before it are cut back and none is
- * ever visible.
- */
-extern uint64 shard_publish_batches(FelixShard *s, StringInfo *batches,
-									const uint32 *counts, int n);
-
-/*
- * A commit over several shards publishes all of its batches or none.
- * Call shard_commit_append for each shard, in shard_slot_index order: it
- * admits, appends the shard's batches and keeps them unpublished behind
- * the shard's commit gate.  Once every shard's append succeeded,
- * shard_commit_publish each part, then shard_commit_wait each (flush and
- * acknowledgement, as a publish waits).  If any append failed,
- * shard_commit_abandon every part that succeeded: its batches are cut back
- * and were never visible.  A backend that exits holding gates abandons
- * them on its way out.
- */
-typedef struct FelixCommitPart
-{
-	struct FelixShard *s;
-	uint64		generation;		/* admitted at */
-	uint64		base;			/* the first record's seq */
-	uint64		end;			/* after the last record */
-	bool		gated;			/* appended, not yet published or abandoned */
-} FelixCommitPart;
-
-extern void shard_commit_append(FelixShard *s, StringInfo *batches,
-								const uint32 *counts, int n, FelixCommitPart *part);
-extern void shard_commit_publish(FelixCommitPart *part);
-extern void shard_commit_abandon(FelixCommitPart *part);
-extern void shard_commit_wait(FelixCommitPart *part);
-
-/*
- * Admission alone (conditions 1-3 of the write rule), raising the error a
- * publish would.  Lets a multi-shard commit find a shard it cannot write
- * before appending to any of them.
- */
-extern void shard_admit(FelixShard *s);
-
-/* Snapshot [start_seq, hwm_end): what a reader may see right now. */
-extern void shard_visible(FelixShard *s, uint64 *start_seq, uint64 *hwm_end);
+/* Iterate the slots (for views and the workers): every slot ever used has
+ * an index below shard_count_slots(); check in_use in a shard_read.  A slot
+ * taken after the count was read is seen by the next iteration. */
+extern int	shard_count_slots(void);
+extern FelixShard *shard_slot(int i);
+/* Index of the slot in the registry: replication keeps parallel arrays. */
+extern int	shard_slot_index(FelixShard *s);
 
 /* "stream \"name\" shard N", palloc'd: the prefix of every message. */
 extern char *shard_what(FelixShard *s);
-
 /* Directory of the shard's files (MAXPGPATH buffer). */
 extern void shard_dir(FelixShard *s, char *buf);
+
+/* Error (ERRCODE_DATA_CORRUPTED, naming the damage) if the shard is FAILED. */
+extern void shard_check_serving(FelixShard *s);
+
+/* ---- the tail ---- */
+
+/* Take / release the tail: the append lock, once no other backend's
+ * commit gate holds it. */
+extern void shard_lock_tail(FelixShard *s);
+extern void shard_unlock_tail(FelixShard *s);
+/* After an error: let go of the tail if this backend still holds it. */
+extern void shard_unlock_tail_if_held(FelixShard *s);
+
+/*
+ * With the tail held: append n finished batches, stamped with their seqs,
+ * `generation` and now, at the end of the log.  If batch k fails (a full
+ * disk, an I/O error) the ones before it are cut back before the error
+ * goes on.  Nothing appended is visible to flushers, readers or shippers
+ * until shard_publish_tail.  Returns the first record's seq.
+ */
+extern uint64 shard_append_locked(FelixShard *s, uint64 generation,
+								  StringInfo *batches, int n);
+
+/*
+ * With the tail held: cut the log back to end before seq `end`, removing
+ * what an append that failed (or a commit abandoned) wrote -- never
+ * published, so never flushed or visible.  If the cut fails the shard
+ * refuses to serve (FAILED) until a restart, and the error goes on.
+ */
+extern void shard_cut_back(FelixShard *s, uint64 end);
+
+/* With the tail held: make everything appended visible to flushers,
+ * shippers (the notify hook hears of it) and -- once acknowledged --
+ * readers. */
+extern void shard_publish_tail(FelixShard *s);
+
+/*
+ * The commit gate (see the locking rule).  With the tail held: hold the
+ * gate for this backend (until shard_release_gate), so that the tail can
+ * be let go while the batches just appended stay unpublished.  Released
+ * (the tail not held): publishing the batches, or cutting them back to
+ * `cut_to` (never raising: a cut that fails leaves the shard FAILED, with
+ * a WARNING).  A backend that exits holding gates cuts them back on its
+ * way out.
+ */
+extern void shard_hold_gate(FelixShard *s, uint64 cut_to);
+extern void shard_release_gate(FelixShard *s, bool publish);
+
+/* ---- durability ---- */
+
+/*
+ * Wait until [.., upto) is durable on this node, doing the fdatasync
+ * ourselves if no one else is (a group flush).  The notify hook hears of
+ * every flush.
+ */
+extern void shard_flush(FelixShard *s, uint64 upto);
+
+/* ---- what readers see ---- */
+
+/*
+ * Snapshot [start_seq, end): what a reader may see right now -- up to the
+ * high-water mark, but nothing from where the copy is known to differ
+ * from the leader's (shard_mark_diverged).
+ */
+extern void shard_visible(FelixShard *s, uint64 *start_seq, uint64 *end);
+
+/*
+ * The leader's records differ from this copy's from seq `at` on, in a way
+ * the copy cannot repair itself (replication halts it): readers stop
+ * seeing anything from there until the copy is begun again.
+ */
+extern void shard_mark_diverged(FelixShard *s, uint64 at);
+
+/*
+ * Move the high-water mark up to hwm_end (never down, never past the
+ * flushed end).  Returns the previous mark.  Caller holds nothing;
+ * `only_if` (may be NULL) runs under the slot's mutex when the mark would
+ * move -- it must not call anything, and may update its own module's
+ * (mutex) fields -- and the mark moves only if it returns true.
+ */
+extern uint64 shard_advance_hwm(FelixShard *s, uint64 hwm_end,
+								bool (*only_if) (FelixShard *s, void *arg),
+								void *arg);
+
+/*
+ * Make the high-water mark durable if it moved since it last was (a
+ * shard with one copy needs none: all it holds is visible after a
+ * restart).  Called by the node worker every heartbeat interval and as it
+ * exits, so a restarted replica serves at once what it knew to be
+ * acknowledged that long before, and the truncation guard protects
+ * everything at or below a persisted mark across restarts.
+ */
+extern void shard_persist_hwm(FelixShard *s);
+
+/*
+ * Follower side, with the tail held after appending shipped batches (and
+ * syncing them): publish the tail, mark it flushed, and move the mark to
+ * min(leader_hwm_end, flushed end).
+ */
+extern void shard_after_replicated(FelixShard *s, uint64 leader_hwm_end);
+
+/*
+ * With the tail held: discard the whole copy and begin it again, empty,
+ * at start_seq (a bootstrap or a rebuild from the leader of `generation`;
+ * log_discard).  The mark, the divergence and the staleness go with it,
+ * and the copy is stamped with this node's incarnation.
+ */
+extern void shard_begin_at_locked(FelixShard *s, uint64 start_seq, uint64 generation);
+
+/* This node's incarnation changed (incarnation.h): every open copy not
+ * stamped with the new one is stale from now on. */
+extern void shard_mark_stale_copies(void);
+
+/* ---- retention, truncation, drop ---- */
 
 /* Apply retention now; returns segments removed. */
 extern int	shard_trim(FelixShard *s);
 
-/* Cut everything after seq; refuses at or below the high-water mark. */
+/* Cut everything after seq; refuses at or below the high-water mark
+ * (the one in memory and the one last made durable).  _locked: the tail
+ * is held. */
 extern void shard_truncate_after(FelixShard *s, uint64 seq);
-
-/* Iterate the slots (for views and the workers): every slot ever used has
- * an index below shard_count_slots(); check in_use under the slot's mutex.
- * A slot taken after the count was read is seen by the next iteration. */
-extern int	shard_count_slots(void);
-extern FelixShard *shard_slot(int i);
+extern void shard_truncate_after_locked(FelixShard *s, uint64 seq);
 
 /* A stream's table was dropped and that drop committed: forget its
  * shards' slots and remove its files. */
@@ -236,52 +344,19 @@ extern void shard_forget_stream(Oid dboid, Oid relid);
 extern void shard_note_stream_gone(void);
 extern uint64 shard_streams_forgotten(void);
 
-/* ---- replication (issue 3) ---- */
+/* ---- the notify hook ---- */
 
-/* Index of the slot in the registry: replication keeps parallel arrays. */
-extern int	shard_slot_index(FelixShard *s);
+typedef enum FelixShardEvent
+{
+	FELIX_SHARD_PUBLISHED,		/* new records at the tail (shard_publish_tail) */
+	FELIX_SHARD_FLUSHED			/* flushed_end moved (called with flush_lock
+								 * held, right after the move) */
+} FelixShardEvent;
 
-/* True if `node` names this node. */
-extern bool felix_is_this_node(const char *node);
+typedef void (*FelixShardNotify) (FelixShard *s, FelixShardEvent event);
 
-/*
- * Apply the control plane's word about the shard: open as leader at a new
- * generation (its start recorded in the generation map first), renew the
- * lease, or follow another leader.  Never lowers the generation.
- */
-extern void shard_apply_assignment(FelixShard *s, const FelixAssignment *a);
-
-/*
- * Move a quorum shard's high-water mark to hwm_end, if the shard is still
- * led here at `generation` under a lease that has not run out, and it is
- * an advance.  Called only when what the control plane believes of the
- * followers is true of the new mark (report.c).  Wakes the quorum waiters
- * it releases; false if the mark did not move.
- */
-extern bool shard_set_hwm(FelixShard *s, uint64 generation, uint64 hwm_end);
-
-/*
- * Follower side: hold the append lock around a check-and-append of shipped
- * batches (s->log may be used while held), then publish the new tail.
- * shard_lock_tail waits for the commit gate, then takes the append lock.
- * shard_after_replicated mirrors the log, marks it flushed (the caller
- * synced it) and moves the hwm to min(leader_hwm_end, flushed).
- */
-extern void shard_lock_tail(FelixShard *s);
-extern void shard_unlock_tail(FelixShard *s);
-
-/*
- * With the tail held: cut the log back to end before seq `end`, removing
- * what an append that failed (or a commit abandoned) wrote -- never
- * mirrored, so never flushed or visible.  If the cut fails the shard
- * refuses to serve (FAILED) until a restart, and the error goes on.
- */
-extern void shard_cut_back(FelixShard *s, uint64 end);
-extern void shard_after_replicated(FelixShard *s, uint64 leader_hwm_end);
-
-/* Wake whoever ships this node's shards (set by the ship worker). */
-extern void shard_wake_shipper(void);
-extern void shard_set_shipper_latch(Latch *latch);
+/* Set once, from _PG_init, by replication. */
+extern void shard_set_notify(FelixShardNotify fn);
 
 extern Size shard_registry_size(void);
 extern void shard_registry_init(void);

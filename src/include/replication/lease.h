@@ -1,0 +1,83 @@
+/*-------------------------------------------------------------------------
+ *
+ * lease.h
+ *	  Leadership of a shard on this node: the control plane's word about
+ *	  it (assignments), the write conditions a leader keeps (a live lease
+ *	  at exactly the shard's generation), and deposition.  See lease.c.
+ *
+ * Locking rule: role, generation and lease expiry are written with the
+ * shard's tail held and read under its mutex (storage/shard.h).
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef FELIX_REPLICATION_LEASE_H
+#define FELIX_REPLICATION_LEASE_H
+
+#include "postgres.h"
+
+#include "storage/shard.h"
+
+/*
+ * What the control plane says about one shard, as applied by the node
+ * agent after each heartbeat (lease_apply_assignment).
+ */
+typedef struct FelixAssignment
+{
+	uint64		generation;
+	char		leader[NAMEDATALEN];	/* "" while unplaced */
+	char		leader_conninfo[FELIX_CONNINFO_LEN];
+	int			nreplicas;
+	char		replicas[FELIX_MAX_REPLICAS][NAMEDATALEN];
+	bool		lease_granted;	/* this heartbeat granted/renewed our lease */
+	int64		lease_ms;
+	int64		sent_at_ns;		/* felix_monotonic_ns() when the heartbeat
+								 * carrying the grant was sent */
+	char		unplaced_reason[FELIX_REASON_LEN];
+} FelixAssignment;
+
+/* True if `node` names this node. */
+extern bool felix_is_this_node(const char *node);
+
+/*
+ * Apply the control plane's word about the shard: open as leader at a new
+ * generation (its start recorded in the generation map first), renew the
+ * lease, or follow another leader.  Never lowers the generation.
+ */
+extern void lease_apply_assignment(FelixShard *s, const FelixAssignment *a);
+
+/*
+ * Admission (conditions 1-3 of the write rule: a lease for the shard at a
+ * generation, this node's clock before its expiry minus epsilon, the shard
+ * open at exactly that generation), waiting a little while this node is
+ * about to hold the lease (just started, just created the stream) and
+ * refusing at once when another node leads (55F02) or the lease ran out
+ * (55F03).  Returns the generation the write is admitted at.
+ */
+extern uint64 lease_admit(FelixShard *s);
+
+/*
+ * The same conditions again, at the admitted generation, with the tail
+ * held, immediately before the bytes go down; on refusal raises (the
+ * abort lets go of the tail).
+ */
+extern void lease_recheck(FelixShard *s, uint64 generation);
+
+/*
+ * (Under the shard's mutex.)  Does this node lead the shard at
+ * `generation` under a lease that has not run out?
+ */
+extern bool lease_live_locked(FelixShard *s, uint64 generation);
+
+/*
+ * Deposition.  This node learnt that a generation newer than the one it
+ * leads at exists (a shipment of it, a follower fenced by it): it stops
+ * leading before doing anything else, and every write waiting for an
+ * acknowledgement at the old generation gets an error.  The newer
+ * generation is not adopted here (its leader is not known yet; the
+ * control plane's next assignment says).  _locked: the tail is held.
+ * Returns whether this node was leading.
+ */
+extern bool lease_step_down(FelixShard *s, uint64 newer_generation, const char *why);
+extern bool lease_step_down_locked(FelixShard *s, uint64 newer_generation, const char *why);
+
+#endif							/* FELIX_REPLICATION_LEASE_H */

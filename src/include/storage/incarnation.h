@@ -1,0 +1,46 @@
+/*-------------------------------------------------------------------------
+ *
+ * incarnation.h
+ *	  The identity of this node's felix data directory: a random id
+ *	  created with the directory (its incarnation) and a count of the
+ *	  server starts it has seen.  A wiped or replaced directory gets a new
+ *	  incarnation; one restored from an old copy carries a start count
+ *	  lower than the control plane last saw, and is given a new one.  Each
+ *	  shard's copy is stamped with the incarnation it was made under, so a
+ *	  copy older than the node's incarnation is known not to be trusted.
+ *	  See incarnation.c.
+ *
+ * Locking rule: the shared copy is written under its spinlock (at startup
+ * and when the incarnation is renewed) and read under it.  Stamps are
+ * written with the shard's tail held.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef FELIX_STORAGE_INCARNATION_H
+#define FELIX_STORAGE_INCARNATION_H
+
+#include "postgres.h"
+
+/* A uuid in text form, with its terminator. */
+#define FELIX_INCARNATION_LEN	37
+
+extern Size incarnation_shmem_size(void);
+/* Read (or create) the identity file, counting this start. */
+extern void incarnation_shmem_init(void);
+
+/* This node's incarnation and start count, copied out. */
+extern void felix_incarnation(char *buf, uint64 *boots);
+
+/*
+ * The control plane saw a later start of this incarnation than this
+ * directory remembers: it is a restored copy.  Give it a new incarnation
+ * (durably), so nothing it holds counts as the old one's.
+ */
+extern void felix_incarnation_renew(void);
+
+/* The incarnation a shard's copy in dir was made under; "" if unstamped. */
+extern void incarnation_stamp_read(const char *dir, char *buf);
+/* Stamp the copy in dir with this node's incarnation (durably). */
+extern void incarnation_stamp_write(const char *dir, const char *what);
+
+#endif							/* FELIX_STORAGE_INCARNATION_H */

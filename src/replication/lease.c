@@ -1,0 +1,310 @@
+/*-------------------------------------------------------------------------
+ *
+ * lease.c
+ *	  Leadership of a shard on this node.  The control plane grants a
+ *	  lease on (shard, generation) and renews it through the heartbeat;
+ *	  this file applies what it says (lease_apply_assignment), keeps the
+ *	  write rule a leader obeys -- a lease at generation G, this node's
+ *	  monotonic clock before its expiry minus felix.lease_epsilon, the
+ *	  shard open at exactly G -- at admission (lease_admit) and again right
+ *	  before the bytes go down (lease_recheck), and steps down the moment
+ *	  this node learns that a newer generation exists (lease_step_down).
+ *
+ *	  A lease is anchored at the instant the heartbeat carrying the grant
+ *	  was sent, which is at or before the control plane's grant time, so
+ *	  the round trip comes out of this node's lease and never out of the
+ *	  control plane's safety margin.
+ *
+ * Locking rule: role, generation and lease expiry are written with the
+ * shard's tail held (shard_lock_tail) and under its mutex; readers take
+ * the mutex.  A change wakes the shard's waiters: writers admitting on
+ * tail_cv, quorum waiters on ack_cv (quorum_wake_all).
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "storage/spin.h"
+#include "utils/timestamp.h"
+
+#include "control/conninfo.h"
+#include "felix.h"
+#include "metrics.h"
+#include "replication/lease.h"
+#include "replication/quorum.h"
+#include "replication/state.h"
+
+typedef enum Writable
+{
+	WRITABLE,
+	WRITABLE_NOT_YET,			/* lease or assignment pending for this node */
+	WRITABLE_ELSEWHERE,			/* another node leads */
+	WRITABLE_EXPIRED			/* our lease ran out */
+} Writable;
+
+bool
+felix_is_this_node(const char *node)
+{
+	return node != NULL && strcmp(node, felix_node_name_resolved()) == 0;
+}
+
+bool
+lease_live_locked(FelixShard *s, uint64 generation)
+{
+	/* lease_expiry_ns already has felix.lease_epsilon taken off */
+	return s->role == FELIX_ROLE_LEADER && s->generation == generation &&
+		s->lease_expiry_ns != 0 && felix_monotonic_ns() < s->lease_expiry_ns;
+}
+
+/*
+ * Conditions 1-3 of the write rule, read once under the spinlock: this node
+ * holds a lease for the shard at `expect_generation` (any, when 0), its
+ * monotonic clock is before expiry - epsilon, and the shard is open at
+ * exactly that generation.
+ */
+static Writable
+lease_writable(FelixShard *s, uint64 expect_generation, uint64 *generation)
+{
+	FelixShardPhase phase;
+	FelixRole	role;
+	int64		expiry;
+	bool		expired_now = false;
+	bool		leader_elsewhere;
+
+	SpinLockAcquire(&s->mutex);
+	phase = s->phase;
+	role = s->role;
+	*generation = s->generation;
+	expiry = s->lease_expiry_ns;
+	if (role == FELIX_ROLE_LEADER && expiry != 0 &&
+		felix_monotonic_ns() >= expiry)
+	{
+		/* The lease lapsed: forget it, so the expiry is counted once. */
+		s->lease_expiry_ns = expiry = 0;
+		expired_now = true;
+	}
+	leader_elsewhere = s->leader[0] != '\0' && !felix_is_this_node(s->leader);
+	SpinLockRelease(&s->mutex);
+
+	if (expired_now)
+		felix_count(FELIX_CTR_LEASE_EXPIRIES, 1);
+	if (phase == FELIX_SHARD_FAILED)
+		shard_check_serving(s);
+
+	if (phase != FELIX_SHARD_OPEN)
+		return WRITABLE_NOT_YET;
+	if (role == FELIX_ROLE_LEADER && expiry != 0)
+		return (expect_generation == 0 || *generation == expect_generation) ?
+			WRITABLE : WRITABLE_ELSEWHERE;
+	if (role == FELIX_ROLE_LEADER)
+		return expired_now ? WRITABLE_EXPIRED : WRITABLE_NOT_YET;
+	return leader_elsewhere ? WRITABLE_ELSEWHERE : WRITABLE_NOT_YET;
+}
+
+static void
+lease_refuse(FelixShard *s, Writable why, uint64 generation)
+{
+	FelixShardView v;
+
+	shard_read(s, &v);
+	if (why == WRITABLE_EXPIRED)
+		ereport(ERROR,
+				(errcode(FELIX_ERRCODE_LEASE_EXPIRED),
+				 errmsg("stream \"%s\" shard %d: this node's lease for generation " UINT64_FORMAT " has expired",
+						v.stream_name, v.key.shard, generation),
+				 errdetail("The lease was not renewed in time; the control plane may be unreachable."),
+				 errhint("Retry the publish; the shard is served again once a lease is granted.")));
+	if (v.leader[0] != '\0' && !felix_is_this_node(v.leader))
+		ereport(ERROR,
+				(errcode(FELIX_ERRCODE_NOT_LEADER),
+				 errmsg("stream \"%s\" shard %d is led by node \"%s\", not by this node",
+						v.stream_name, v.key.shard, v.leader),
+				 errhint("Publish on the leader: node \"%s\" (%s).",
+						 v.leader, felix_conninfo_mask(v.leader_conninfo))));
+	ereport(ERROR,
+			(errcode(FELIX_ERRCODE_NOT_LEADER),
+			 errmsg("stream \"%s\" shard %d has no leader with a lease on this node",
+					v.stream_name, v.key.shard),
+			 v.unplaced_reason[0] ? errdetail("%s", v.unplaced_reason) : 0,
+			 errhint("felix_shards shows the shard's leader; retry once a lease is granted.")));
+}
+
+uint64
+lease_admit(FelixShard *s)
+{
+	uint64		generation;
+	Writable	w = lease_writable(s, 0, &generation);
+	TimestampTz deadline;
+
+	if (w == WRITABLE)
+		return generation;
+	if (w != WRITABLE_NOT_YET)
+		lease_refuse(s, w, generation);
+
+	deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+										   felix_lease_duration + 2 * felix_heartbeat_interval);
+	ConditionVariablePrepareToSleep(&s->tail_cv);
+	for (;;)
+	{
+		long		left;
+
+		w = lease_writable(s, 0, &generation);
+		if (w != WRITABLE_NOT_YET)
+			break;
+		left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline);
+		if (left <= 0)
+			break;
+		ConditionVariableTimedSleep(&s->tail_cv, Min(left, felix_heartbeat_interval),
+									PG_WAIT_EXTENSION);
+	}
+	ConditionVariableCancelSleep();
+	if (w != WRITABLE)
+		lease_refuse(s, w, generation);
+	return generation;
+}
+
+void
+lease_recheck(FelixShard *s, uint64 generation)
+{
+	uint64		now_generation;
+	Writable	w = lease_writable(s, generation, &now_generation);
+
+	/*
+	 * Invariant: conditions 1-3 are checked again immediately before the
+	 * bytes go down, at the generation admission saw.  Waiting for the tail
+	 * can take arbitrarily long (a slow fsync, a paused process, another
+	 * commit's gate), and a lease valid at admission may have lapsed by now.
+	 * (The error's abort lets go of the tail.)
+	 */
+	if (w != WRITABLE)
+		lease_refuse(s, w, now_generation);
+}
+
+/* Role or generation changed: wake everyone who decides on them. */
+static void
+lease_wake(FelixShard *s)
+{
+	ConditionVariableBroadcast(&s->tail_cv);
+	quorum_wake_all(s);
+}
+
+void
+lease_apply_assignment(FelixShard *s, const FelixAssignment *a)
+{
+	bool		lead = a->leader[0] != '\0' && felix_is_this_node(a->leader);
+	int64		expiry = 0;
+	FelixShardView v;
+
+	if (a->lease_granted)
+		expiry = a->sent_at_ns + (a->lease_ms - felix_lease_epsilon) * INT64CONST(1000000);
+
+	shard_lock_tail(s);
+	shard_read(s, &v);
+	if (v.phase != FELIX_SHARD_OPEN)
+	{
+		shard_unlock_tail(s);
+		return;
+	}
+
+	SpinLockAcquire(&s->mutex);
+	strlcpy(s->leader, a->leader, NAMEDATALEN);
+	strlcpy(s->leader_conninfo, a->leader_conninfo, FELIX_CONNINFO_LEN);
+	s->nreplicas = Min(a->nreplicas, FELIX_MAX_REPLICAS);
+	for (int i = 0; i < s->nreplicas; i++)
+		strlcpy(s->replicas[i], a->replicas[i], NAMEDATALEN);
+	strlcpy(s->unplaced_reason, a->unplaced_reason, FELIX_REASON_LEN);
+	s->clustered = true;
+	SpinLockRelease(&s->mutex);
+
+	if (a->generation < v.generation)
+	{
+		/* Stale word from the control plane: never lower the generation. */
+	}
+	else if (lead && (a->generation > v.generation || v.role != FELIX_ROLE_LEADER))
+	{
+		char		dir[MAXPGPATH];
+		char	   *what = shard_what(s);
+
+		/*
+		 * Taking the shard at a new generation.  Its start is recorded in
+		 * the generation map before any write of it can exist: with the
+		 * tail held, the tail is exactly where the generation begins.
+		 */
+		shard_dir(s, dir);
+		genmap_note(dir, what, a->generation, s->log.next_seq);
+		pfree(what);
+
+		SpinLockAcquire(&s->mutex);
+		s->role = FELIX_ROLE_LEADER;
+		s->generation = a->generation;
+		s->lease_expiry_ns = expiry;
+		SpinLockRelease(&s->mutex);
+		quorum_on_lead(s);
+		if (a->generation > 1)
+			felix_count(FELIX_CTR_PROMOTIONS, 1);
+	}
+	else if (lead)
+	{
+		/* Renewal at the same generation, anchored at the heartbeat's send. */
+		if (a->lease_granted)
+		{
+			SpinLockAcquire(&s->mutex);
+			if (expiry > s->lease_expiry_ns)
+				s->lease_expiry_ns = expiry;
+			SpinLockRelease(&s->mutex);
+		}
+	}
+	else
+	{
+		SpinLockAcquire(&s->mutex);
+		s->role = FELIX_ROLE_FOLLOWER;
+		s->generation = a->generation;
+		s->lease_expiry_ns = 0;
+		SpinLockRelease(&s->mutex);
+	}
+	shard_unlock_tail(s);
+	lease_wake(s);
+	if (lead && v.replication_factor > 1)
+		repl_wake_shipper();
+}
+
+bool
+lease_step_down_locked(FelixShard *s, uint64 newer_generation, const char *why)
+{
+	bool		was_leading;
+	uint64		generation;
+
+	SpinLockAcquire(&s->mutex);
+	generation = s->generation;
+	was_leading = s->role == FELIX_ROLE_LEADER && newer_generation > s->generation;
+	if (was_leading)
+	{
+		s->role = FELIX_ROLE_FOLLOWER;
+		s->lease_expiry_ns = 0;
+		s->leader[0] = '\0';
+	}
+	SpinLockRelease(&s->mutex);
+	if (!was_leading)
+		return false;
+	felix_count(FELIX_CTR_STEP_DOWNS, 1);
+	ereport(LOG,
+			(errmsg("stream \"%s\" shard %d: this node stops leading generation " UINT64_FORMAT ": %s",
+					s->stream_name, s->key.shard, generation, why),
+			 errdetail("Generation " UINT64_FORMAT " exists; writes waiting to be acknowledged at generation " UINT64_FORMAT " fail.",
+					   newer_generation, generation)));
+	lease_wake(s);
+	return true;
+}
+
+bool
+lease_step_down(FelixShard *s, uint64 newer_generation, const char *why)
+{
+	bool		was_leading;
+
+	shard_lock_tail(s);
+	was_leading = lease_step_down_locked(s, newer_generation, why);
+	shard_unlock_tail(s);
+	return was_leading;
+}

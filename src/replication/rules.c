@@ -1,0 +1,126 @@
+/*-------------------------------------------------------------------------
+ *
+ * rules.c
+ *	  Pure decisions of replication (see rules.h): the quorum mark, and the
+ *	  follower's append rule.  Nothing here reads shared memory, files or
+ *	  the clock, and nothing raises: callers gather the facts and apply
+ *	  the decision.  test/unit/rules_test.c exercises both.
+ *
+ * Locking rule: none.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "c.h"
+
+#include "replication/rules.h"
+
+static int
+cmp_desc(const void *a, const void *b)
+{
+	uint64		x = *(const uint64 *) a;
+	uint64		y = *(const uint64 *) b;
+
+	return x < y ? 1 : (x > y ? -1 : 0);
+}
+
+uint64
+quorum_mark(uint64 *acks, int nacks, int majority, uint64 flushed_end,
+			bool *held_by_flush)
+{
+	uint64		mark;
+
+	*held_by_flush = false;
+	if (majority < 1 || nacks < majority)
+		return 0;
+	qsort(acks, nacks, sizeof(uint64), cmp_desc);
+	mark = acks[majority - 1];
+	if (mark > flushed_end)
+	{
+		/* the leader's own flush is the last to come: wait for it */
+		*held_by_flush = true;
+		mark = flushed_end;
+	}
+	return mark;
+}
+
+static ReplicateDecision
+decision(ReplicateAction action, uint64 seq)
+{
+	ReplicateDecision d;
+
+	d.action = action;
+	d.seq = seq;
+	return d;
+}
+
+/*
+ * The follower's rule, in the order it is checked.  Each step assumes
+ * the ones before it passed.
+ */
+ReplicateDecision
+replicate_decide(const ReplicateFacts *f)
+{
+	/* 1. Meant for another node (a conninfo pointing at the wrong server,
+	 * or a copy of this node's data directory): nothing here may count as
+	 * that node's copy. */
+	if (!f->addressed_here)
+		return decision(REPLICATE_REFUSE_ADDRESS, f->tail);
+
+	/* 2. A superseded leader can make us store or discard nothing. */
+	if (f->generation < f->our_generation)
+		return decision(REPLICATE_ANSWER_FENCED, f->tail);
+
+	/* 3. We lead.  A newer generation exists, so we were deposed: step
+	 * down before anything else.  The same generation: two nodes believe
+	 * they lead it, and nothing of the sender's may land here. */
+	if (f->we_lead)
+		return decision(f->generation > f->our_generation ?
+						REPLICATE_STEP_DOWN : REPLICATE_REFUSE_LEADER, f->tail);
+
+	/* 4. Only the leader we know for the generation may send.  A newer
+	 * generation's leader is not known until the control plane says. */
+	if (!f->superuser)
+	{
+		if (f->generation > f->our_generation || !f->leader_known)
+			return decision(REPLICATE_REFUSE_UNKNOWN, f->tail);
+		if (!f->sender_is_leader)
+			return decision(REPLICATE_REFUSE_SENDER, f->tail);
+	}
+
+	switch (f->op)
+	{
+		case REPLICATE_REBUILD:
+			/* fenced like a store: only this generation's leader gets here */
+			return decision(REPLICATE_BEGIN_AT, f->from_seq);
+
+		case REPLICATE_BOOTSTRAP:
+			/* a log placed over records of our own would hide a hole */
+			if (f->tail > f->start_seq)
+				return decision(REPLICATE_ANSWER_NEEDS_BOOTSTRAP, f->tail);
+			return decision(REPLICATE_BEGIN_AT, f->from_seq);
+
+		case REPLICATE_SHIP:
+			break;
+	}
+
+	/* 5. A copy older than this node's incarnation is not trusted. */
+	if (f->copy_stale && f->tail > f->start_seq)
+		return decision(REPLICATE_ANSWER_STALE, f->tail);
+
+	/* 6. We lack records before the shipment: the leader rewinds. */
+	if (f->from_seq > f->tail)
+		return decision(REPLICATE_ANSWER_GAP, f->tail);
+
+	/* 7. The overlap disagrees.  Our records from there on may go only if
+	 * the generation map says they are an earlier leader's proposals and
+	 * all of them lie above our mark; anything else halts. */
+	if (f->mismatch >= 0)
+	{
+		if (f->droppable && f->mismatch_seq >= f->hwm_end)
+			return decision(REPLICATE_DROP_THEN_GAP, f->mismatch_seq);
+		return decision(REPLICATE_ANSWER_CONFLICT, f->mismatch_seq);
+	}
+
+	/* 8. Append the rest. */
+	return decision(REPLICATE_APPEND, f->tail);
+}

@@ -1,0 +1,209 @@
+/*
+ * rules_test.c: unit tests of the pure replication rules (rules.c):
+ * quorum_mark and replicate_decide, case by case.  Built and run by
+ * `make unit` (scripts/test-all runs it as the "unit" suite); prints TAP.
+ */
+#include "c.h"
+
+#include <stdio.h>
+
+#include "replication/rules.h"
+
+static int	ntests = 0;
+static int	nfailed = 0;
+
+static void
+check(bool ok, const char *what)
+{
+	ntests++;
+	if (!ok)
+		nfailed++;
+	printf("%sok %d - %s\n", ok ? "" : "not ", ntests, what);
+}
+
+static uint64
+mark_of(const uint64 *in, int n, int majority, uint64 flushed, bool *held)
+{
+	uint64		acks[16];
+
+	memcpy(acks, in, sizeof(uint64) * n);
+	return quorum_mark(acks, n, majority, flushed, held);
+}
+
+static void
+test_quorum_mark(void)
+{
+	bool		held;
+
+	/* three replicas: the leader and the first follower to answer make it */
+	{
+		uint64		a[] = {10, 7, 3};
+
+		check(mark_of(a, 3, 2, 10, &held) == 7 && !held,
+			  "rf 3: the second largest of {leader 10, 7, 3} is the mark");
+	}
+	{
+		uint64		a[] = {3, 10, 7};
+
+		check(mark_of(a, 3, 2, 10, &held) == 7, "order of the ends does not matter");
+	}
+	/* the leader's own flush is the last to come */
+	{
+		uint64		a[] = {5, 9, 9};
+
+		check(mark_of(a, 3, 2, 5, &held) == 5 && held,
+			  "two followers at 9, leader durable to 5: the mark waits at 5 for the flush");
+	}
+	/* a halted follower is not passed in: fewer ends than a majority */
+	{
+		uint64		a[] = {10};
+
+		check(mark_of(a, 1, 2, 10, &held) == 0 && !held,
+			  "one end of a majority of two: no mark");
+	}
+	/* five replicas need three */
+	{
+		uint64		a[] = {20, 18, 4, 3, 2};
+
+		check(mark_of(a, 5, 3, 20, &held) == 4, "rf 5: the third largest");
+	}
+	/* a replica set grown by a move (4 replicas, majority 3) */
+	{
+		uint64		a[] = {20, 20, 0, 19};
+
+		check(mark_of(a, 4, 3, 20, &held) == 19, "4 replicas: the third largest");
+	}
+	{
+		uint64		a[] = {1};
+
+		check(mark_of(a, 1, 0, 1, &held) == 0, "a majority below one is no majority");
+	}
+}
+
+/* A follower at generation 3, its log [0, 10), mark 8, leader known. */
+static ReplicateFacts
+base_facts(void)
+{
+	ReplicateFacts f;
+
+	memset(&f, 0, sizeof(f));
+	f.op = REPLICATE_SHIP;
+	f.generation = 3;
+	f.from_seq = 10;
+	f.addressed_here = true;
+	f.superuser = false;
+	f.sender_is_leader = true;
+	f.our_generation = 3;
+	f.we_lead = false;
+	f.leader_known = true;
+	f.start_seq = 0;
+	f.tail = 10;
+	f.copy_stale = false;
+	f.nbatches = 1;
+	f.nbelow = 0;
+	f.mismatch = -1;
+	f.hwm_end = 8;
+	return f;
+}
+
+static bool
+decides(ReplicateFacts f, ReplicateAction action, uint64 seq)
+{
+	ReplicateDecision d = replicate_decide(&f);
+
+	return d.action == action && d.seq == seq;
+}
+
+static void
+test_replicate_decide(void)
+{
+	ReplicateFacts f;
+
+	f = base_facts();
+	check(decides(f, REPLICATE_APPEND, 10), "a shipment at our tail is appended");
+
+	f = base_facts();
+	f.addressed_here = false;
+	check(decides(f, REPLICATE_REFUSE_ADDRESS, 10), "a shipment for another node is refused first");
+	f.generation = 1;
+	check(decides(f, REPLICATE_REFUSE_ADDRESS, 10), "... before anything else, even fencing");
+
+	f = base_facts();
+	f.generation = 2;
+	check(decides(f, REPLICATE_ANSWER_FENCED, 10), "an older generation is fenced with our tail");
+
+	f = base_facts();
+	f.we_lead = true;
+	check(decides(f, REPLICATE_REFUSE_LEADER, 10), "a leader takes nothing of its own generation");
+	f.generation = 4;
+	check(decides(f, REPLICATE_STEP_DOWN, 10), "a leader shipped a newer generation steps down");
+	f.superuser = true;
+	check(decides(f, REPLICATE_STEP_DOWN, 10), "... whoever sends it");
+
+	f = base_facts();
+	f.generation = 4;
+	check(decides(f, REPLICATE_REFUSE_UNKNOWN, 10), "a newer generation whose leader is not known yet waits");
+	f = base_facts();
+	f.leader_known = false;
+	check(decides(f, REPLICATE_REFUSE_UNKNOWN, 10), "no known leader: refused as unknown");
+	f = base_facts();
+	f.sender_is_leader = false;
+	check(decides(f, REPLICATE_REFUSE_SENDER, 10), "a node that is not the leader may not ship");
+	f.superuser = true;
+	check(decides(f, REPLICATE_APPEND, 10), "a superuser may act for the leader");
+
+	f = base_facts();
+	f.from_seq = 12;
+	check(decides(f, REPLICATE_ANSWER_GAP, 10), "a shipment past our tail: gap at our tail");
+
+	f = base_facts();
+	f.from_seq = 9;
+	f.nbelow = 1;
+	f.mismatch = 0;
+	f.mismatch_seq = 9;
+	f.droppable = true;
+	check(decides(f, REPLICATE_DROP_THEN_GAP, 9),
+		  "an earlier leader's unadopted tail above the mark is dropped");
+	f.hwm_end = 10;
+	check(decides(f, REPLICATE_ANSWER_CONFLICT, 9),
+		  "... but never at or below the mark: a conflict (diverged)");
+	f.hwm_end = 8;
+	f.droppable = false;
+	check(decides(f, REPLICATE_ANSWER_CONFLICT, 9),
+		  "a difference the generation map cannot justify is a conflict");
+
+	f = base_facts();
+	f.copy_stale = true;
+	check(decides(f, REPLICATE_ANSWER_STALE, 10),
+		  "a copy older than the node's incarnation is not built on");
+	f.tail = f.start_seq = 10;
+	check(decides(f, REPLICATE_APPEND, 10), "... unless it holds nothing");
+
+	f = base_facts();
+	f.op = REPLICATE_BOOTSTRAP;
+	f.from_seq = 50;
+	check(decides(f, REPLICATE_ANSWER_NEEDS_BOOTSTRAP, 10),
+		  "a copy holding records refuses a bootstrap");
+	f.start_seq = f.tail = 0;
+	check(decides(f, REPLICATE_BEGIN_AT, 50), "an empty copy takes it, beginning at the offer");
+
+	f = base_facts();
+	f.op = REPLICATE_REBUILD;
+	f.from_seq = 50;
+	check(decides(f, REPLICATE_BEGIN_AT, 50), "a rebuild from the known leader begins the copy afresh");
+	f.generation = 2;
+	check(decides(f, REPLICATE_ANSWER_FENCED, 10), "a superseded leader cannot make us discard anything");
+	f = base_facts();
+	f.op = REPLICATE_REBUILD;
+	f.sender_is_leader = false;
+	check(decides(f, REPLICATE_REFUSE_SENDER, 10), "nor can a node that does not lead");
+}
+
+int
+main(void)
+{
+	test_quorum_mark();
+	test_replicate_decide();
+	printf("1..%d\n", ntests);
+	return nfailed == 0 ? 0 : 1;
+}
