@@ -155,6 +155,16 @@ SELECT * FROM felix_publish_batch('blobs', ARRAY['\x01', '\x0203']::bytea[], ARR
 SELECT seq, key, payload FROM notes WHERE payload IN ('t1', 't2');
 -- An empty batch publishes nothing.
 SELECT count(*) AS rows_returned FROM felix_publish_batch('notes', ARRAY[]::text[]);
+-- shard => n: every record to that shard (the one whose leader the
+-- caller is talking to), keys kept but not routed on, in input order.
+SELECT shard, seq - min(seq) OVER () AS offset_in_batch
+  FROM felix_publish_batch('batches', ARRAY['{"s": 1}', '{"s": 2}', '{"s": 3}']::jsonb[],
+                           ARRAY['user-0', 'user-1', 'user-2'], shard => 1);
+SELECT key, payload FROM batches WHERE shard = 1 AND payload ? 's' ORDER BY seq;
+SELECT * FROM felix_publish_batch('batches', ARRAY['{}']::jsonb[], shard => 2);
+\echo SQLSTATE :SQLSTATE
+SELECT * FROM felix_publish_batch('batches', ARRAY['{}']::jsonb[], shard => -1);
+\echo SQLSTATE :SQLSTATE
 
 -- ---------------------------------------------------------------------
 -- INSERT and COPY: transactional

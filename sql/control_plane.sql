@@ -20,7 +20,8 @@ CREATE FUNCTION pg_temp.hb(node text, conninfo text)
                    leader_conninfo text, replicas text[], lease_granted boolean,
                    lease_ms integer, unplaced_reason text, shards integer,
                    replication_factor integer, consistency text, payload_type text,
-                   retention_bytes bigint, retention interval, schema text, creation_id uuid)
+                   retention_bytes bigint, retention interval, schema text, creation_id uuid,
+                   joining text, leaving text)
     LANGUAGE sql
     AS $$ SELECT * FROM felix.cp_heartbeat(node,
                  CASE WHEN conninfo = 'host=x' THEN 'host=' || node ELSE conninfo END,
@@ -505,6 +506,66 @@ SELECT generation, replace(unplaced_reason, :'solo_node', '<node>') AS unplaced_
 -- ... and its first heartbeat takes the lease it never took.
 SELECT generation, lease_granted, unplaced_reason
   FROM pg_temp.hb(:'solo_node', 'host=x') WHERE stream = 'solo';
+
+-- ---------------------------------------------------------------------
+-- Planned moves.  cp_transfer: the leader of a generation, which has
+-- stopped writing, hands the next one to another alive member of the
+-- replica set at once.  cp_move_replica: a node joins a replica set to
+-- replace another; the leaving one goes when the leader reports the
+-- joining one caught up.
+-- ---------------------------------------------------------------------
+SELECT count(*) FROM unnest(ARRAY['node_a', 'node_b', 'node_c', 'node_d']) AS n, LATERAL pg_temp.hb(n, 'host=' || n) AS h;
+SELECT x.leader AS t_leader, x.generation AS t_gen, f.followers[1] AS t_to, f.followers[2] AS t_other
+  FROM felix.assignments x,
+       LATERAL (SELECT array_agg(r ORDER BY r) AS followers FROM unnest(x.replicas) r
+                 WHERE r <> x.leader) f
+ WHERE x.stream = 'orders' AND x.shard = 1 \gset
+SELECT felix.cp_transfer('orders', 1, :t_gen - 1, :'t_leader', :'t_to');
+\echo SQLSTATE :SQLSTATE
+SELECT felix.cp_transfer('orders', 1, :t_gen, :'t_to', :'t_other');
+\echo SQLSTATE :SQLSTATE
+SELECT felix.cp_transfer('orders', 1, :t_gen, :'t_leader', 'node_d');
+\echo SQLSTATE :SQLSTATE
+SELECT felix.cp_transfer('orders', 1, :t_gen, :'t_leader', :'t_leader');
+\echo SQLSTATE :SQLSTATE
+SELECT felix.cp_transfer('orders', 1, :t_gen, :'t_leader', :'t_to') = :t_gen + 1 AS next_generation;
+SELECT generation = :t_gen + 1 AS next_generation, leader = :'t_to' AS handed_over,
+       lease_granted_at IS NULL AS lease_not_taken_yet,
+       leader_incarnation = pg_temp.inc(:'t_to') AS its_incarnation
+  FROM felix.assignments WHERE stream = 'orders' AND shard = 1;
+SELECT generation, lease_granted FROM pg_temp.hb(:'t_to', 'host=x') WHERE stream = 'orders' AND shard = 1;
+
+-- The new leader :t_to is not moved (transfer it first); from_node must
+-- be a replica, to_node must not be one.
+SELECT felix.cp_move_replica('orders', 1, :'t_to', 'node_d');
+\echo SQLSTATE :SQLSTATE
+SELECT felix.cp_move_replica('orders', 1, 'node_d', :'t_other');
+\echo SQLSTATE :SQLSTATE
+SELECT felix.cp_move_replica('orders', 1, :'t_other', :'t_leader');
+\echo SQLSTATE :SQLSTATE
+SELECT cardinality(felix.cp_move_replica('orders', 1, :'t_other', 'node_d')) AS members;
+SELECT replicas @> ARRAY[:'t_other', 'node_d'] AS both_in, cardinality(replicas) AS members,
+       joining, leaving = :'t_other' AS leaving_ok
+  FROM felix.assignments WHERE stream = 'orders' AND shard = 1;
+SELECT joining, leaving = :'t_other' AS leaving_ok
+  FROM pg_temp.hb(:'t_to', 'host=x') WHERE stream = 'orders' AND shard = 1;
+SELECT felix.cp_move_replica('orders', 1, :'t_leader', 'node_d');
+\echo SQLSTATE :SQLSTATE
+-- Behind: the move goes on.  Caught up: the leaving node goes.
+SELECT felix.cp_report(:'t_to', jsonb_build_array(
+         jsonb_build_object('stream', 'orders', 'shard', 1, 'generation', :t_gen + 1,
+                            'follower', 'node_d', 'incarnation', pg_temp.inc('node_d'),
+                            'acked_end', 3, 'caught_up', false))) AS accepted;
+SELECT joining FROM felix.assignments WHERE stream = 'orders' AND shard = 1;
+SELECT felix.cp_report(:'t_to', jsonb_build_array(
+         jsonb_build_object('stream', 'orders', 'shard', 1, 'generation', :t_gen + 1,
+                            'follower', 'node_d', 'incarnation', pg_temp.inc('node_d'),
+                            'acked_end', 9, 'caught_up', true))) AS accepted;
+SELECT NOT (:'t_other' = ANY (replicas)) AS left, 'node_d' = ANY (replicas) AS joined,
+       cardinality(replicas) AS members, joining, leaving
+  FROM felix.assignments WHERE stream = 'orders' AND shard = 1;
+SELECT count(*) AS reports_of_the_leaver FROM felix.replica_reports
+ WHERE stream = 'orders' AND shard = 1 AND follower = :'t_other';
 
 -- ---------------------------------------------------------------------
 -- cp_drop_stream

@@ -25,6 +25,7 @@
 #include "replication/state.h"
 #include "storage/incarnation.h"
 #include "storage/shard.h"
+#include "worker/heartbeat.h"
 
 static const FelixShmemEntry felix_shmem_entries[] = {
 	{incarnation_shmem_size, incarnation_shmem_init},
@@ -33,6 +34,7 @@ static const FelixShmemEntry felix_shmem_entries[] = {
 	{felix_nodes_shmem_size, felix_nodes_shmem_init},
 	{felix_halts_shmem_size, felix_halts_shmem_init},
 	{repl_state_shmem_size, repl_state_shmem_init},
+	{felix_heartbeat_shmem_size, felix_heartbeat_shmem_init},
 };
 
 static shmem_request_hook_type prev_shmem_request_hook = NULL;

@@ -1,19 +1,35 @@
 /*-------------------------------------------------------------------------
  *
  * operations.c
- *	  What an operator runs on a cluster: rebuilding halted followers
- *	  (felix_rebuild, felix_rebuild_halted, schedulable with pg_cron) and
- *	  the halted listing itself (felix_halted).  Each acts on this node's
- *	  own state and asks the worker that owns the work to do it: a rebuild
- *	  is the ship worker's, under felix.rebuild_max_concurrent (replication
- *	  /ship.c), so a call never blocks on the network.
+ *	  What an operator runs on a cluster:
+ *	  - rebuilding halted followers (felix_rebuild, felix_rebuild_halted,
+ *		schedulable with pg_cron) and the halted listing (felix_halted).  A
+ *		rebuild is the ship worker's, under felix.rebuild_max_concurrent
+ *		(replication/ship.c): the call only asks for it;
+ *	  - planned moves.  felix_transfer_leadership, on the shard's leader:
+ *		admit nothing more (lease_hand_off_begin), wait until the target
+ *		holds every record written and every waiting write is acknowledged,
+ *		give the lease up (lease_hand_off_release: nothing more is written
+ *		at this generation), ask the control plane to grant the next
+ *		generation to the target at once (felix.cp_transfer -- safe
+ *		without waiting out a lease, because this leader has already
+ *		stopped), and wake the target's heartbeat so it takes its lease now.
+ *		A failure before the grant gives the leadership back.
+ *		felix_drain_node moves every leadership off this node that way.
+ *		felix_move_replica asks the control plane to replace one replica of
+ *		a shard by another node: the new one is shipped the log (a
+ *		bootstrap if retention trimmed it) and counted in the quorum
+ *		alongside the old set until it is caught up, then the old one
+ *		leaves (felix.cp_move_replica, cp_report).
  *
  *	  Who may: the owner of a stream's table (or a superuser) may rebuild
- *	  its followers; felix_halted shows each reader the streams it may
- *	  SELECT, like the other views.
+ *	  its followers and move its shards; draining a node moves every
+ *	  stream's shards and is a superuser's.  felix_halted shows each reader
+ *	  the streams it may SELECT, like the other views.
  *
  * Locking rule: reads shard state through shard_read and follower state
- * under its entry's spinlock (state.h); holds nothing across a wait.
+ * under its entry's spinlock (state.h); holds nothing across a wait, and
+ * waits on its latch with a deadline.
  *
  *-------------------------------------------------------------------------
  */
@@ -29,15 +45,23 @@
 
 #include "api/catalog.h"
 #include "control/conninfo.h"
+#include "control/client.h"
 #include "control/halts.h"
+#include "control/nodes.h"
+#include "metrics.h"
 #include "felix.h"
+#include "isolate.h"
 #include "privilege.h"
 #include "replication/lease.h"
+#include "replication/quorum.h"
 #include "replication/state.h"
 #include "storage/shard.h"
+#include "worker/heartbeat.h"
 
 /* How long felix_rebuild waits to see its rebuild begin. */
 #define REBUILD_START_WAIT_MS	2000
+/* How long a transfer waits for this node to hear of the new leader. */
+#define TRANSFER_TAKE_WAIT_MS	5000
 
 /* The shard, which must be led here; else 55F02 naming its leader. */
 static FelixShard *
@@ -236,4 +260,328 @@ felix_halted_view(PG_FUNCTION_ARGS)
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	return (Datum) 0;
+}
+
+/* Sleep a little on the latch (interrupts serviced). */
+static void
+nap(long ms)
+{
+	(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+					 ms, PG_WAIT_EXTENSION);
+	ResetLatch(MyLatch);
+	CHECK_FOR_INTERRUPTS();
+}
+
+/* Ask node `name` to heartbeat now; a failure only delays it an interval. */
+static void
+wake_peer_heartbeat(const char *name)
+{
+	char		address[FELIX_NODE_CONNINFO_LEN];
+	PGconn	   *conn;
+
+	if (!felix_node_conninfo_of(name, address, sizeof(address)))
+		return;
+	conn = felix_conn_open(felix_peer_conninfo(address), psprintf("node \"%s\"", name),
+						   "felix transfer", 1000, DEBUG1);
+	if (conn == NULL)
+		return;
+	PQclear(felix_conn_exec(conn, "felix.heartbeat_now", "SELECT felix.heartbeat_now()",
+							0, NULL, 1000, DEBUG1));
+	felix_conn_close(conn);
+}
+
+/*
+ * Hand shard `shard` of `stream`, led here, to `target`; returns the
+ * generation the target leads.  The caller checked privileges.
+ */
+static uint64
+transfer_one(const FelixStream *stream, int shard, const char *target)
+{
+	FelixShardView v;
+	FelixShard *s = led_here(stream, shard, &v, "hand its leadership over");
+	FelixFollower f;
+	uint64		generation;
+	uint64		written_end;
+	volatile uint64 next = 0;
+	TimestampTz deadline;
+	MemoryContext cxt = CurrentMemoryContext;
+
+	if (felix_is_this_node(target))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("stream \"%s\" shard %d is already led by node \"%s\"",
+						stream->name, shard, target),
+				 errhint("Name another member of the shard's replica set.")));
+	if (v.replication_factor <= 1 ||
+		!follower_state(shard_slot_index(s), v.generation, target, &f))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("node \"%s\" is not a follower of stream \"%s\" shard %d",
+						target, stream->name, shard),
+				 errhint("felix_replication on this node lists the shard's followers.")));
+	if (f.state != FELIX_FOLLOWER_SHIPPING)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("follower \"%s\" of stream \"%s\" shard %d is %s and cannot take the shard over",
+						target, stream->name, shard,
+						f.state == FELIX_FOLLOWER_HALTED ? psprintf("halted %s", felix_halt_name(f.halt)) :
+						felix_follower_state_name(f.state)),
+				 errhint("felix_replication shows its state; pick a follower that is shipping.")));
+
+	/* 1. admit nothing more; every write admitted so far has its seqs */
+	generation = lease_hand_off_begin(s, target, &written_end);
+	PG_TRY();
+	{
+		/*
+		 * 2. the target holds everything written, and every write admitted
+		 * before has been acknowledged (its waiter released at this
+		 * generation), within felix.quorum_timeout
+		 */
+		deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), felix_quorum_timeout);
+		for (;;)
+		{
+			FelixShardView now;
+
+			repl_wake_shipper();
+			shard_read(s, &now);
+			if (now.role != FELIX_ROLE_LEADER || now.generation != generation)
+				ereport(ERROR,
+						(errcode(FELIX_ERRCODE_NOT_LEADER),
+						 errmsg("stream \"%s\" shard %d: this node stopped leading generation " UINT64_FORMAT " during the transfer",
+								stream->name, shard, generation),
+						 errhint("felix_shards shows the shard's leader now.")));
+			if (!follower_state(shard_slot_index(s), generation, target, &f) ||
+				f.state != FELIX_FOLLOWER_SHIPPING)
+				ereport(ERROR,
+						(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+						 errmsg("stream \"%s\" shard %d: follower \"%s\" stopped shipping during the transfer",
+								stream->name, shard, target),
+						 errhint("felix_replication shows why; the shard stays led here.")));
+			if (f.answered && f.acked_end >= written_end &&
+				(quorum_acks_on_flush(now.consistency, now.replication_factor) ?
+				 now.flushed_end >= written_end :
+				 (now.acked_generation == generation && now.acked_end >= written_end)))
+				break;
+			if (GetCurrentTimestamp() >= deadline)
+				ereport(ERROR,
+						(errcode(FELIX_ERRCODE_QUORUM_TIMEOUT),
+						 errmsg("stream \"%s\" shard %d: node \"%s\" did not catch up within felix.quorum_timeout (%d ms)",
+								stream->name, shard, target, felix_quorum_timeout),
+						 errdetail("It holds seqs below " UINT64_FORMAT "; the log ends at " UINT64_FORMAT ".",
+								   f.acked_end, written_end),
+						 errhint("The shard stays led here; try again, or pick another follower.")));
+			nap(1);
+		}
+
+		/* 3. stop writing at this generation, then 4. hand the next one over */
+		lease_hand_off_release(s, generation);
+		next = felix_cp_call_transfer(stream->name, shard, generation, target);
+	}
+	PG_CATCH();
+	{
+		/* not granted: lead on (the next heartbeat renews a released lease) */
+		MemoryContextSwitchTo(cxt);
+		lease_hand_off_cancel(s);
+		felix_heartbeat_wake();
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+
+	/* 5. the target takes its lease now, not at its next interval */
+	wake_peer_heartbeat(target);
+	felix_heartbeat_wake();
+	felix_count(FELIX_CTR_PLANNED_MOVES, 1);
+	ereport(LOG,
+			(errmsg("stream \"%s\" shard %d: leadership handed to node \"%s\" at generation " UINT64_FORMAT,
+					stream->name, shard, target, next)));
+
+	/* return once this node has heard it, so what the caller reads next agrees */
+	deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), TRANSFER_TAKE_WAIT_MS);
+	for (;;)
+	{
+		FelixShardView now;
+
+		shard_read(s, &now);
+		if (now.generation >= next || GetCurrentTimestamp() >= deadline)
+			break;
+		nap(5);
+	}
+	return next;
+}
+
+PG_FUNCTION_INFO_V1(felix_transfer_leadership);
+Datum
+felix_transfer_leadership(PG_FUNCTION_ARGS)
+{
+	FelixStream stream;
+	int32		shard;
+	char	   *target;
+	uint64		next;
+
+	felix_require_preload();
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("felix_transfer_leadership: stream, shard and node must not be NULL"),
+				 errhint("Name the stream, the shard and the follower that is to lead it.")));
+	stream = *felix_stream_by_name(text_to_cstring(PG_GETARG_TEXT_PP(0)));
+	shard = PG_GETARG_INT32(1);
+	target = text_to_cstring(PG_GETARG_TEXT_PP(2));
+	felix_check_shard(&stream, shard);
+	felix_check_stream_owner(stream.relid, stream.name, "move the leadership of");
+	next = transfer_one(&stream, shard, target);
+	PG_RETURN_TEXT_P(cstring_to_text(psprintf("node \"%s\" leads generation " UINT64_FORMAT,
+											  target, next)));
+}
+
+/* The follower of the shard in `slot` best placed to lead it, or NULL. */
+static char *
+best_successor(int slot, uint64 generation)
+{
+	FelixReplShard *e = palloc(sizeof(FelixReplShard));
+	char	   *best = NULL;
+	uint64		best_end = 0;
+
+	repl_state_copy(slot, e);
+	if (e->valid && e->generation == generation)
+		for (int i = 0; i < e->nfollowers; i++)
+		{
+			FelixFollower *f = &e->followers[i];
+
+			if (f->state == FELIX_FOLLOWER_SHIPPING && f->answered &&
+				(best == NULL || f->acked_end > best_end))
+			{
+				best = pstrdup(f->name);
+				best_end = f->acked_end;
+			}
+		}
+	pfree(e);
+	return best;
+}
+
+typedef struct DrainArg
+{
+	const FelixStream *stream;
+	int			shard;
+	const char *target;
+} DrainArg;
+
+static void
+drain_guts(void *varg)
+{
+	DrainArg   *a = (DrainArg *) varg;
+
+	(void) transfer_one(a->stream, a->shard, a->target);
+}
+
+/* One shard of a drain, in a subtransaction: a failure is a WARNING. */
+static bool
+drain_one(const FelixStream *stream, int shard, const char *target)
+{
+	DrainArg	a = {stream, shard, target};
+	ErrorData  *edata = felix_run_isolated(drain_guts, &a);
+
+	if (edata == NULL)
+		return true;
+	ereport(WARNING,
+			(errmsg("stream \"%s\" shard %d stays led here: %s", stream->name, shard,
+					edata->message),
+			 edata->hint ? errhint("%s", edata->hint) : 0));
+	FreeErrorData(edata);
+	return false;
+}
+
+PG_FUNCTION_INFO_V1(felix_drain_node);
+Datum
+felix_drain_node(PG_FUNCTION_ARGS)
+{
+	char	   *node;
+	int			nslots;
+	volatile int32 moved = 0;
+	volatile int failed = 0;
+
+	felix_require_preload();
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("felix_drain_node: node must not be NULL"),
+				 errhint("Name the node to move every leadership off.")));
+	node = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	felix_require_superuser("felix_drain_node");
+	if (!felix_is_this_node(node))
+	{
+		char		address[FELIX_NODE_CONNINFO_LEN];
+
+		(void) felix_node_conninfo_of(node, address, sizeof(address));
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("felix_drain_node must run on the node it drains; this is node \"%s\", not \"%s\"",
+						felix_node_name_resolved(), node),
+				 address[0] ? errhint("Run it on node \"%s\" (%s).", node, felix_conninfo_mask(address)) :
+				 errhint("Run it on node \"%s\"; felix_nodes lists the nodes.", node)));
+	}
+
+	nslots = shard_count_slots();
+	for (int slot = 0; slot < nslots; slot++)
+	{
+		FelixShardView v;
+		const FelixStream *found;
+		FelixStream stream;
+		char	   *target;
+
+		shard_read(shard_slot(slot), &v);
+		if (!v.in_use || v.key.dboid != MyDatabaseId || v.role != FELIX_ROLE_LEADER ||
+			v.replication_factor <= 1)
+			continue;
+		found = felix_stream_by_relid(v.key.relid);
+		if (found == NULL)
+			continue;
+		stream = *found;
+		target = best_successor(slot, v.generation);
+		if (target == NULL)
+		{
+			ereport(WARNING,
+					(errmsg("stream \"%s\" shard %d stays led here: no follower is shipping",
+							stream.name, v.key.shard),
+					 errhint("felix_replication shows its followers; run felix_drain_node again once one is.")));
+			failed++;
+			continue;
+		}
+		if (drain_one(&stream, v.key.shard, target))
+			moved++;
+		else
+			failed++;
+	}
+	if (failed > 0)
+		ereport(NOTICE,
+				(errmsg("%d shard%s still led by node \"%s\"", failed, failed == 1 ? " is" : "s are", node),
+				 errhint("Run felix_drain_node again once their followers are shipping.")));
+	PG_RETURN_INT32(moved);
+}
+
+PG_FUNCTION_INFO_V1(felix_move_replica);
+Datum
+felix_move_replica(PG_FUNCTION_ARGS)
+{
+	FelixStream stream;
+	int32		shard;
+	char	   *from_node;
+	char	   *to_node;
+	char	   *replicas;
+
+	felix_require_preload();
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2) || PG_ARGISNULL(3))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("felix_move_replica: stream, shard, from_node and to_node must not be NULL"),
+				 errhint("Name the replica that goes and the node that replaces it.")));
+	stream = *felix_stream_by_name(text_to_cstring(PG_GETARG_TEXT_PP(0)));
+	shard = PG_GETARG_INT32(1);
+	from_node = text_to_cstring(PG_GETARG_TEXT_PP(2));
+	to_node = text_to_cstring(PG_GETARG_TEXT_PP(3));
+	felix_check_shard(&stream, shard);
+	felix_check_stream_owner(stream.relid, stream.name, "move a replica of");
+	replicas = felix_cp_call_move_replica(stream.name, shard, from_node, to_node);
+	PG_RETURN_TEXT_P(cstring_to_text(psprintf("node \"%s\" joins (replica set %s); node \"%s\" leaves once \"%s\" has caught up",
+											  to_node, replicas, from_node, to_node)));
 }

@@ -243,6 +243,7 @@ felix_publish_batch(PG_FUNCTION_ARGS)
 	Datum	   *keys = NULL;
 	bool	   *key_nulls = NULL;
 	int			nkeys = 0;
+	int64		shard_arg = -1;
 	int		   *shard_of;
 	uint32	   *index_in_shard;
 	ShardBatch *batches;
@@ -272,6 +273,13 @@ felix_publish_batch(PG_FUNCTION_ARGS)
 					 errhint("Pass one key per payload (NULL for no key), or no keys at all.")));
 	}
 
+	if (!PG_ARGISNULL(3))
+	{
+		/* every record to this shard: checked like felix_publish's */
+		felix_check_shard(stream, PG_GETARG_INT32(3));
+		shard_arg = PG_GETARG_INT32(3);
+	}
+
 	InitMaterializedSRF(fcinfo, 0);
 	if (npayloads == 0)
 		return (Datum) 0;
@@ -297,7 +305,7 @@ felix_publish_batch(PG_FUNCTION_ARGS)
 			key = VARDATA_ANY(k);
 			key_len = VARSIZE_ANY_EXHDR(k);
 		}
-		shard_of[i] = publish_route(stream, -1, key, key_len);
+		shard_of[i] = publish_route(stream, shard_arg, key, key_len);
 		publish_payload_bytes(stream, shard_of[i], payloads[i], payload_nulls[i],
 							  elemtype, &bytes, &len, key_len);
 		b = &batches[shard_of[i]];

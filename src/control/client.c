@@ -722,6 +722,46 @@ felix_cp_call_drop_stream(const char *name, const char *creation_id)
 				   FELIX_CP_CALL_TIMEOUT_MS, NULL);
 }
 
+uint64
+felix_cp_call_transfer(const char *stream, int shard, uint64 generation, const char *to_node)
+{
+	char		shard_s[16];
+	char		gen_s[24];
+	const char *values[5];
+	char	   *next = NULL;
+
+	snprintf(shard_s, sizeof(shard_s), "%d", shard);
+	snprintf(gen_s, sizeof(gen_s), UINT64_FORMAT, generation);
+	values[0] = stream;
+	values[1] = shard_s;
+	values[2] = gen_s;
+	values[3] = felix_node_name_resolved();
+	values[4] = to_node;
+	(void) cp_call("felix.cp_transfer",
+				   "SELECT felix.cp_transfer($1, $2::integer, $3::bigint, $4, $5)",
+				   5, values, false, ERROR, FELIX_CP_CALL_TIMEOUT_MS, &next);
+	return strtou64(next, NULL, 10);
+}
+
+char *
+felix_cp_call_move_replica(const char *stream, int shard, const char *from_node,
+						   const char *to_node)
+{
+	char		shard_s[16];
+	const char *values[4];
+	char	   *replicas = NULL;
+
+	snprintf(shard_s, sizeof(shard_s), "%d", shard);
+	values[0] = stream;
+	values[1] = shard_s;
+	values[2] = from_node;
+	values[3] = to_node;
+	(void) cp_call("felix.cp_move_replica",
+				   "SELECT pg_catalog.array_to_string(felix.cp_move_replica($1, $2::integer, $3, $4), ', ')",
+				   4, values, false, ERROR, FELIX_CP_CALL_TIMEOUT_MS, &replicas);
+	return replicas;
+}
+
 bool
 felix_cp_call_unregister_stream(const char *name, const char *creation_id)
 {

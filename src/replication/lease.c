@@ -41,7 +41,8 @@ typedef enum Writable
 	WRITABLE,
 	WRITABLE_NOT_YET,			/* lease or assignment pending for this node */
 	WRITABLE_ELSEWHERE,			/* another node leads */
-	WRITABLE_EXPIRED			/* our lease ran out */
+	WRITABLE_EXPIRED,			/* our lease ran out */
+	WRITABLE_HANDING_OFF		/* the leadership is being handed over */
 } Writable;
 
 bool
@@ -72,6 +73,7 @@ lease_writable(FelixShard *s, uint64 expect_generation, uint64 *generation)
 	int64		expiry;
 	bool		expired_now = false;
 	bool		leader_elsewhere;
+	bool		handing_off;
 
 	SpinLockAcquire(&s->mutex);
 	phase = s->phase;
@@ -86,6 +88,7 @@ lease_writable(FelixShard *s, uint64 expect_generation, uint64 *generation)
 		expired_now = true;
 	}
 	leader_elsewhere = s->leader[0] != '\0' && !felix_is_this_node(s->leader);
+	handing_off = s->handing_to[0] != '\0';
 	SpinLockRelease(&s->mutex);
 
 	if (expired_now)
@@ -95,6 +98,8 @@ lease_writable(FelixShard *s, uint64 expect_generation, uint64 *generation)
 
 	if (phase != FELIX_SHARD_OPEN)
 		return WRITABLE_NOT_YET;
+	if (role == FELIX_ROLE_LEADER && handing_off)
+		return WRITABLE_HANDING_OFF;
 	if (role == FELIX_ROLE_LEADER && expiry != 0)
 		return (expect_generation == 0 || *generation == expect_generation) ?
 			WRITABLE : WRITABLE_ELSEWHERE;
@@ -109,6 +114,14 @@ lease_refuse(FelixShard *s, Writable why, uint64 generation)
 	FelixShardView v;
 
 	shard_read(s, &v);
+	if (why == WRITABLE_HANDING_OFF)
+		ereport(ERROR,
+				(errcode(FELIX_ERRCODE_NOT_LEADER),
+				 errmsg("stream \"%s\" shard %d: this node is handing its leadership to node \"%s\"",
+						v.stream_name, v.key.shard, v.handing_to),
+				 errdetail("A planned transfer (felix_transfer_leadership) admits no new write here."),
+				 errhint("Publish on node \"%s\", which leads the shard once the transfer completes.",
+						 v.handing_to)));
 	if (why == WRITABLE_EXPIRED)
 		ereport(ERROR,
 				(errcode(FELIX_ERRCODE_LEASE_EXPIRED),
@@ -214,9 +227,19 @@ lease_apply_assignment(FelixShard *s, const FelixAssignment *a)
 	s->nreplicas = Min(a->nreplicas, FELIX_MAX_REPLICAS);
 	for (int i = 0; i < s->nreplicas; i++)
 		strlcpy(s->replicas[i], a->replicas[i], NAMEDATALEN);
+	strlcpy(s->joining, a->joining, NAMEDATALEN);
+	strlcpy(s->leaving, a->leaving, NAMEDATALEN);
 	strlcpy(s->unplaced_reason, a->unplaced_reason, FELIX_REASON_LEN);
 	s->clustered = true;
+	/* a hand-off ends when the control plane moves the shard on */
+	if (a->generation > v.generation)
+		s->handing_to[0] = '\0';
 	SpinLockRelease(&s->mutex);
+
+	/* a replica move this node led has completed */
+	if (v.role == FELIX_ROLE_LEADER && v.joining[0] != '\0' && a->joining[0] == '\0' &&
+		a->generation == v.generation)
+		felix_count(FELIX_CTR_PLANNED_MOVES, 1);
 
 	if (a->generation < v.generation)
 	{
@@ -268,6 +291,51 @@ lease_apply_assignment(FelixShard *s, const FelixAssignment *a)
 	lease_wake(s);
 	if (lead && v.replication_factor > 1)
 		repl_wake_shipper();
+}
+
+uint64
+lease_hand_off_begin(FelixShard *s, const char *target, uint64 *written_end)
+{
+	uint64		generation;
+	Writable	w;
+
+	shard_lock_tail(s);
+	w = lease_writable(s, 0, &generation);
+	if (w != WRITABLE)
+	{
+		shard_unlock_tail(s);
+		lease_refuse(s, w, generation);
+	}
+	/* with the tail held no append is half-way: the written end is final */
+	SpinLockAcquire(&s->mutex);
+	strlcpy(s->handing_to, target, NAMEDATALEN);
+	*written_end = s->written_end;
+	SpinLockRelease(&s->mutex);
+	shard_unlock_tail(s);
+	return generation;
+}
+
+void
+lease_hand_off_release(FelixShard *s, uint64 generation)
+{
+	shard_lock_tail(s);
+	SpinLockAcquire(&s->mutex);
+	if (s->role == FELIX_ROLE_LEADER && s->generation == generation)
+		s->lease_expiry_ns = 0;
+	SpinLockRelease(&s->mutex);
+	shard_unlock_tail(s);
+	lease_wake(s);
+}
+
+void
+lease_hand_off_cancel(FelixShard *s)
+{
+	shard_lock_tail(s);
+	SpinLockAcquire(&s->mutex);
+	s->handing_to[0] = '\0';
+	SpinLockRelease(&s->mutex);
+	shard_unlock_tail(s);
+	lease_wake(s);
 }
 
 bool

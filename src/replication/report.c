@@ -342,7 +342,7 @@ consider_slot(int slot, FelixReplShard *e, StringInfo json, int *nrows,
 	bool		mark_needs_report = false;
 	bool		due;
 	PendingShard ps;
-	uint64		acks[FELIX_MAX_REPLICAS + 1];
+	QuorumMember acks[FELIX_MAX_REPLICAS + 1];
 	int			nacks = 0;
 
 	/* a shard not shipped from here has nothing to report (a cheap peek) */
@@ -392,7 +392,13 @@ consider_slot(int slot, FelixReplShard *e, StringInfo json, int *nrows,
 		row->present = true;
 		row->acked_end = f->acked_end;
 		if (f->state != FELIX_FOLLOWER_HALTED)
-			acks[nacks++] = f->acked_end;
+		{
+			/* during a replica move: in the old set unless joining, the new unless leaving */
+			acks[nacks].end = f->acked_end;
+			acks[nacks].in_old = strcmp(f->name, v.joining) != 0;
+			acks[nacks].in_new = strcmp(f->name, v.leaving) != 0;
+			nacks++;
+		}
 		else
 		{
 			/* halted: counts for nothing, and is not promotable */
@@ -406,10 +412,14 @@ consider_slot(int slot, FelixReplShard *e, StringInfo json, int *nrows,
 	if (quorum)
 	{
 		bool		held_by_flush;
+		int			size = Max(v.replication_factor, v.nreplicas);
+		bool		moving = v.joining[0] != '\0';
 
-		acks[nacks++] = v.flushed_end;
-		mark = quorum_mark(acks, nacks, Max(v.replication_factor, v.nreplicas) / 2 + 1,
-						   v.flushed_end, &held_by_flush);
+		acks[nacks].end = v.flushed_end;
+		acks[nacks].in_old = acks[nacks].in_new = true;
+		nacks++;
+		mark = quorum_mark_joint(acks, nacks, moving ? size - 1 : size, moving ? size - 1 : size,
+								 v.flushed_end, &held_by_flush);
 		if (held_by_flush)
 			mark_held = true;
 	}

@@ -43,6 +43,28 @@ quorum_mark(uint64 *acks, int nacks, int majority, uint64 flushed_end,
 	return mark;
 }
 
+uint64
+quorum_mark_joint(const QuorumMember *members, int n, int size_old, int size_new,
+				  uint64 flushed_end, bool *held_by_flush)
+{
+	uint64		ends[2][64];
+	int			count[2] = {0, 0};
+	uint64		mark[2];
+	bool		held[2];
+
+	for (int i = 0; i < n && i < 64; i++)
+	{
+		if (members[i].in_old)
+			ends[0][count[0]++] = members[i].end;
+		if (members[i].in_new)
+			ends[1][count[1]++] = members[i].end;
+	}
+	mark[0] = quorum_mark(ends[0], count[0], size_old / 2 + 1, flushed_end, &held[0]);
+	mark[1] = quorum_mark(ends[1], count[1], size_new / 2 + 1, flushed_end, &held[1]);
+	*held_by_flush = (mark[0] <= mark[1] ? held[0] : held[1]);
+	return Min(mark[0], mark[1]);
+}
+
 static ReplicateDecision
 decision(ReplicateAction action, uint64 seq)
 {

@@ -78,13 +78,16 @@ CREATE FUNCTION felix_publish(stream text, payload bytea,
 RETURNS felix_position
     AS 'MODULE_PATHNAME', 'felix_publish' LANGUAGE C CALLED ON NULL INPUT VOLATILE;
 
-CREATE FUNCTION felix_publish_batch(stream text, payloads jsonb[], keys text[] DEFAULT NULL)
+CREATE FUNCTION felix_publish_batch(stream text, payloads jsonb[], keys text[] DEFAULT NULL,
+                                    shard integer DEFAULT NULL)
 RETURNS SETOF felix_position
     AS 'MODULE_PATHNAME', 'felix_publish_batch' LANGUAGE C CALLED ON NULL INPUT VOLATILE ROWS 1000;
-CREATE FUNCTION felix_publish_batch(stream text, payloads text[], keys text[] DEFAULT NULL)
+CREATE FUNCTION felix_publish_batch(stream text, payloads text[], keys text[] DEFAULT NULL,
+                                    shard integer DEFAULT NULL)
 RETURNS SETOF felix_position
     AS 'MODULE_PATHNAME', 'felix_publish_batch' LANGUAGE C CALLED ON NULL INPUT VOLATILE ROWS 1000;
-CREATE FUNCTION felix_publish_batch(stream text, payloads bytea[], keys text[] DEFAULT NULL)
+CREATE FUNCTION felix_publish_batch(stream text, payloads bytea[], keys text[] DEFAULT NULL,
+                                    shard integer DEFAULT NULL)
 RETURNS SETOF felix_position
     AS 'MODULE_PATHNAME', 'felix_publish_batch' LANGUAGE C CALLED ON NULL INPUT VOLATILE ROWS 1000;
 
@@ -233,7 +236,12 @@ CREATE TABLE felix.cluster_streams (
 -- only that incarnation of the leader takes or renews its lease.
 -- taken_generation is the newest generation whose lease was ever taken
 -- (a generation never taken wrote nothing), and taken_until when the last
--- lease taken or renewed ran out, by this clock.  unplaced_reason says why a
+-- lease taken or renewed ran out, by this clock.  While a replica is being
+-- moved (felix_move_replica) the replica set holds both the node joining
+-- and the node leaving; a write is acknowledged only once a majority of
+-- the set without the one and a majority of the set without the other
+-- hold it, and the leaving node goes when the joining one is reported
+-- caught up.  unplaced_reason says why a
 -- lapsed shard has no successor yet; the leader column then still names
 -- the last leader.
 CREATE TABLE felix.assignments (
@@ -243,6 +251,8 @@ CREATE TABLE felix.assignments (
     leader           text,
     leader_incarnation text,
     replicas         text[] NOT NULL CHECK (cardinality(replicas) > 0),
+    joining          text,
+    leaving          text,
     lease_granted_at timestamptz,
     taken_generation bigint NOT NULL DEFAULT 0,
     taken_until      timestamptz,
@@ -251,7 +261,9 @@ CREATE TABLE felix.assignments (
     assigned_at      timestamptz NOT NULL,
     PRIMARY KEY (stream, shard),
     -- Nothing outside the replica set ever leads: it holds no copy.
-    CHECK (leader IS NULL OR leader = ANY (replicas))
+    CHECK (leader IS NULL OR leader = ANY (replicas)),
+    CHECK ((joining IS NULL) = (leaving IS NULL)),
+    CHECK (joining IS NULL OR (joining = ANY (replicas) AND leaving = ANY (replicas)))
 ) WITH (fillfactor = 50);   -- every heartbeat rewrites its leader's rows: room for HOT
 CREATE INDEX assignments_leader ON felix.assignments (leader);
 
@@ -368,7 +380,8 @@ RETURNS TABLE (stream text, shard integer, generation bigint, leader text,
                leader_conninfo text, replicas text[], lease_granted boolean,
                lease_ms integer, unplaced_reason text, shards integer,
                replication_factor integer, consistency text, payload_type text,
-               retention_bytes bigint, retention interval, schema text, creation_id uuid)
+               retention_bytes bigint, retention interval, schema text, creation_id uuid,
+               joining text, leaving text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     cfg       record;
@@ -479,7 +492,7 @@ BEGIN
                     WHERE g.s = x.stream AND g.h = x.shard),
            x.lease_ms, x.unplaced_reason, s.shards, s.replication_factor,
            s.consistency, s.payload_type, s.retention_bytes, s.retention,
-           s.schema, s.creation_id
+           s.schema, s.creation_id, x.joining, x.leaving
       FROM felix.assignments x
       JOIN felix.cluster_streams s ON s.name = x.stream
       LEFT JOIN felix.nodes n ON n.name = x.leader
@@ -822,6 +835,26 @@ BEGIN
         PERFORM felix.cp_report_unnamed(cur_stream, cur_shard, cp_report.leader,
                                          cp_report.token, named);
     END IF;
+    -- A replica move completes once its leader reports the joining node
+    -- caught up: the leaving node goes, and with it what was said of it.
+    FOR r IN
+        SELECT x.stream, x.shard, x.leaving, x.joining
+          FROM felix.assignments x
+          JOIN felix.replica_reports rr
+            ON rr.stream = x.stream AND rr.shard = x.shard AND rr.follower = x.joining
+         WHERE x.joining IS NOT NULL AND x.leader = cp_report.leader
+           AND rr.leader = cp_report.leader AND rr.generation = x.generation
+           AND rr.caught_up AND rr.halted IS NULL
+         ORDER BY x.stream, x.shard
+    LOOP
+        UPDATE felix.assignments x
+           SET replicas = array_remove(x.replicas, r.leaving), joining = NULL, leaving = NULL
+         WHERE x.stream = r.stream AND x.shard = r.shard AND x.joining = r.joining;
+        DELETE FROM felix.replica_reports rr
+         WHERE rr.stream = r.stream AND rr.shard = r.shard AND rr.follower = r.leaving;
+        RAISE LOG 'felix: stream "%" shard %: node "%" replaced node "%" in the replica set',
+            r.stream, r.shard, r.joining, r.leaving;
+    END LOOP;
     RETURN accepted;
 END
 $$;
@@ -1037,6 +1070,130 @@ END
 $$;
 
 -- ---------------------------------------------------------------------
+-- felix.cp_transfer: a planned leadership move.  The leader of
+-- `generation` has stopped writing (it released its lease, having waited
+-- until `to_node` held every record it wrote), so the next generation is
+-- granted to to_node at once -- no lease to wait out.  Returns it.
+-- ---------------------------------------------------------------------
+CREATE FUNCTION felix.cp_transfer(stream text, shard integer, generation bigint,
+                                  from_node text, to_node text)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    a   record;
+    n   record;
+    cfg record := felix.cp_settings();
+    t   timestamptz := clock_timestamp();
+BEGIN
+    -- Only the leader hands its own leadership over.
+    PERFORM felix.cp_require_node(cp_transfer.from_node, 'felix.cp_transfer');
+    SELECT x.* INTO a FROM felix.assignments x
+     WHERE x.stream = cp_transfer.stream AND x.shard = cp_transfer.shard FOR UPDATE;
+    IF NOT FOUND OR a.generation <> cp_transfer.generation
+       OR a.leader IS DISTINCT FROM cp_transfer.from_node THEN
+        RAISE EXCEPTION 'stream "%" shard %: node "%" does not lead generation %',
+                cp_transfer.stream, cp_transfer.shard, cp_transfer.from_node, cp_transfer.generation
+            USING ERRCODE = '55F02',
+                  HINT = 'The shard moved on meanwhile; felix_shards shows its leader.';
+    END IF;
+    SELECT x.* INTO n FROM felix.nodes x WHERE x.name = cp_transfer.to_node;
+    IF NOT (cp_transfer.to_node = ANY (a.replicas)) OR cp_transfer.to_node = cp_transfer.from_node
+       OR NOT FOUND OR n.last_heartbeat < t - cfg.expiry_ms * interval '1 millisecond'
+       OR (a.stream || '/' || a.shard) = ANY (n.unable) THEN
+        RAISE EXCEPTION 'stream "%" shard %: node "%" cannot take the shard over',
+                cp_transfer.stream, cp_transfer.shard, cp_transfer.to_node
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  DETAIL = 'It must be another alive member of the replica set that can serve the shard.',
+                  HINT = format('The replica set is %s; felix_nodes shows which nodes are alive.',
+                                array_to_string(a.replicas, ', '));
+    END IF;
+    UPDATE felix.assignments x
+       SET generation = a.generation + 1, leader = cp_transfer.to_node,
+           leader_incarnation = n.incarnation, lease_granted_at = NULL,
+           lease_ms = cfg.lease_ms, unplaced_reason = NULL, assigned_at = t
+     WHERE x.stream = a.stream AND x.shard = a.shard;
+    RAISE LOG 'felix: stream "%" shard %: "%" hands generation % to "%"',
+        a.stream, a.shard, a.leader, a.generation + 1, cp_transfer.to_node;
+    RETURN a.generation + 1;
+END
+$$;
+
+-- ---------------------------------------------------------------------
+-- felix.cp_move_replica: begin replacing from_node by to_node in a
+-- shard's replica set.  to_node joins at once (its leader ships it the
+-- log); from_node leaves when the leader reports to_node caught up
+-- (cp_report).  The leader itself is not moved: transfer it first.
+-- ---------------------------------------------------------------------
+CREATE FUNCTION felix.cp_move_replica(stream text, shard integer, from_node text, to_node text)
+RETURNS text[]
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    a   record;
+    cfg record := felix.cp_settings();
+    t   timestamptz := clock_timestamp();
+BEGIN
+    PERFORM felix.cp_require_node(NULL, 'felix.cp_move_replica');
+    IF cp_move_replica.from_node IS NULL OR cp_move_replica.to_node IS NULL THEN
+        RAISE EXCEPTION 'stream "%" shard %: from_node and to_node must not be NULL',
+                cp_move_replica.stream, cp_move_replica.shard
+            USING ERRCODE = 'null_value_not_allowed',
+                  HINT = 'Name the replica that goes and the node that replaces it.';
+    END IF;
+    SELECT x.* INTO a FROM felix.assignments x
+     WHERE x.stream = cp_move_replica.stream AND x.shard = cp_move_replica.shard FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'stream "%" has no shard %', cp_move_replica.stream, cp_move_replica.shard
+            USING ERRCODE = 'undefined_object',
+                  HINT = 'felix_shards lists the shards and their replica sets.';
+    END IF;
+    IF a.joining IS NOT NULL THEN
+        RAISE EXCEPTION 'stream "%" shard %: node "%" is already replacing node "%"',
+                a.stream, a.shard, a.joining, a.leaving
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Wait until that move completes (felix_shards shows the replica set).';
+    END IF;
+    IF NOT (cp_move_replica.from_node = ANY (a.replicas)) THEN
+        RAISE EXCEPTION 'stream "%" shard %: node "%" is not one of its replicas (%)',
+                a.stream, a.shard, cp_move_replica.from_node, array_to_string(a.replicas, ', ')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Name a member of the replica set as from_node.';
+    END IF;
+    IF cp_move_replica.to_node = ANY (a.replicas) THEN
+        RAISE EXCEPTION 'stream "%" shard %: node "%" is already one of its replicas',
+                a.stream, a.shard, cp_move_replica.to_node
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Name a node outside the replica set as to_node.';
+    END IF;
+    IF a.leader IS NOT DISTINCT FROM cp_move_replica.from_node THEN
+        RAISE EXCEPTION 'stream "%" shard %: node "%" leads it and cannot be moved',
+                a.stream, a.shard, cp_move_replica.from_node
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = format('Move the leadership first: SELECT felix_transfer_leadership(%L, %s, <node>) on node "%s".',
+                                a.stream, a.shard, a.leader);
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM felix.nodes n WHERE n.name = cp_move_replica.to_node
+                      AND n.last_heartbeat >= t - cfg.expiry_ms * interval '1 millisecond') THEN
+        RAISE EXCEPTION 'stream "%" shard %: node "%" is not alive', a.stream, a.shard,
+                cp_move_replica.to_node
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'felix_nodes lists the nodes and whether they are alive.';
+    END IF;
+    IF cardinality(a.replicas) >= 7 THEN  -- FELIX_MAX_REPLICAS (storage/shard.h)
+        RAISE EXCEPTION 'stream "%" shard %: a replica set cannot grow past 7 nodes', a.stream, a.shard
+            USING ERRCODE = 'configuration_limit_exceeded',
+                  HINT = 'Remove a replica some other way first.';
+    END IF;
+    UPDATE felix.assignments x
+       SET replicas = x.replicas || cp_move_replica.to_node,
+           joining = cp_move_replica.to_node, leaving = cp_move_replica.from_node
+     WHERE x.stream = a.stream AND x.shard = a.shard;
+    RAISE LOG 'felix: stream "%" shard %: node "%" joins to replace node "%"',
+        a.stream, a.shard, cp_move_replica.to_node, cp_move_replica.from_node;
+    RETURN a.replicas || cp_move_replica.to_node;
+END
+$$;
+
+-- ---------------------------------------------------------------------
 -- felix.cp_nodes: the cluster's nodes as the control plane sees them
 -- (felix_nodes on every node shows this).
 -- ---------------------------------------------------------------------
@@ -1084,12 +1241,16 @@ REVOKE ALL ON FUNCTION felix.cp_settings(), felix.cp_score(text, text, integer),
     felix.cp_require_node(text, text), felix.cp_heartbeat(text, text, text, bigint, text[]),
     felix.cp_create_stream(text, integer, integer, text, text, text, bigint, interval, text),
     felix.cp_drop_stream(text, uuid, boolean), felix.cp_report(text, jsonb, bigint), felix.cp_tick(),
-    felix.cp_nodes(), felix.cp_halted()
+    felix.cp_nodes(), felix.cp_halted(),
+    felix.cp_transfer(text, integer, bigint, text, text),
+    felix.cp_move_replica(text, integer, text, text)
     FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION felix.cp_heartbeat(text, text, text, bigint, text[]),
     felix.cp_create_stream(text, integer, integer, text, text, text, bigint, interval, text),
     felix.cp_drop_stream(text, uuid, boolean), felix.cp_report(text, jsonb, bigint), felix.cp_tick(),
-    felix.cp_nodes(), felix.cp_halted()
+    felix.cp_nodes(), felix.cp_halted(),
+    felix.cp_transfer(text, integer, bigint, text, text),
+    felix.cp_move_replica(text, integer, text, text)
     TO felix_replication;
 -- END control plane
 
@@ -1209,3 +1370,28 @@ CREATE FUNCTION felix_rebuild(stream text, shard integer, node text) RETURNS tex
 -- how many were asked for.  Meant for a pg_cron job on every node.
 CREATE FUNCTION felix_rebuild_halted() RETURNS integer
     AS 'MODULE_PATHNAME', 'felix_rebuild_halted' LANGUAGE C STRICT VOLATILE;
+
+-- Planned moves.  On the shard's leader (the stream's owner): hand the
+-- leadership to a follower once it holds every record, without waiting
+-- out a lease; publishes are refused (55F02, naming the new leader) for
+-- the moment it takes.
+CREATE FUNCTION felix_transfer_leadership(stream text, shard integer, node text) RETURNS text
+    AS 'MODULE_PATHNAME', 'felix_transfer_leadership' LANGUAGE C CALLED ON NULL INPUT VOLATILE;
+-- On the node itself (a superuser): move every leadership it holds to
+-- the best of each shard's followers; returns how many moved.
+CREATE FUNCTION felix_drain_node(node text) RETURNS integer
+    AS 'MODULE_PATHNAME', 'felix_drain_node' LANGUAGE C CALLED ON NULL INPUT VOLATILE;
+-- On any node (the stream's owner): replace replica from_node of a shard
+-- by to_node (a dead machine, say).  to_node is shipped the log and joins
+-- the quorum alongside the old set; from_node leaves once to_node has
+-- caught up.
+CREATE FUNCTION felix_move_replica(stream text, shard integer, from_node text, to_node text)
+RETURNS text
+    AS 'MODULE_PATHNAME', 'felix_move_replica' LANGUAGE C CALLED ON NULL INPUT VOLATILE;
+
+-- Heartbeat now (a node taking over a shard is told so by the one handing
+-- it over).
+CREATE FUNCTION felix.heartbeat_now() RETURNS void
+    AS 'MODULE_PATHNAME', 'felix_heartbeat_now' LANGUAGE C STRICT VOLATILE;
+REVOKE ALL ON FUNCTION felix.heartbeat_now() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION felix.heartbeat_now() TO felix_replication;

@@ -228,8 +228,10 @@ shard_allocate(const FelixShardSpec *spec)
 	s->leader[0] = '\0';
 	s->leader_conninfo[0] = '\0';
 	s->nreplicas = 0;
+	s->joining[0] = s->leaving[0] = '\0';
 	s->unplaced_reason[0] = '\0';
 	s->clustered = false;
+	s->handing_to[0] = '\0';
 	s->acked_generation = 0;
 	s->acked_end = 0;
 	s->in_use = true;
@@ -264,8 +266,11 @@ shard_read(FelixShard *s, FelixShardView *v)
 	memcpy(v->leader_conninfo, s->leader_conninfo, FELIX_CONNINFO_LEN);
 	v->nreplicas = Min(s->nreplicas, FELIX_MAX_REPLICAS);
 	memcpy(v->replicas, s->replicas, sizeof(v->replicas));
+	memcpy(v->joining, s->joining, NAMEDATALEN);
+	memcpy(v->leaving, s->leaving, NAMEDATALEN);
 	memcpy(v->unplaced_reason, s->unplaced_reason, FELIX_REASON_LEN);
 	v->clustered = s->clustered;
+	memcpy(v->handing_to, s->handing_to, NAMEDATALEN);
 	v->acked_generation = s->acked_generation;
 	v->acked_end = s->acked_end;
 	memcpy(v->error, s->error, FELIX_SHARD_ERROR_LEN);

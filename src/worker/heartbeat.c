@@ -120,9 +120,9 @@ PGDLLEXPORT void felix_heartbeat_worker_main(Datum arg);
 	"    OPERATOR(pg_catalog.+) (extract(minute FROM retention) OPERATOR(pg_catalog.*) 60)) " \
 	"   OPERATOR(pg_catalog.*) 1000000) " \
 	"  OPERATOR(pg_catalog.+) extract(microseconds FROM retention))::bigint, " \
-	"schema, creation_id " \
+	"schema, creation_id, joining, leaving " \
 	"FROM " FELIX_CP_HEARTBEAT_CALL
-#define HB_NCOLS	19
+#define HB_NCOLS	21
 
 /* One assignment as the control plane returned it. */
 typedef struct HbRow
@@ -543,6 +543,13 @@ read_row(PGresult *res, int i, int64 t_send, HbRow *r)
 		return;
 	}
 	strlcpy(r->creation_id, v, FELIX_CREATION_ID_LEN);
+	if (((v = col(res, i, 19)) != NULL && !copy_name(r->a.joining, v)) ||
+		((v = col(res, i, 20)) != NULL && !copy_name(r->a.leaving, v)) ||
+		((r->a.joining[0] == '\0') != (r->a.leaving[0] == '\0')))
+	{
+		r->bad = "a replica move names only one of the joining and leaving nodes";
+		return;
+	}
 }
 
 /*
@@ -1260,6 +1267,61 @@ heartbeat_once(void)
  * The worker
  * ---------------------------------------------------------------------
  */
+
+/* The worker's latch, while it runs (shared memory). */
+typedef struct FelixHeartbeatShared
+{
+	Latch	   *volatile latch;
+} FelixHeartbeatShared;
+
+static FelixHeartbeatShared *hb_shared = NULL;
+
+Size
+felix_heartbeat_shmem_size(void)
+{
+	return MAXALIGN(sizeof(FelixHeartbeatShared));
+}
+
+void
+felix_heartbeat_shmem_init(void)
+{
+	bool		found;
+
+	hb_shared = ShmemInitStruct("felix heartbeat", sizeof(FelixHeartbeatShared), &found);
+	if (!found)
+		hb_shared->latch = NULL;
+}
+
+void
+felix_heartbeat_wake(void)
+{
+	Latch	   *latch = hb_shared != NULL ? hb_shared->latch : NULL;
+
+	if (latch != NULL)
+		SetLatch(latch);
+}
+
+/*
+ * felix.heartbeat_now(): heartbeat at once instead of at the next
+ * interval.  A node handing a shard over calls it on the node taking it,
+ * which then takes its new lease without waiting out an interval.
+ */
+PG_FUNCTION_INFO_V1(felix_heartbeat_now);
+Datum
+felix_heartbeat_now(PG_FUNCTION_ARGS)
+{
+	felix_require_preload();
+	felix_require_replication_role("felix.heartbeat_now");
+	felix_heartbeat_wake();
+	PG_RETURN_VOID();
+}
+
+static void
+heartbeat_worker_exit(int code, Datum arg)
+{
+	hb_shared->latch = NULL;
+}
+
 void
 felix_heartbeat_worker_register(void)
 {
@@ -1290,6 +1352,8 @@ felix_heartbeat_worker_main(Datum arg)
 	unserved = hash_create("felix heartbeat: shards not served", 64, &ctl,
 						   HASH_ELEM | HASH_BLOBS);
 
+	hb_shared->latch = MyLatch;
+	before_shmem_exit(heartbeat_worker_exit, (Datum) 0);
 	ereport(LOG,
 			(errmsg("felix heartbeat worker started: node \"%s\" in database \"%s\", control plane %s",
 					felix_node_name_resolved(), felix_database,

@@ -80,6 +80,45 @@ test_quorum_mark(void)
 	}
 }
 
+static void
+test_quorum_mark_joint(void)
+{
+	bool		held;
+
+	/* no move: one set of three */
+	{
+		QuorumMember m[] = {{10, true, true}, {7, true, true}, {3, true, true}};
+
+		check(quorum_mark_joint(m, 3, 3, 3, 10, &held) == 7,
+			  "no move: the plain majority of three");
+	}
+	/* {L, F, D} -> {L, F, N}: D (dead, leaving) gives nothing, N joins at 0 */
+	{
+		QuorumMember m[] = {{10, true, true},	/* leader */
+		{9, true, true},		/* F, in both */
+		{0, false, true}};		/* N joining */
+
+		check(quorum_mark_joint(m, 3, 3, 3, 10, &held) == 9,
+			  "replacing a dead replica: leader and the remaining follower make both majorities");
+	}
+	/* the old set's majority without the leaving node's help */
+	{
+		QuorumMember m[] = {{10, true, true},	/* leader */
+		{2, true, true},		/* F, behind */
+		{9, true, false},		/* D leaving, ahead */
+		{8, false, true}};		/* N joining */
+
+		check(quorum_mark_joint(m, 4, 3, 3, 10, &held) == 8,
+			  "both sets: old {L 10, F 2, D 9} gives 9, new {L 10, F 2, N 8} gives 8; the mark is 8");
+	}
+	{
+		QuorumMember m[] = {{10, true, true}, {9, false, true}};
+
+		check(quorum_mark_joint(m, 2, 3, 3, 10, &held) == 0,
+			  "a majority of the new set alone is not enough");
+	}
+}
+
 /* A follower at generation 3, its log [0, 10), mark 8, leader known. */
 static ReplicateFacts
 base_facts(void)
@@ -203,6 +242,7 @@ int
 main(void)
 {
 	test_quorum_mark();
+	test_quorum_mark_joint();
 	test_replicate_decide();
 	printf("1..%d\n", ntests);
 	return nfailed == 0 ? 0 : 1;

@@ -93,6 +93,17 @@ extern char *felix_cp_call_create_stream(const char *name, const char *schema,
 extern void felix_cp_call_drop_stream(const char *name, const char *creation_id);
 
 /*
+ * Planned moves (api/operations.c).  A transfer: this node, which led the
+ * shard at `generation` and has stopped writing, hands the next
+ * generation to to_node; returns it.  A move: to_node joins the shard's
+ * replica set to replace from_node; returns the replica set as text.
+ */
+extern uint64 felix_cp_call_transfer(const char *stream, int shard, uint64 generation,
+									 const char *to_node);
+extern char *felix_cp_call_move_replica(const char *stream, int shard,
+										const char *from_node, const char *to_node);
+
+/*
  * Forget a stream this transaction registered, as it aborts: never raises
  * (a failure is a WARNING and false), and each step gives up after
  * FELIX_CP_ABORT_TIMEOUT_MS, since an abort must not hang on the network.

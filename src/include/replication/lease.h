@@ -28,6 +28,8 @@ typedef struct FelixAssignment
 	char		leader_conninfo[FELIX_CONNINFO_LEN];
 	int			nreplicas;
 	char		replicas[FELIX_MAX_REPLICAS][NAMEDATALEN];
+	char		joining[NAMEDATALEN];	/* a replica move: who joins ("" none) */
+	char		leaving[NAMEDATALEN];	/* ... and who leaves */
 	bool		lease_granted;	/* this heartbeat granted/renewed our lease */
 	int64		lease_ms;
 	int64		sent_at_ns;		/* felix_monotonic_ns() when the heartbeat
@@ -67,6 +69,20 @@ extern void lease_recheck(FelixShard *s, uint64 generation);
  * `generation` under a lease that has not run out?
  */
 extern bool lease_live_locked(FelixShard *s, uint64 generation);
+
+/*
+ * A planned transfer of the leadership to `target` (felix_transfer_leadership).
+ * hand_off_begin, with the shard led here under a live lease: admit
+ * nothing more (55F02 naming the target), and return the generation and
+ * the written end the target must reach.  hand_off_release: stop writing
+ * at that generation -- the lease is given up, so the control plane may
+ * grant the next one at once.  hand_off_cancel: the transfer failed; admit
+ * again (the next heartbeat renews the lease if it was released).  The
+ * hand-off ends by itself when the assignment moves on.
+ */
+extern uint64 lease_hand_off_begin(FelixShard *s, const char *target, uint64 *written_end);
+extern void lease_hand_off_release(FelixShard *s, uint64 generation);
+extern void lease_hand_off_cancel(FelixShard *s);
 
 /*
  * Deposition.  This node learnt that a generation newer than the one it

@@ -27,6 +27,27 @@
 extern uint64 quorum_mark(uint64 *acks, int nacks, int majority,
 						  uint64 flushed_end, bool *held_by_flush);
 
+/*
+ * The quorum mark while a replica is being moved (or not): each member
+ * that counts -- the leader, and every follower not halted -- gives its
+ * end and the configurations it belongs to; the old set is the replica
+ * set without the joining node, the new one without the leaving node
+ * (with no move both are the whole set, and the sizes equal).  A write is
+ * acknowledged once a majority of each set holds it, so the mark is the
+ * lesser of the two sets' marks (quorum_mark over each, majority of its
+ * size).
+ */
+typedef struct QuorumMember
+{
+	uint64		end;
+	bool		in_old;
+	bool		in_new;
+} QuorumMember;
+
+extern uint64 quorum_mark_joint(const QuorumMember *members, int n,
+								int size_old, int size_new,
+								uint64 flushed_end, bool *held_by_flush);
+
 /* What a leader asks of a follower in one felix.replicate call. */
 typedef enum ReplicateOp
 {

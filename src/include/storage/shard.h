@@ -129,8 +129,13 @@ typedef struct FelixShard
 	char		leader_conninfo[FELIX_CONNINFO_LEN];
 	int			nreplicas;
 	char		replicas[FELIX_MAX_REPLICAS][NAMEDATALEN];
+	char		joining[NAMEDATALEN];	/* a replica move in progress: who joins */
+	char		leaving[NAMEDATALEN];	/* ... and who leaves ("" when none) */
 	char		unplaced_reason[FELIX_REASON_LEN];
 	bool		clustered;		/* an assignment has been applied */
+	/* (mutex; written with the tail held) a planned transfer: admit nothing,
+	 * the leadership goes to this node ("" when none) */
+	char		handing_to[NAMEDATALEN];
 
 	/* ---- acknowledgement (replication/quorum.c) ---- */
 	/* (mutex) how far this node, leading at acked_generation, has
@@ -164,8 +169,11 @@ typedef struct FelixShardView
 	char		leader_conninfo[FELIX_CONNINFO_LEN];
 	int			nreplicas;
 	char		replicas[FELIX_MAX_REPLICAS][NAMEDATALEN];
+	char		joining[NAMEDATALEN];
+	char		leaving[NAMEDATALEN];
 	char		unplaced_reason[FELIX_REASON_LEN];
 	bool		clustered;
+	char		handing_to[NAMEDATALEN];
 	uint64		acked_generation;
 	uint64		acked_end;
 	char		error[FELIX_SHARD_ERROR_LEN];

@@ -13,11 +13,19 @@
 #ifndef FELIX_WORKER_HEARTBEAT_H
 #define FELIX_WORKER_HEARTBEAT_H
 
+#include "postgres.h"
+
 /* Register the worker (from _PG_init, while preloading). */
 extern void felix_heartbeat_worker_register(void);
 
 /* In a backend that just created `stream`: heartbeat once and apply the
  * control plane's assignments of that stream to this node's shards. */
 extern void felix_heartbeat_apply_stream(const char *stream);
+
+/* Where the heartbeat worker's latch is kept, so it can be woken at once
+ * (felix.heartbeat_now, after a planned transfer). */
+extern Size felix_heartbeat_shmem_size(void);
+extern void felix_heartbeat_shmem_init(void);
+extern void felix_heartbeat_wake(void);
 
 #endif							/* FELIX_WORKER_HEARTBEAT_H */
