@@ -69,6 +69,7 @@
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 #include "utils/tuplestore.h"
+#include "worker/heartbeat.h"
 
 /* One verified batch of a shipment. */
 typedef struct ShippedBatch
@@ -443,6 +444,8 @@ refuse(const ReplicateDecision *d, const ReplicateFacts *f, FelixShard *s,
 					 errhint("Two nodes believe they lead the same generation; check felix_shards on both and the control plane's assignments.")));
 			break;
 		case REPLICATE_REFUSE_UNKNOWN:
+			/* a leader we have not heard of: hear of it now, not an interval later */
+			felix_heartbeat_wake();
 			ereport(ERROR,
 					(errcode(FELIX_ERRCODE_GENERATION_UNKNOWN),
 					 errmsg("%s: this node has not learned who leads generation " UINT64_FORMAT " yet",

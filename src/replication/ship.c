@@ -109,6 +109,7 @@ typedef struct ShipRequest
 	int			fidx;			/* follower index in the entry */
 	char		follower[NAMEDATALEN];
 	ReplicateOp op;
+	bool		probe;			/* an empty shipment: does it take this generation? */
 	uint64		from_seq;
 	uint64		sent_end;		/* end of the batches sent */
 	uint64		hwm_sent;		/* leader_hwm_end sent with it */
@@ -152,6 +153,8 @@ typedef struct ShipSlot
 													 * sent on */
 	bool		discarded[FELIX_MAX_REPLICAS];	/* REBUILDING: the follower
 												 * answered 'rebuilt' */
+	bool		probed[FELIX_MAX_REPLICAS]; /* the follower took a shipment of
+											 * this generation (see ship_follower) */
 	FelixLogPos read_pos[FELIX_MAX_REPLICAS];	/* where the last read stopped */
 	uint64		generation_start;	/* first seq of this leadership */
 	bool		problem_logged;
@@ -729,6 +732,7 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 	char		incarnation[FELIX_INCARNATION_LEN];
 	char	   *what;
 	ReplicateOp op = REPLICATE_SHIP;
+	bool		probe;
 	uint64		from_seq;
 	uint64		sent_end;
 	uint64		hwm_param;
@@ -816,11 +820,19 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 	if (max_bytes == 0)
 		return;
 
+	/*
+	 * The first shipment of a generation to a follower carries no batch: a
+	 * follower that has not heard of the generation yet refuses it (55F04),
+	 * and what it would have refused is not read, sent and sent again.
+	 * Once it answered, the batches follow from the cursor.
+	 */
+	probe = op == REPLICATE_SHIP && !ss->probed[fidx];
+
 	felix_shard_dir(&snap->key, dir);
 	what = psprintf("stream \"%s\" shard %d", snap->stream_name, snap->key.shard);
 	initStringInfo(&buf);
 	from_seq = sent_end = op == REPLICATE_SHIP ? f->cursor : snap->start_seq;
-	if (op == REPLICATE_SHIP && f->cursor < snap->written_end)
+	if (op == REPLICATE_SHIP && !probe && f->cursor < snap->written_end)
 	{
 		ra.dir = dir;
 		ra.what = what;
@@ -900,6 +912,7 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 	r->fidx = fidx;
 	strlcpy(r->follower, f->name, NAMEDATALEN);
 	r->op = op;
+	r->probe = probe;
 	r->from_seq = from_seq;
 	r->sent_end = sent_end;
 	r->hwm_sent = hwm_param;
@@ -1208,6 +1221,12 @@ apply_answer(ShipRequest *r, int64 now_ns)
 					  "A follower answers with the end of what it was sent, or a position inside it; this answer cannot be true.",
 					  "The follower is out of every quorum; check that node's felix version, then rebuild it with felix_rebuild.");
 	}
+	else if (r->probe && strcmp(r->status, "stored") == 0)
+	{
+		/* it takes this generation; it holds the cursor's position: ship */
+		ss->probed[r->fidx] = true;
+		f.last_error[0] = '\0';
+	}
 	else if (strcmp(r->status, "stored") == 0)
 	{
 		/* durable there up to the end of what we sent */
@@ -1219,6 +1238,7 @@ apply_answer(ShipRequest *r, int64 now_ns)
 	}
 	else if (strcmp(r->status, "gap") == 0)
 	{
+		ss->probed[r->fidx] = true;
 		f.cursor = r->seq;
 		f.last_error[0] = '\0';
 		if (r->seq < v.start_seq)

@@ -10,6 +10,17 @@
 #   bench_log_errors <logs...>        their first distinct ERROR/FATAL/PANIC
 #                                     lines, in a code block
 #   bench_publish <report> <file>     print the report, copy it to file
+#
+# For the scripts that start servers (after bench_run_user; with BASE,
+# SOCK, WORK, KEEP set, the arrays STARTED, BG_PIDS, PROBE_PIDS declared,
+# and FPORTS holding the felix nodes' ports, node1 first):
+#   bench_as_user    sets AS_USER (the command prefix that runs as RUN_USER)
+#   pgc, q           a client command / quiet psql against a port
+#   datadir, init_node, start_node, bench_cleanup (the EXIT trap)
+#   felix_cluster_start   initdb and start node1..N (node1 hosts the
+#                    control plane), create the extension and node roles,
+#                    wait until all are alive
+#   wait_alive, leader_port, pick_name, kill_node
 
 log() { printf '[%s %s] %s\n' "$BENCH_NAME" "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -62,4 +73,177 @@ bench_publish() {
 	else
 		log "could not write $2 (read-only checkout?); results are above"
 	fi
+}
+
+# ---------------------------------------------------------------------------
+# Servers
+# ---------------------------------------------------------------------------
+bench_as_user() {
+	if [[ $(id -u) == 0 ]]; then
+		AS_USER=(runuser -u "$RUN_USER" --)
+	else
+		AS_USER=()
+	fi
+}
+# pgc <port> cmd...: run a client command as the servers' user against a port.
+pgc() {
+	local port=$1; shift
+	"${AS_USER[@]}" env PGHOST="$SOCK" PGPORT="$port" PGUSER=postgres PGDATABASE=postgres \
+		PGOPTIONS="-c client_min_messages=warning" "$@"
+}
+# q <port> [psql args]: quiet, unaligned, stop on the first error.
+q() { local port=$1; shift; pgc "$port" "$PGBIN/psql" -X -q -v ON_ERROR_STOP=1 -At "$@"; }
+
+datadir() { echo "$BASE/$1"; }		# f1 f2 f3 p s1 s2
+
+# The EXIT trap: stop every server started, remove $BASE unless KEEP=1.
+bench_cleanup() {
+	local rc=$? d p
+	trap - EXIT INT TERM
+	for p in "${BG_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+	for p in "${PROBE_PIDS[@]}"; do kill -- "-$p" 2>/dev/null || true; done
+	for d in "${STARTED[@]}"; do
+		if [[ -f $(datadir "$d")/postmaster.pid ]]; then
+			"${AS_USER[@]}" "$PGBIN/pg_ctl" -D "$(datadir "$d")" -m immediate -t 30 -w stop >/dev/null 2>&1 || true
+		fi
+	done
+	if [[ $KEEP == 1 ]]; then
+		log "KEEP=1: leaving $BASE in place"
+	elif [[ -d $BASE ]]; then
+		rm -rf "$BASE"
+	fi
+	exit "$rc"
+}
+
+# The settings every benchmark server has.
+bench_common_conf() {
+	cat <<EOC
+listen_addresses = ''
+unix_socket_directories = '$SOCK'
+max_connections = 100
+shared_buffers = 256MB
+fsync = on
+synchronous_commit = on
+full_page_writes = on
+wal_level = replica
+max_wal_size = 8GB
+min_wal_size = 1GB
+checkpoint_timeout = 30min
+logging_collector = off
+log_min_messages = warning
+lc_messages = 'C'
+EOC
+}
+
+init_node() {	# name port extra-conf
+	local d; d=$(datadir "$1")
+	mkdir -p "$d"; chmod 700 "$d"
+	[[ $(id -u) == 0 ]] && chown "$RUN_USER": "$d"
+	"${AS_USER[@]}" "$PGBIN/initdb" -D "$d" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >"$WORK/initdb-$1.log" 2>&1 ||
+		"${AS_USER[@]}" "$PGBIN/initdb" -D "$d" -U postgres --auth=trust -E UTF8 --no-locale >"$WORK/initdb-$1.log" 2>&1 ||
+		{ cat "$WORK/initdb-$1.log" >&2; die "initdb $1 failed"; }
+	printf '%s\nport = %s\n%s\n' "$(bench_common_conf)" "$2" "$3" >>"$d/postgresql.conf"
+}
+start_node() {	# name
+	local d; d=$(datadir "$1")
+	"${AS_USER[@]}" "$PGBIN/pg_ctl" -D "$d" -l "$WORK/server-$1.log" -w -t 60 start >/dev/null ||
+		{ tail -30 "$WORK/server-$1.log" >&2 || true; die "server $1 did not start"; }
+	[[ " ${STARTED[*]} " == *" $1 "* ]] || STARTED+=("$1")
+}
+
+# ---------------------------------------------------------------------------
+# A felix cluster: node<i> on FPORTS[i-1], data directory f<i>
+# ---------------------------------------------------------------------------
+# Where a node is; each logs in as its own role, felix_node_node<i> (the
+# servers trust local connections).
+fconn() { echo "host=$SOCK port=$1 dbname=postgres"; }
+
+felix_cluster_start() {	# [extra conf lines for every node]
+	local i n=${#FPORTS[@]} cp_conn roles="" p
+	FNAMES=()
+	for (( i = 1; i <= n; i++ )); do
+		FNAMES+=("node$i")
+		roles="$roles${roles:+, }felix_create_node_role('node$i')"
+		cp_conn=""
+		[[ $i != 1 ]] && cp_conn=$(fconn "${FPORTS[0]}")
+		log "felix node$i: initdb (port ${FPORTS[$((i-1))]})"
+		init_node "f$i" "${FPORTS[$((i-1))]}" "shared_preload_libraries = 'felix'
+felix.database = 'postgres'
+felix.node_name = 'node$i'
+felix.node_conninfo = '$(fconn "${FPORTS[$((i-1))]}")'
+felix.control_conninfo = '$cp_conn'
+${1:-}"
+	done
+	for (( i = 1; i <= n; i++ )); do start_node "f$i"; done
+	for p in "${FPORTS[@]}"; do q "$p" -c "CREATE EXTENSION felix" >/dev/null; done
+	for p in "${FPORTS[@]}"; do q "$p" -c "SELECT $roles" >/dev/null; done
+	wait_alive "$n"
+	log "felix: $n nodes alive"
+}
+
+wait_alive() {	# n -> waits (60 s) until node1's felix_nodes shows n nodes alive
+	local i
+	for (( i = 0; i < 300; i++ )); do
+		[[ $(q "${FPORTS[0]}" -c "SELECT count(*) FROM felix_nodes WHERE alive" 2>/dev/null || echo 0) == "$1" ]] && return 0
+		sleep 0.2
+	done
+	die "felix: fewer than $1 nodes alive after 60 s: $(q "${FPORTS[0]}" -c "SELECT string_agg(name || ':' || alive, ' ') FROM felix_nodes" 2>&1)"
+}
+
+# The port of the node whose felix_shards says it leads (stream, 0) with a
+# live lease; waits up to 30 s.
+leader_port() {	# stream
+	local i k r
+	for (( i = 0; i < 150; i++ )); do
+		for k in "${!FPORTS[@]}"; do
+			r=$(q "${FPORTS[$k]}" -c "SELECT 1 FROM felix_shards WHERE stream = '$1' AND shard = 0 AND role = 'leader' AND leader = '${FNAMES[$k]}' AND lease_remaining_ms > 0" 2>/dev/null || true)
+			[[ $r == 1 ]] && { echo "${FPORTS[$k]}"; return 0; }
+		done
+		sleep 0.2
+	done
+	return 1
+}
+# A stream name with prefix $1 whose shard 0 the control plane would give
+# to a node other than node1 (same score and tie order as cp_create_stream).
+pick_name() {	# prefix
+	local i name lead names
+	names=$(printf "'%s'," "${FNAMES[@]}"); names=${names%,}
+	for (( i = 0; i < 200; i++ )); do
+		name="$1_$i"
+		lead=$(q "${FPORTS[0]}" -c "SELECT n FROM unnest(ARRAY[$names]) n ORDER BY felix.cp_score(n, '$name', 0) DESC, n COLLATE \"C\" LIMIT 1")
+		[[ $lead != node1 && -z $(q "${FPORTS[0]}" -c "SELECT 1 FROM felix.cluster_streams WHERE name = '$name'") ]] && { echo "$name"; return 0; }
+	done
+	die "no stream name with prefix $1 is led by a node other than node1"
+}
+
+# Every process of the server on data directory $1, postmaster first.
+server_pids() {
+	local pm kids p queue
+	pm=$(head -1 "$1/postmaster.pid" 2>/dev/null) || return 0
+	echo "$pm"
+	queue=("$pm")
+	while (( ${#queue[@]} )); do
+		p=${queue[0]}; queue=("${queue[@]:1}")
+		for kids in $(ps -o pid= --ppid "$p" 2>/dev/null); do echo "$kids"; queue+=("$kids"); done
+	done
+}
+alive_pid() {	# not gone and not a zombie
+	[[ -r /proc/$1/stat ]] || return 1
+	! awk '{exit ($3 == "Z") ? 0 : 1}' "/proc/$1/stat"
+}
+# kill -9 every process of node f$1 at once, wait until they are gone and
+# clear the lock files a dead (possibly unreaped) postmaster leaves.
+kill_node() {
+	local d pids=() p i left
+	d=$(datadir "f$1")
+	mapfile -t pids < <(server_pids "$d")
+	kill -9 "${pids[@]}" 2>/dev/null || true
+	for (( i = 0; i < 600; i++ )); do
+		left=0
+		for p in "${pids[@]}"; do alive_pid "$p" && left=1; done
+		(( left == 0 )) && break
+		sleep 0.05
+	done
+	(( left == 0 )) || die "processes of f$1 survived SIGKILL for 30 s"
+	rm -f "$d/postmaster.pid" "$SOCK/.s.PGSQL.${FPORTS[$(( $1 - 1 ))]}.lock"
 }
