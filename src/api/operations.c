@@ -272,22 +272,25 @@ nap(long ms)
 	CHECK_FOR_INTERRUPTS();
 }
 
-/* Ask node `name` to heartbeat now; a failure only delays it an interval. */
-static void
-wake_peer_heartbeat(const char *name)
+/* A connection to node `name`, or NULL: waking it is a help, not a need. */
+static PGconn *
+peer_connect(const char *name)
 {
 	char		address[FELIX_NODE_CONNINFO_LEN];
-	PGconn	   *conn;
 
 	if (!felix_node_conninfo_of(name, address, sizeof(address)))
-		return;
-	conn = felix_conn_open(felix_peer_conninfo(address), psprintf("node \"%s\"", name),
+		return NULL;
+	return felix_conn_open(felix_peer_conninfo(address), psprintf("node \"%s\"", name),
 						   "felix transfer", 1000, DEBUG1);
-	if (conn == NULL)
-		return;
-	PQclear(felix_conn_exec(conn, "felix.heartbeat_now", "SELECT felix.heartbeat_now()",
-							0, NULL, 1000, DEBUG1));
-	felix_conn_close(conn);
+}
+
+/* Ask the node on `conn` to heartbeat now; a failure only delays it an interval. */
+static void
+wake_peer_heartbeat(PGconn *conn)
+{
+	if (conn != NULL)
+		PQclear(felix_conn_exec(conn, "felix.heartbeat_now", "SELECT felix.heartbeat_now()",
+								0, NULL, 1000, DEBUG1));
 }
 
 /*
@@ -305,6 +308,8 @@ transfer_one(const FelixStream *stream, int shard, const char *target)
 	volatile uint64 next = 0;
 	TimestampTz deadline;
 	MemoryContext cxt = CurrentMemoryContext;
+	PGconn	   *volatile cp = NULL;
+	PGconn	   *volatile peer = NULL;
 
 	if (felix_is_this_node(target))
 		ereport(ERROR,
@@ -328,8 +333,25 @@ transfer_one(const FelixStream *stream, int shard, const char *target)
 						felix_follower_state_name(f.state)),
 				 errhint("felix_replication shows its state; pick a follower that is shipping.")));
 
+	/*
+	 * 0. the connections the hand-over needs, made before anything stops:
+	 * their setup is not part of the time writes are refused
+	 */
+	cp = felix_cp_connect(FELIX_CP_CALL_TIMEOUT_MS);
+	peer = peer_connect(target);
+
 	/* 1. admit nothing more; every write admitted so far has its seqs */
-	generation = lease_hand_off_begin(s, target, &written_end);
+	PG_TRY();
+	{
+		generation = lease_hand_off_begin(s, target, &written_end);
+	}
+	PG_CATCH();
+	{
+		felix_conn_close(peer);
+		felix_conn_close(cp);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
 	PG_TRY();
 	{
 		/*
@@ -375,20 +397,25 @@ transfer_one(const FelixStream *stream, int shard, const char *target)
 
 		/* 3. stop writing at this generation, then 4. hand the next one over */
 		lease_hand_off_release(s, generation);
-		next = felix_cp_call_transfer(stream->name, shard, generation, target);
+		next = felix_cp_call_transfer(cp, stream->name, shard, generation, target);
+
+		/* 5. the target takes its lease now, not at its next interval */
+		wake_peer_heartbeat(peer);
 	}
 	PG_CATCH();
 	{
-		/* not granted: lead on (the next heartbeat renews a released lease) */
 		MemoryContextSwitchTo(cxt);
-		lease_hand_off_cancel(s);
+		felix_conn_close(peer);
+		felix_conn_close(cp);
+		/* not granted: lead on (the next heartbeat renews a released lease) */
+		if (next == 0)
+			lease_hand_off_cancel(s);
 		felix_heartbeat_wake();
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
-
-	/* 5. the target takes its lease now, not at its next interval */
-	wake_peer_heartbeat(target);
+	felix_conn_close(peer);
+	felix_conn_close(cp);
 	felix_heartbeat_wake();
 	felix_count(FELIX_CTR_PLANNED_MOVES, 1);
 	ereport(LOG,

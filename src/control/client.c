@@ -605,6 +605,29 @@ felix_conn_set_statement_timeout(PGconn *conn, int timeout_ms, int elevel)
  * ---------------------------------------------------------------------
  */
 
+/* A connection to the control plane, its statement_timeout set; NULL
+ * (reported at elevel) on failure. */
+static PGconn *
+cp_open(int timeout_ms, int elevel)
+{
+	PGconn	   *conn = felix_conn_open(felix_cp_conninfo(), CP_PURPOSE, "felix",
+									   timeout_ms, elevel);
+
+	if (conn != NULL && !felix_conn_set_statement_timeout(conn, timeout_ms, elevel))
+	{
+		felix_conn_close(conn);
+		conn = NULL;
+	}
+	return conn;
+}
+
+PGconn *
+felix_cp_connect(int timeout_ms)
+{
+	felix_require_preload();
+	return cp_open(timeout_ms, ERROR);
+}
+
 /*
  * Open, run, close; the control plane's error is raised here at elevel
  * ERROR, or logged at a lower elevel, and then the result is false.  Each
@@ -629,10 +652,8 @@ cp_call(const char *fn, const char *sql, int nparams, const char *const *values,
 	{
 		PGresult   *res = NULL;
 
-		conn = felix_conn_open(felix_cp_conninfo(), CP_PURPOSE, "felix",
-							   timeout_ms, elevel);
-		if (conn != NULL &&
-			felix_conn_set_statement_timeout(conn, timeout_ms, elevel))
+		conn = cp_open(timeout_ms, elevel);
+		if (conn != NULL)
 		{
 			ok = true;
 			if (register_first)
@@ -723,12 +744,14 @@ felix_cp_call_drop_stream(const char *name, const char *creation_id)
 }
 
 uint64
-felix_cp_call_transfer(const char *stream, int shard, uint64 generation, const char *to_node)
+felix_cp_call_transfer(PGconn *conn, const char *stream, int shard, uint64 generation,
+					   const char *to_node)
 {
 	char		shard_s[16];
 	char		gen_s[24];
 	const char *values[5];
-	char	   *next = NULL;
+	PGresult   *res;
+	uint64		next;
 
 	snprintf(shard_s, sizeof(shard_s), "%d", shard);
 	snprintf(gen_s, sizeof(gen_s), UINT64_FORMAT, generation);
@@ -737,10 +760,20 @@ felix_cp_call_transfer(const char *stream, int shard, uint64 generation, const c
 	values[2] = gen_s;
 	values[3] = felix_node_name_resolved();
 	values[4] = to_node;
-	(void) cp_call("felix.cp_transfer",
-				   "SELECT felix.cp_transfer($1, $2::integer, $3::bigint, $4, $5)",
-				   5, values, false, ERROR, FELIX_CP_CALL_TIMEOUT_MS, &next);
-	return strtou64(next, NULL, 10);
+	res = felix_conn_exec(conn, "felix.cp_transfer",
+						  "SELECT felix.cp_transfer($1, $2::integer, $3::bigint, $4, $5)",
+						  5, values, FELIX_CP_CALL_TIMEOUT_MS, ERROR);
+	if (PQntuples(res) != 1 || PQnfields(res) != 1 || PQgetisnull(res, 0, 0))
+	{
+		PQclear(res);
+		ereport(ERROR,
+				(errcode(ERRCODE_PROTOCOL_VIOLATION),
+				 errmsg("felix.cp_transfer on the control plane returned no generation"),
+				 errhint("Run the same felix version on every node and on the control plane.")));
+	}
+	next = strtou64(PQgetvalue(res, 0, 0), NULL, 10);
+	PQclear(res);
+	return next;
 }
 
 char *

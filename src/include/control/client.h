@@ -93,13 +93,22 @@ extern char *felix_cp_call_create_stream(const char *name, const char *schema,
 extern void felix_cp_call_drop_stream(const char *name, const char *creation_id);
 
 /*
- * Planned moves (api/operations.c).  A transfer: this node, which led the
- * shard at `generation` and has stopped writing, hands the next
- * generation to to_node; returns it.  A move: to_node joins the shard's
- * replica set to replace from_node; returns the replica set as text.
+ * A connection to the control plane kept for a few calls (a planned
+ * transfer opens it before it stops admitting, so the connection's setup
+ * is not part of the window); close it with felix_conn_close.  Raises on
+ * failure.
  */
-extern uint64 felix_cp_call_transfer(const char *stream, int shard, uint64 generation,
-									 const char *to_node);
+extern PGconn *felix_cp_connect(int timeout_ms);
+
+/*
+ * Planned moves (api/operations.c).  A transfer, on `conn`: this node,
+ * which led the shard at `generation` and has stopped writing, hands the
+ * next generation to to_node; returns it.  A move: to_node joins the
+ * shard's replica set to replace from_node; returns the replica set as
+ * text.
+ */
+extern uint64 felix_cp_call_transfer(PGconn *conn, const char *stream, int shard,
+									 uint64 generation, const char *to_node);
 extern char *felix_cp_call_move_replica(const char *stream, int shard,
 										const char *from_node, const char *to_node);
 
