@@ -158,6 +158,18 @@ felix_shard_states(PG_FUNCTION_ARGS)
 	return (Datum) 0;
 }
 
+/* One felix_metrics row. */
+static void
+put_metric(ReturnSetInfo *rsinfo, const char *name, double value)
+{
+	Datum		values[2];
+	bool		nulls[2] = {false, false};
+
+	values[0] = CStringGetTextDatum(name);
+	values[1] = Float8GetDatum(value);
+	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+}
+
 PG_FUNCTION_INFO_V1(felix_metrics);
 Datum
 felix_metrics(PG_FUNCTION_ARGS)
@@ -166,19 +178,13 @@ felix_metrics(PG_FUNCTION_ARGS)
 	int			open = 0;
 	int			failed = 0;
 	int			nslots;
+	FelixReplGauges g;
 
 	felix_require_preload();
 	InitMaterializedSRF(fcinfo, 0);
 
 	for (int c = 0; c < FELIX_NUM_COUNTERS; c++)
-	{
-		Datum		values[2];
-		bool		nulls[2] = {false, false};
-
-		values[0] = CStringGetTextDatum(felix_counter_names[c]);
-		values[1] = Float8GetDatum((double) felix_counter_value(c));
-		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-	}
+		put_metric(rsinfo, felix_counter_names[c], (double) felix_counter_value(c));
 
 	nslots = shard_count_slots();
 	for (int i = 0; i < nslots; i++)
@@ -191,36 +197,18 @@ felix_metrics(PG_FUNCTION_ARGS)
 		else if (v.in_use && v.phase == FELIX_SHARD_FAILED)
 			failed++;
 	}
-	{
-		Datum		values[2];
-		bool		nulls[2] = {false, false};
+	put_metric(rsinfo, "shards_open", open);
+	put_metric(rsinfo, "shards_failed", failed);
 
-		values[0] = CStringGetTextDatum("shards_open");
-		values[1] = Float8GetDatum(open);
-		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-		values[0] = CStringGetTextDatum("shards_failed");
-		values[1] = Float8GetDatum(failed);
-		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-	}
-	{
-		Datum		values[2];
-		bool		nulls[2] = {false, false};
-		uint64		lag;
-		uint64		halted;
-		double		per_request;
-
-		/* The leader loss window and replication health, see replication.md. */
-		felix_replication_gauges(&lag, &halted, &per_request);
-		values[0] = CStringGetTextDatum("replication_lag_records");
-		values[1] = Float8GetDatum((double) lag);
-		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-		values[0] = CStringGetTextDatum("halted_followers");
-		values[1] = Float8GetDatum((double) halted);
-		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-		values[0] = CStringGetTextDatum("replica_reports_per_request");
-		values[1] = Float8GetDatum(per_request);
-		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-	}
+	/* The leader loss window and replication health, see replication.md. */
+	felix_replication_gauges(&g);
+	put_metric(rsinfo, "replication_lag_records", (double) g.lag_records);
+	put_metric(rsinfo, "halted_followers", (double) g.halted);
+	for (int h = FELIX_HALT_DIVERGED; h <= FELIX_HALT_PROTOCOL; h++)
+		put_metric(rsinfo, psprintf("halted_%s", felix_halt_name((FelixHalt) h)),
+				   (double) g.halted_by[h]);
+	put_metric(rsinfo, "rebuilds_in_flight", (double) g.rebuilding);
+	put_metric(rsinfo, "replica_reports_per_request", g.reports_per_request);
 	return (Datum) 0;
 }
 

@@ -43,6 +43,7 @@
 
 #include "control/conninfo.h"
 #include "felix.h"
+#include "privilege.h"
 #include "storage/incarnation.h"
 
 /* ---------------------------------------------------------------------
@@ -249,6 +250,7 @@ felix_node_identity(PG_FUNCTION_ARGS)
 	char		incarnation[FELIX_INCARNATION_LEN];
 
 	felix_require_preload();
+	felix_require_replication_role("felix.node_identity");
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "felix.node_identity: return type must be a row type");
 	felix_incarnation(incarnation, NULL);

@@ -259,15 +259,13 @@ leader_position(int slot, const FelixReplShard *e, uint64 *written_end)
 }
 
 void
-felix_replication_gauges(uint64 *lag_records, uint64 *halted_followers,
-						 double *reports_per_request)
+felix_replication_gauges(FelixReplGauges *g)
 {
 	int			nslots;
-	uint64		lag = 0;
-	uint64		halted = 0;
 	uint64		requests;
 	FelixReplShard *e = palloc(sizeof(FelixReplShard));
 
+	memset(g, 0, sizeof(*g));
 	nslots = shard_count_slots();
 	for (int i = 0; i < nslots; i++)
 	{
@@ -281,22 +279,25 @@ felix_replication_gauges(uint64 *lag_records, uint64 *halted_followers,
 			continue;
 		for (int f = 0; f < e->nfollowers; f++)
 		{
-			if (e->followers[f].state == FELIX_FOLLOWER_HALTED)
+			FelixFollower *fl = &e->followers[f];
+
+			if (fl->state == FELIX_FOLLOWER_HALTED)
 			{
-				halted++;
+				g->halted++;
+				g->halted_by[fl->halt]++;
 				continue;
 			}
-			slowest = Min(slowest, e->followers[f].acked_end);
+			if (fl->state == FELIX_FOLLOWER_REBUILDING)
+				g->rebuilding++;
+			slowest = Min(slowest, fl->acked_end);
 		}
 		if (slowest != PG_UINT64_MAX && written_end > slowest)
-			lag += written_end - slowest;
+			g->lag_records += written_end - slowest;
 	}
 	pfree(e);
 
-	*lag_records = lag;
-	*halted_followers = halted;
 	requests = felix_counter_value(FELIX_CTR_REPORT_REQUESTS);
-	*reports_per_request = requests == 0 ? 0.0 :
+	g->reports_per_request = requests == 0 ? 0.0 :
 		(double) felix_counter_value(FELIX_CTR_REPLICA_REPORTS) / (double) requests;
 }
 

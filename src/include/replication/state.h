@@ -130,15 +130,22 @@ extern void repl_state_put_follower(int slot, int i, const FelixFollower *f);
 extern bool repl_state_take_rebuild_request(int slot, int i);
 
 /*
- * Gauges for felix_metrics: replication_lag_records (the lag in records
- * of the slowest non-halted follower, summed over the shards led here),
- * halted_followers, and replica_reports_per_request (replica reports
- * sent / report requests made since the start; 0 before the first).
- * Reads every entry under its spinlock.
+ * Gauges for felix_metrics, over every shard led here: the lag in records
+ * of the slowest follower that is not halted (summed over the shards --
+ * the leader loss window), followers halted (and by reason), followers
+ * being rebuilt, and replica reports sent per report request made since
+ * the start (0 before the first).  Reads every entry under its spinlock.
  */
-extern void felix_replication_gauges(uint64 *lag_records,
-									 uint64 *halted_followers,
-									 double *reports_per_request);
+typedef struct FelixReplGauges
+{
+	uint64		lag_records;
+	uint64		halted;
+	uint64		halted_by[FELIX_HALT_PROTOCOL + 1];	/* by FelixHalt */
+	uint64		rebuilding;
+	double		reports_per_request;
+} FelixReplGauges;
+
+extern void felix_replication_gauges(FelixReplGauges *g);
 
 extern const char *felix_follower_state_name(FelixFollowerState st);
 extern const char *felix_halt_name(FelixHalt h);
