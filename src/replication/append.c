@@ -616,6 +616,9 @@ felix_replicate(PG_FUNCTION_ARGS)
 			break;
 
 		case REPLICATE_APPEND:
+			/* an empty copy left from an older incarnation is this one's now */
+			if (f.copy_stale && f.tail == f.start_seq)
+				shard_claim_copy_locked(s);
 			/* Append the rest unchanged, noting each generation new to the log. */
 			stop = append_shipped(s, dir, what, batches, f.nbelow, nbatches);
 

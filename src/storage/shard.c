@@ -913,6 +913,23 @@ shard_begin_at_locked(FelixShard *s, uint64 start_seq, uint64 generation)
 }
 
 void
+shard_claim_copy_locked(FelixShard *s)
+{
+	char		dir[MAXPGPATH];
+	char	   *what;
+
+	if (!s->copy_stale)
+		return;
+	what = shard_what(s);
+	shard_dir(s, dir);
+	incarnation_stamp_write(dir, what);
+	SpinLockAcquire(&s->mutex);
+	s->copy_stale = false;
+	SpinLockRelease(&s->mutex);
+	pfree(what);
+}
+
+void
 shard_mark_stale_copies(void)
 {
 	char		incarnation[FELIX_INCARNATION_LEN];

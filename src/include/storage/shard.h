@@ -330,6 +330,9 @@ extern void shard_begin_at_locked(FelixShard *s, uint64 start_seq, uint64 genera
 /* This node's incarnation changed (incarnation.h): every open copy not
  * stamped with the new one is stale from now on. */
 extern void shard_mark_stale_copies(void);
+/* With the tail held: an empty stale copy begins to be filled under this
+ * node's incarnation -- stamp it so (no-op when not stale). */
+extern void shard_claim_copy_locked(FelixShard *s);
 
 /* ---- retention, truncation, drop ---- */
 
