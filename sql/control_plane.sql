@@ -21,11 +21,11 @@ CREATE FUNCTION pg_temp.hb(node text, conninfo text)
                    lease_ms integer, unplaced_reason text, shards integer,
                    replication_factor integer, consistency text, payload_type text,
                    retention_bytes bigint, retention interval, schema text, creation_id uuid,
-                   joining text, leaving text)
+                   joining text, leaving text, leader_incarnation text)
     LANGUAGE sql
     AS $$ SELECT * FROM felix.cp_heartbeat(node,
                  CASE WHEN conninfo = 'host=x' THEN 'host=' || node ELSE conninfo END,
-                 pg_temp.inc(node), 1) $$;
+                 pg_temp.inc(node), 1, pg_temp.inc('boot')) $$;
 
 -- ---------------------------------------------------------------------
 -- Interface: tables and functions other parts of felix code against
@@ -69,32 +69,37 @@ SELECT count(*) FROM pg_temp.hb('node_a', 'host=hosta port=1 user=felix_replicat
 SELECT conninfo, registered_at = :'a_registered' AS same_registration,
        last_heartbeat > registered_at AS heartbeat_moved
   FROM felix.nodes WHERE name = 'node_a';
-SELECT * FROM felix.cp_heartbeat(NULL, 'host=x', pg_temp.inc('x'), 1);
+SELECT * FROM felix.cp_heartbeat(NULL, 'host=x', pg_temp.inc('x'), 1, pg_temp.inc('boot'));
 \echo SQLSTATE :SQLSTATE
-SELECT * FROM felix.cp_heartbeat('', 'host=x', pg_temp.inc('x'), 1);
+SELECT * FROM felix.cp_heartbeat('', 'host=x', pg_temp.inc('x'), 1, pg_temp.inc('boot'));
 \echo SQLSTATE :SQLSTATE
-SELECT * FROM felix.cp_heartbeat('node_x', NULL, pg_temp.inc('x'), 1);
+SELECT * FROM felix.cp_heartbeat('node_x', NULL, pg_temp.inc('x'), 1, pg_temp.inc('boot'));
 \echo SQLSTATE :SQLSTATE
-SELECT * FROM felix.cp_heartbeat('node_x', 'host=x', NULL, 1);
+SELECT * FROM felix.cp_heartbeat('node_x', 'host=x', NULL, 1, pg_temp.inc('boot'));
 \echo SQLSTATE :SQLSTATE
-SELECT * FROM felix.cp_heartbeat(repeat('n', 64), 'host=x', pg_temp.inc('x'), 1);
+SELECT * FROM felix.cp_heartbeat(repeat('n', 64), 'host=x', pg_temp.inc('x'), 1, pg_temp.inc('boot'));
 \echo SQLSTATE :SQLSTATE
-SELECT * FROM felix.cp_heartbeat('node_x', 'host=x', 'not-a-uuid', 1);
+SELECT * FROM felix.cp_heartbeat('node_x', 'host=x', 'not-a-uuid', 1, pg_temp.inc('boot'));
 \echo SQLSTATE :SQLSTATE
-SELECT * FROM felix.cp_heartbeat('node_x', 'host=x', pg_temp.inc('x'), 0);
+SELECT * FROM felix.cp_heartbeat('node_x', 'host=x', pg_temp.inc('x'), 1, 'not-a-uuid');
+\echo SQLSTATE :SQLSTATE
+SELECT * FROM felix.cp_heartbeat('node_x', 'host=x', pg_temp.inc('x'), 0, pg_temp.inc('boot'));
 \echo SQLSTATE :SQLSTATE
 -- One address, one node: a second node claiming an alive node's conninfo
 -- is refused (shipments meant for it would reach the other).
-SELECT * FROM felix.cp_heartbeat('node_x', 'host=hosta port=1 user=felix_replication', pg_temp.inc('x'), 1);
+SELECT * FROM felix.cp_heartbeat('node_x', 'host=hosta port=1 user=felix_replication', pg_temp.inc('x'), 1, pg_temp.inc('boot'));
 \echo SQLSTATE :SQLSTATE
--- A data directory that has been started more often than this one says
--- is an older copy of it: refused, so that the node takes a new identity.
-SELECT count(*) FROM felix.cp_heartbeat('node_a', 'host=hosta port=1', pg_temp.inc('node_a'), 5);
-SELECT * FROM felix.cp_heartbeat('node_a', 'host=hosta port=1', pg_temp.inc('node_a'), 4);
+-- A data directory that has been started more often than this one says,
+-- or as often by another boot, is an older copy of it: refused, so that
+-- the node takes a new identity.
+SELECT count(*) FROM felix.cp_heartbeat('node_a', 'host=hosta port=1', pg_temp.inc('node_a'), 5, pg_temp.inc('boot'));
+SELECT * FROM felix.cp_heartbeat('node_a', 'host=hosta port=1', pg_temp.inc('node_a'), 4, pg_temp.inc('boot'));
+\echo SQLSTATE :SQLSTATE
+SELECT * FROM felix.cp_heartbeat('node_a', 'host=hosta port=1', pg_temp.inc('node_a'), 5, pg_temp.inc('another boot'));
 \echo SQLSTATE :SQLSTATE
 SELECT name, incarnation = pg_temp.inc('node_a') AS same_incarnation, starts
   FROM felix.nodes WHERE name = 'node_a';
-SELECT count(*) FROM felix.cp_heartbeat('node_a', 'host=hosta port=1', pg_temp.inc('node_a renewed'), 1);
+SELECT count(*) FROM felix.cp_heartbeat('node_a', 'host=hosta port=1', pg_temp.inc('node_a renewed'), 1, pg_temp.inc('boot'));
 SELECT name, incarnation = pg_temp.inc('node_a renewed') AS new_incarnation, starts
   FROM felix.nodes WHERE name = 'node_a';
 UPDATE felix.nodes SET incarnation = pg_temp.inc('node_a'), starts = 1 WHERE name = 'node_a';
@@ -414,11 +419,11 @@ SELECT generation, leader = :'o2_leader' AS same_leader FROM felix.assignments
 -- generation granted to the old one, and once the grant expires nobody
 -- can take over (no follower was reported caught up).
 SELECT generation, lease_granted
-  FROM felix.cp_heartbeat(:'o2_leader', 'host=' || :'o2_leader', pg_temp.inc('o2 wiped'), 1)
+  FROM felix.cp_heartbeat(:'o2_leader', 'host=' || :'o2_leader', pg_temp.inc('o2 wiped'), 1, pg_temp.inc('boot'))
  WHERE stream = 'orders' AND shard = 2;
 UPDATE felix.assignments SET assigned_at = assigned_at - interval '1 hour'
  WHERE stream = 'orders' AND shard = 2;
-SELECT count(*) FROM felix.cp_heartbeat(:'o2_leader', 'host=' || :'o2_leader', pg_temp.inc('o2 wiped'), 1);
+SELECT count(*) FROM felix.cp_heartbeat(:'o2_leader', 'host=' || :'o2_leader', pg_temp.inc('o2 wiped'), 1, pg_temp.inc('boot'));
 SELECT felix.cp_tick() >= 0 AS ticked;
 SELECT generation, leader = :'o2_leader' AS same_leader,
        replace(unplaced_reason, :'o2_leader', '<leader>') ~ 'no replica was reported caught up' AS unplaced
@@ -568,6 +573,31 @@ SELECT count(*) AS reports_of_the_leaver FROM felix.replica_reports
  WHERE stream = 'orders' AND shard = 1 AND follower = :'t_other';
 
 -- ---------------------------------------------------------------------
+-- A report lands only from the incarnation its generation was granted
+-- to; a node that starts again counts as caught up only once its leader
+-- says so again
+-- ---------------------------------------------------------------------
+SELECT x.leader AS r_leader, x.generation AS r_gen,
+       (SELECT r FROM unnest(x.replicas) r WHERE r <> x.leader ORDER BY r LIMIT 1) AS r_f
+  FROM felix.assignments x WHERE x.stream = 'orders' AND x.shard = 1 \gset
+SELECT felix.cp_report(:'r_leader', jsonb_build_array(
+         jsonb_build_object('stream', 'orders', 'shard', 1, 'generation', :r_gen,
+                            'follower', :'r_f', 'incarnation', pg_temp.inc(:'r_f'),
+                            'acked_end', 20, 'caught_up', true)),
+       incarnation => pg_temp.inc('a wiped leader')) AS accepted;
+SELECT felix.cp_report(:'r_leader', jsonb_build_array(
+         jsonb_build_object('stream', 'orders', 'shard', 1, 'generation', :r_gen,
+                            'follower', :'r_f', 'incarnation', pg_temp.inc(:'r_f'),
+                            'acked_end', 20, 'caught_up', true)),
+       incarnation => pg_temp.inc(:'r_leader')) AS accepted;
+SELECT acked_end, caught_up FROM felix.replica_reports
+ WHERE stream = 'orders' AND shard = 1 AND follower = :'r_f';
+SELECT count(*) > 0 AS heartbeat FROM felix.cp_heartbeat(:'r_f', 'host=' || :'r_f', pg_temp.inc(:'r_f'), 2,
+                                                          pg_temp.inc('its second boot'));
+SELECT acked_end, caught_up FROM felix.replica_reports
+ WHERE stream = 'orders' AND shard = 1 AND follower = :'r_f';
+
+-- ---------------------------------------------------------------------
 -- cp_drop_stream
 -- ---------------------------------------------------------------------
 -- Only the stream registered under that name with that creation id goes:
@@ -596,7 +626,7 @@ SELECT DISTINCT stream FROM pg_temp.hb('node_a', 'host=hosta') ORDER BY 1;
 -- ---------------------------------------------------------------------
 CREATE ROLE regress_cp_ordinary;
 SET ROLE regress_cp_ordinary;
-SELECT * FROM felix.cp_heartbeat('node_z', 'host=z', pg_temp.inc('node_z'), 1);
+SELECT * FROM felix.cp_heartbeat('node_z', 'host=z', pg_temp.inc('node_z'), 1, pg_temp.inc('boot'));
 \echo SQLSTATE :SQLSTATE
 SELECT felix.cp_create_stream('z');
 \echo SQLSTATE :SQLSTATE
@@ -629,8 +659,8 @@ SELECT felix_create_node_role(repeat('n', 53));
 \echo SQLSTATE :SQLSTATE
 CREATE ROLE regress_cp_member LOGIN IN ROLE felix_replication;
 SET SESSION AUTHORIZATION felix_node_node_a;
-SELECT count(*) > 0 AS own_heartbeat FROM felix.cp_heartbeat('node_a', 'host=hosta', pg_temp.inc('node_a'), 1);
-SELECT * FROM felix.cp_heartbeat('node_b', 'host=evil', pg_temp.inc('node_b'), 1);
+SELECT count(*) > 0 AS own_heartbeat FROM felix.cp_heartbeat('node_a', 'host=hosta', pg_temp.inc('node_a'), 1, pg_temp.inc('boot'));
+SELECT * FROM felix.cp_heartbeat('node_b', 'host=evil', pg_temp.inc('node_b'), 1, pg_temp.inc('boot'));
 \echo SQLSTATE :SQLSTATE
 SELECT felix.cp_report('node_b', '[]');
 \echo SQLSTATE :SQLSTATE
@@ -639,7 +669,7 @@ SELECT felix.cp_tick() >= 0 AS ticked;
 SELECT count(*) > 0 AS listed FROM felix.cp_nodes();
 RESET SESSION AUTHORIZATION;
 SET SESSION AUTHORIZATION regress_cp_member;
-SELECT * FROM felix.cp_heartbeat('node_a', 'host=hosta', pg_temp.inc('node_a'), 1);
+SELECT * FROM felix.cp_heartbeat('node_a', 'host=hosta', pg_temp.inc('node_a'), 1, pg_temp.inc('boot'));
 \echo SQLSTATE :SQLSTATE
 SELECT felix.cp_tick();
 \echo SQLSTATE :SQLSTATE

@@ -136,7 +136,7 @@ SELECT felix.truncate_after('hx', 0, 0);
 SELECT * FROM felix.replicate('hx', 0, 99, 'regress', 'x', 'ship', 0, 0, ''::bytea);
 \echo SQLSTATE :SQLSTATE
 -- 29
-SELECT count(*) FROM felix.cp_heartbeat('regress', 'host=/nowhere', '00000000-0000-4000-8000-000000000000', 1);
+SELECT count(*) FROM felix.cp_heartbeat('regress', 'host=/nowhere', '00000000-0000-4000-8000-000000000000', 1, '00000000-0000-4000-8000-000000000000');
 \echo SQLSTATE :SQLSTATE
 -- 30
 SELECT felix.cp_drop_stream('hx', :'hx_id');

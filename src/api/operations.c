@@ -557,13 +557,21 @@ felix_drain_node(PG_FUNCTION_ARGS)
 		char	   *target;
 
 		shard_read(shard_slot(slot), &v);
-		if (!v.in_use || v.key.dboid != MyDatabaseId || v.role != FELIX_ROLE_LEADER ||
-			v.replication_factor <= 1)
+		if (!v.in_use || v.key.dboid != MyDatabaseId || v.role != FELIX_ROLE_LEADER)
 			continue;
 		found = felix_stream_by_relid(v.key.relid);
 		if (found == NULL)
 			continue;
 		stream = *found;
+		if (v.replication_factor <= 1)
+		{
+			ereport(NOTICE,
+					(errmsg("stream \"%s\" shard %d stays on node \"%s\": it has no other copy",
+							stream.name, v.key.shard, node),
+					 errhint("With replication_factor 1 its only copy is here: there is no follower to hand it to.")));
+			failed++;
+			continue;
+		}
 		target = best_successor(slot, v.generation);
 		if (target == NULL)
 		{

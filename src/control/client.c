@@ -389,16 +389,18 @@ void
 felix_cp_heartbeat_args(const char *values[FELIX_CP_HEARTBEAT_NARGS], const char *unable)
 {
 	static char incarnation[FELIX_INCARNATION_LEN];
+	static char boot_id[FELIX_INCARNATION_LEN];
 	static char starts[24];
 	uint64		boots;
 
-	felix_incarnation(incarnation, &boots);
+	felix_incarnation_boot(incarnation, &boots, boot_id);
 	snprintf(starts, sizeof(starts), UINT64_FORMAT, boots);
 	values[0] = felix_node_name_resolved();
 	values[1] = felix_conninfo_address(felix_node_conninfo_resolved());
 	values[2] = incarnation;
 	values[3] = starts;
-	values[4] = unable;
+	values[4] = boot_id;
+	values[5] = unable;
 }
 
 /* ---------------------------------------------------------------------
@@ -605,6 +607,49 @@ felix_conn_set_statement_timeout(PGconn *conn, int timeout_ms, int elevel)
  * ---------------------------------------------------------------------
  */
 
+int
+felix_verify_own_conninfo(int timeout_ms, int elevel)
+{
+	PGconn	   *conn;
+	PGresult   *res;
+	char		incarnation[FELIX_INCARNATION_LEN];
+	int			verdict = 0;
+
+	conn = felix_conn_open(felix_node_conninfo_resolved(),
+						   "this node itself (felix.node_conninfo)", "felix self-check",
+						   timeout_ms, elevel);
+	if (conn == NULL)
+		return felix_conninfo_verified();
+	res = felix_conn_exec(conn, "felix.node_identity",
+						  "SELECT name, incarnation FROM felix.node_identity()", 0, NULL,
+						  timeout_ms, elevel);
+	felix_incarnation(incarnation, NULL);
+	if (res != NULL && PQntuples(res) == 1 && PQnfields(res) == 2)
+	{
+		const char *name = PQgetvalue(res, 0, 0);
+		const char *inc = PQgetvalue(res, 0, 1);
+
+		if (strcmp(name, felix_node_name_resolved()) == 0 && strcmp(inc, incarnation) == 0)
+			verdict = 1;
+		else
+		{
+			verdict = -1;
+			if (felix_conninfo_verified() != -1)
+				ereport(WARNING,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("felix.node_conninfo of node \"%s\" reaches node \"%s\" (incarnation %s), not this node (incarnation %s)",
+								felix_node_name_resolved(), name, inc, incarnation),
+						 errdetail("Peers would reach that node when they mean this one; this node does not join the cluster."),
+						 errhint("Set felix.node_conninfo to an address of this server and restart it.")));
+		}
+	}
+	PQclear(res);
+	felix_conn_close(conn);
+	if (verdict != 0)
+		felix_set_conninfo_verified(verdict);
+	return verdict;
+}
+
 /* A connection to the control plane, its statement_timeout set; NULL
  * (reported at elevel) on failure. */
 static PGconn *
@@ -660,6 +705,14 @@ cp_call(const char *fn, const char *sql, int nparams, const char *const *values,
 			{
 				const char *me[FELIX_CP_HEARTBEAT_NARGS];
 
+				/* a node registers only at an address that reaches it */
+				if (felix_conninfo_verified() <= 0 &&
+					felix_verify_own_conninfo(timeout_ms, WARNING) <= 0)
+					ereport(ERROR,
+							(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+							 errmsg("node \"%s\" cannot join the cluster: felix.node_conninfo does not reach it",
+									felix_node_name_resolved()),
+							 errhint("Set felix.node_conninfo to an address of this server (the WARNING above says what it reached) and restart it.")));
 				felix_cp_heartbeat_args(me, NULL);
 				res = felix_conn_exec(conn, "felix.cp_heartbeat",
 									  "SELECT pg_catalog.count(*) FROM " FELIX_CP_HEARTBEAT_CALL,

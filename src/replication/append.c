@@ -26,7 +26,7 @@
  *		 this node, leading an older generation, was deposed;
  *	   - answer ('fenced' | 'gap' | 'needs_bootstrap', tail);
  *	   - answer ('conflict', seq), after marking the copy diverged there so
- *		 its readers stop short of it (shard_mark_diverged);
+ *		 its readers stop short of it, durably (shard_mark_diverged_locked);
  *	   - drop an earlier leader's unadopted tail above the mark and answer
  *		 ('gap', new tail);
  *	   - begin the copy afresh at the leader's oldest record (a bootstrap
@@ -384,6 +384,9 @@ gather_facts(ReplicateFacts *f, FelixShard *s, const char *dir, const char *what
 	f->addressed_here = felix_is_this_node(target) &&
 		strcmp(target_incarnation, incarnation) == 0;
 	f->superuser = superuser();
+	f->caller_is_node = f->superuser ||
+		strncmp(GetUserNameFromId(GetSessionUserId(), false), FELIX_NODE_ROLE_PREFIX,
+				strlen(FELIX_NODE_ROLE_PREFIX)) == 0;
 	f->sender_is_leader = v.leader[0] != '\0' &&
 		strcmp(GetUserNameFromId(GetSessionUserId(), false), felix_node_role(v.leader)) == 0;
 	f->our_generation = v.generation;
@@ -583,7 +586,7 @@ felix_replicate(PG_FUNCTION_ARGS)
 
 		case REPLICATE_ANSWER_CONFLICT:
 			/* our copy differs where we cannot repair it: serve none of that */
-			shard_mark_diverged(s, d.seq);
+			shard_mark_diverged_locked(s, d.seq);
 			shard_unlock_tail(s);
 			answer(fcinfo, "conflict", d.seq);
 			break;
@@ -636,7 +639,7 @@ felix_replicate(PG_FUNCTION_ARGS)
 			{
 				/* the histories part at batch `stop`: keep what came before */
 				shard_after_replicated(s, Min((uint64) hwm_arg, batches[stop].hdr.base_seq));
-				shard_mark_diverged(s, batches[stop].hdr.base_seq);
+				shard_mark_diverged_locked(s, batches[stop].hdr.base_seq);
 				shard_unlock_tail(s);
 				answer(fcinfo, "conflict", batches[stop].hdr.base_seq);
 				break;

@@ -206,9 +206,19 @@ lease_wake(FelixShard *s)
 void
 lease_apply_assignment(FelixShard *s, const FelixAssignment *a)
 {
-	bool		lead = a->leader[0] != '\0' && felix_is_this_node(a->leader);
+	char		incarnation[FELIX_INCARNATION_LEN];
+	bool		lead;
 	int64		expiry = 0;
 	FelixShardView v;
+
+	/*
+	 * This node leads only as the incarnation the generation was granted
+	 * to: with a data directory that replaced the granted one it holds
+	 * nothing of the shard, and must neither write nor speak for it.
+	 */
+	felix_incarnation(incarnation, NULL);
+	lead = a->leader[0] != '\0' && felix_is_this_node(a->leader) &&
+		strcmp(a->leader_incarnation, incarnation) == 0;
 
 	if (a->lease_granted)
 		expiry = a->sent_at_ns + (a->lease_ms - felix_lease_epsilon) * INT64CONST(1000000);
@@ -265,16 +275,22 @@ lease_apply_assignment(FelixShard *s, const FelixAssignment *a)
 		s->lease_expiry_ns = expiry;
 		SpinLockRelease(&s->mutex);
 		quorum_on_lead(s);
-		if (a->generation > 1)
+		if (a->generation > 1 && a->generation > v.generation)
 			felix_count(FELIX_CTR_PROMOTIONS, 1);
 	}
 	else if (lead)
 	{
-		/* Renewal at the same generation, anchored at the heartbeat's send. */
+		/*
+		 * Renewal at the same generation, anchored at the heartbeat's send
+		 * -- but not while the lease is being handed over, nor by a grant
+		 * sent before this node gave the lease up for a transfer: the
+		 * control plane may already have granted the next generation.
+		 */
 		if (a->lease_granted)
 		{
 			SpinLockAcquire(&s->mutex);
-			if (expiry > s->lease_expiry_ns)
+			if (expiry > s->lease_expiry_ns && s->handing_to[0] == '\0' &&
+				a->sent_at_ns > s->lease_released_ns)
 				s->lease_expiry_ns = expiry;
 			SpinLockRelease(&s->mutex);
 		}
@@ -321,7 +337,10 @@ lease_hand_off_release(FelixShard *s, uint64 generation)
 	shard_lock_tail(s);
 	SpinLockAcquire(&s->mutex);
 	if (s->role == FELIX_ROLE_LEADER && s->generation == generation)
+	{
 		s->lease_expiry_ns = 0;
+		s->lease_released_ns = felix_monotonic_ns();
+	}
 	SpinLockRelease(&s->mutex);
 	shard_unlock_tail(s);
 	lease_wake(s);

@@ -91,7 +91,8 @@
  */
 #define FELIX_REPORT_GRACE_US		1000
 
-static const char *const report_sql = "SELECT felix.cp_report($1, $2, $3)";
+/* The reporter names itself and the incarnation it leads as. */
+static const char *const report_sql = "SELECT felix.cp_report($1, $2, $3, $4)";
 
 /* What was last reported for one follower. */
 typedef struct Reported
@@ -528,8 +529,9 @@ report_tick(int64 now_ns)
 	FelixReplShard *e;
 	int			nrows = 0;
 	int			nslots;
-	const char *values[3];
-	Oid			types[3] = {TEXTOID, JSONBOID, INT8OID};
+	const char *values[4];
+	Oid			types[4] = {TEXTOID, JSONBOID, INT8OID, TEXTOID};
+	char		incarnation[FELIX_INCARNATION_LEN];
 	char		token[32];
 
 	bool		may_queue = !in_flight && now_ns >= retry_after_ns;
@@ -576,7 +578,9 @@ report_tick(int64 now_ns)
 	values[0] = felix_node_name_resolved();
 	values[1] = json.data;
 	values[2] = token;
-	if (PQsendQueryParams(cp.conn, report_sql, 3, types, values, NULL, NULL, 0) != 1)
+	felix_incarnation(incarnation, NULL);
+	values[3] = incarnation;
+	if (PQsendQueryParams(cp.conn, report_sql, 4, types, values, NULL, NULL, 0) != 1)
 	{
 		npending = 0;
 		async_fail(&cp, PQerrorMessage(cp.conn), now_ns);

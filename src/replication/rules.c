@@ -92,12 +92,17 @@ replicate_decide(const ReplicateFacts *f)
 	if (f->generation < f->our_generation)
 		return decision(REPLICATE_ANSWER_FENCED, f->tail);
 
-	/* 3. We lead.  A newer generation exists, so we were deposed: step
-	 * down before anything else.  The same generation: two nodes believe
-	 * they lead it, and nothing of the sender's may land here. */
+	/* 3. We lead.  A node ships a newer generation, so we were deposed:
+	 * step down before anything else.  The same generation: two nodes
+	 * believe they lead it, and nothing of the sender's may land here. */
 	if (f->we_lead)
-		return decision(f->generation > f->our_generation ?
-						REPLICATE_STEP_DOWN : REPLICATE_REFUSE_LEADER, f->tail);
+	{
+		if (f->generation == f->our_generation)
+			return decision(REPLICATE_REFUSE_LEADER, f->tail);
+		/* only a node's word deposes (any member of the group could send) */
+		return decision(f->caller_is_node ? REPLICATE_STEP_DOWN : REPLICATE_REFUSE_SENDER,
+						f->tail);
+	}
 
 	/* 4. Only the leader we know for the generation may send.  A newer
 	 * generation's leader is not known until the control plane says. */

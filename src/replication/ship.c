@@ -988,6 +988,7 @@ rebuild_policy(void)
 					if (ss->discarded[i] && f.answered && f.acked_end >= v.written_end)
 					{
 						f.state = FELIX_FOLLOWER_SHIPPING;
+						f.halt = FELIX_HALT_NONE;
 						repl_state_put_follower(slot, i, &f);
 						felix_count(FELIX_CTR_REBUILDS_COMPLETED, 1);
 						ereport(LOG,
@@ -1019,8 +1020,8 @@ rebuild_policy(void)
 						(errmsg("felix ship: stream \"%s\" shard %d: rebuilding follower \"%s\" (halted %s) from seq " UINT64_FORMAT "%s",
 								e->stream_name, e->key.shard, f.name, felix_halt_name(f.halt),
 								v.start_seq, asked ? ", as asked" : "")));
+				/* (the halt it repairs stays, should the follower refuse) */
 				f.state = FELIX_FOLLOWER_REBUILDING;
-				f.halt = FELIX_HALT_NONE;
 				f.answered = false;
 				f.acked_end = 0;
 				f.rebuild_started_at = GetCurrentTimestamp();
@@ -1240,6 +1241,8 @@ apply_answer(ShipRequest *r, int64 now_ns)
 	{
 		ss->probed[r->fidx] = true;
 		f.cursor = r->seq;
+		/* it says it holds nothing from its tail on, whatever it said before */
+		f.acked_end = Min(f.acked_end, r->seq);
 		f.last_error[0] = '\0';
 		if (r->seq < v.start_seq)
 		{

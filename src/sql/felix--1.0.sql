@@ -198,14 +198,17 @@ SELECT felix_create_node_role(felix.node_name());
 -- Cluster members: a node is alive while its last heartbeat is younger
 -- than felix.node_expiry.  incarnation identifies the node's felix data
 -- directory (a new one is a new, empty replica of everything), starts
--- counts the server starts that directory has seen (one restored from an
--- older copy comes back with fewer), and unable lists the shards
--- ('stream/shard') the node said it cannot serve at its last heartbeat.
+-- counts the server starts that directory has seen and boot identifies
+-- the start that sent the last heartbeat (a directory restored from an
+-- older copy comes back with fewer starts, or as many from another boot),
+-- and unable lists the shards ('stream/shard') the node said it cannot
+-- serve at its last heartbeat.
 CREATE TABLE felix.nodes (
     name           text PRIMARY KEY CHECK (name <> ''),
     conninfo       text NOT NULL,
     incarnation    text NOT NULL,
     starts         bigint NOT NULL CHECK (starts > 0),
+    boot           text NOT NULL,
     unable         text[] NOT NULL DEFAULT '{}',
     registered_at  timestamptz NOT NULL,
     last_heartbeat timestamptz NOT NULL
@@ -375,13 +378,13 @@ $$;
 -- due, and tell it every assignment of every stream.
 -- ---------------------------------------------------------------------
 CREATE FUNCTION felix.cp_heartbeat(node text, conninfo text, incarnation text,
-                                   starts bigint, unable text[] DEFAULT NULL)
+                                   starts bigint, boot text, unable text[] DEFAULT NULL)
 RETURNS TABLE (stream text, shard integer, generation bigint, leader text,
                leader_conninfo text, replicas text[], lease_granted boolean,
                lease_ms integer, unplaced_reason text, shards integer,
                replication_factor integer, consistency text, payload_type text,
                retention_bytes bigint, retention interval, schema text, creation_id uuid,
-               joining text, leaving text)
+               joining text, leaving text, leader_incarnation text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     cfg       record;
@@ -399,12 +402,13 @@ BEGIN
     -- A node registers and renews only for itself.
     PERFORM felix.cp_require_node(cp_heartbeat.node, 'felix.cp_heartbeat');
     IF cp_heartbeat.conninfo IS NULL OR cp_heartbeat.incarnation IS NULL
-       OR cp_heartbeat.starts IS NULL THEN
-        RAISE EXCEPTION 'node "%": conninfo, incarnation and starts must not be NULL', cp_heartbeat.node
+       OR cp_heartbeat.starts IS NULL OR cp_heartbeat.boot IS NULL THEN
+        RAISE EXCEPTION 'node "%": conninfo, incarnation, starts and boot must not be NULL', cp_heartbeat.node
             USING ERRCODE = 'null_value_not_allowed',
                   HINT = 'Pass the conninfo peers use to reach the node (felix.node_conninfo) and the identity of its felix data directory.';
     END IF;
     IF cp_heartbeat.incarnation !~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+       OR cp_heartbeat.boot !~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
        OR cp_heartbeat.starts <= 0 THEN
         RAISE EXCEPTION 'node "%": incarnation % / starts % is not an identity felix made',
                 cp_heartbeat.node, cp_heartbeat.incarnation, cp_heartbeat.starts
@@ -417,9 +421,12 @@ BEGIN
     t := clock_timestamp();
     SELECT n.* INTO prev FROM felix.nodes n WHERE n.name = cp_heartbeat.node FOR UPDATE;
     known := FOUND;
-    IF known AND prev.incarnation = cp_heartbeat.incarnation AND cp_heartbeat.starts < prev.starts THEN
-        -- The same directory has been seen started more often: this is an
-        -- older copy of it (restored from a snapshot, say).
+    IF known AND prev.incarnation = cp_heartbeat.incarnation
+       AND (cp_heartbeat.starts < prev.starts
+            OR (cp_heartbeat.starts = prev.starts AND cp_heartbeat.boot <> prev.boot)) THEN
+        -- The same directory has been seen started more often, or as often
+        -- by another boot: this is an older copy of it (restored from a
+        -- snapshot, say).
         RAISE EXCEPTION 'node "%": its felix data directory is an older copy of incarnation % (start % after start %)',
                 cp_heartbeat.node, cp_heartbeat.incarnation, cp_heartbeat.starts, prev.starts
             USING ERRCODE = '55F06',
@@ -444,13 +451,21 @@ BEGIN
         DELETE FROM felix.replica_reports rr WHERE rr.follower = cp_heartbeat.node;
         RAISE LOG 'felix: node "%" has a new felix data directory (incarnation % replaces %); it is an empty replica of every shard',
             cp_heartbeat.node, cp_heartbeat.incarnation, prev.incarnation;
+    ELSIF known AND prev.boot <> cp_heartbeat.boot THEN
+        -- Started again: what it holds is its leaders' to confirm anew (a
+        -- copy restored and started more often than the original escapes
+        -- the count above), so it is not promotable until they have.
+        UPDATE felix.replica_reports rr SET caught_up = false
+         WHERE rr.follower = cp_heartbeat.node AND rr.caught_up;
     END IF;
     v_unable := coalesce(cp_heartbeat.unable, CASE WHEN known THEN prev.unable END, '{}');
-    INSERT INTO felix.nodes AS n (name, conninfo, incarnation, starts, unable, registered_at, last_heartbeat)
-    VALUES (cp_heartbeat.node, masked, cp_heartbeat.incarnation, cp_heartbeat.starts, v_unable, t, t)
+    INSERT INTO felix.nodes AS n (name, conninfo, incarnation, starts, boot, unable,
+                                  registered_at, last_heartbeat)
+    VALUES (cp_heartbeat.node, masked, cp_heartbeat.incarnation, cp_heartbeat.starts,
+            cp_heartbeat.boot, v_unable, t, t)
     ON CONFLICT ON CONSTRAINT nodes_pkey
     DO UPDATE SET conninfo = EXCLUDED.conninfo, incarnation = EXCLUDED.incarnation,
-                  starts = EXCLUDED.starts, unable = EXCLUDED.unable,
+                  starts = EXCLUDED.starts, boot = EXCLUDED.boot, unable = EXCLUDED.unable,
                   last_heartbeat = EXCLUDED.last_heartbeat;
 
     -- The leases this node is due, each row locked before its clock is read.
@@ -492,7 +507,7 @@ BEGIN
                     WHERE g.s = x.stream AND g.h = x.shard),
            x.lease_ms, x.unplaced_reason, s.shards, s.replication_factor,
            s.consistency, s.payload_type, s.retention_bytes, s.retention,
-           s.schema, s.creation_id, x.joining, x.leaving
+           s.schema, s.creation_id, x.joining, x.leaving, x.leader_incarnation
       FROM felix.assignments x
       JOIN felix.cluster_streams s ON s.name = x.stream
       LEFT JOIN felix.nodes n ON n.name = x.leader
@@ -717,7 +732,8 @@ $$;
 -- request that lost to a later one says so, and the leader does not take
 -- it as landed.
 -- ---------------------------------------------------------------------
-CREATE FUNCTION felix.cp_report(leader text, reports jsonb, token bigint DEFAULT NULL)
+CREATE FUNCTION felix.cp_report(leader text, reports jsonb, token bigint DEFAULT NULL,
+                                incarnation text DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -793,16 +809,20 @@ BEGIN
             named := NULL;
             -- Shared lock: reports of one shard land together, but never
             -- while a tick or a heartbeat is changing its assignment.
-            SELECT x.generation, x.leader, x.replicas INTO a
+            SELECT x.generation, x.leader, x.leader_incarnation, x.replicas INTO a
               FROM felix.assignments x
              WHERE x.stream = r.stream AND x.shard = r.shard
                FOR SHARE;
             have_a := FOUND;
         END IF;
         -- Compare-and-set: the reporter must lead this shard at exactly the
-        -- reported generation, so a superseded leader's report never lands.
-        -- A follower outside the replica set is not recorded.
+        -- reported generation, as the incarnation it was granted to (a
+        -- leader whose data directory was replaced holds nothing it
+        -- reported on), so a superseded leader's report never lands.  A
+        -- follower outside the replica set is not recorded.
         CONTINUE WHEN NOT have_a OR a.leader IS DISTINCT FROM cp_report.leader
+                   OR a.leader_incarnation IS DISTINCT FROM coalesce(cp_report.incarnation,
+                                                                     a.leader_incarnation)
                    OR a.generation <> r.generation
                    OR NOT (r.follower = ANY (a.replicas)) OR r.follower = cp_report.leader;
         t := clock_timestamp();
@@ -1238,17 +1258,17 @@ $$;
 -- superusers) only; the helpers for the entry points only.
 REVOKE ALL ON FUNCTION felix.cp_settings(), felix.cp_score(text, text, integer),
     felix.cp_mask_conninfo(text), felix.cp_report_unnamed(text, integer, text, bigint, text[]),
-    felix.cp_require_node(text, text), felix.cp_heartbeat(text, text, text, bigint, text[]),
+    felix.cp_require_node(text, text), felix.cp_heartbeat(text, text, text, bigint, text, text[]),
     felix.cp_create_stream(text, integer, integer, text, text, text, bigint, interval, text),
-    felix.cp_drop_stream(text, uuid, boolean), felix.cp_report(text, jsonb, bigint), felix.cp_tick(),
-    felix.cp_nodes(), felix.cp_halted(),
+    felix.cp_drop_stream(text, uuid, boolean), felix.cp_report(text, jsonb, bigint, text),
+    felix.cp_tick(), felix.cp_nodes(), felix.cp_halted(),
     felix.cp_transfer(text, integer, bigint, text, text),
     felix.cp_move_replica(text, integer, text, text)
     FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION felix.cp_heartbeat(text, text, text, bigint, text[]),
+GRANT EXECUTE ON FUNCTION felix.cp_heartbeat(text, text, text, bigint, text, text[]),
     felix.cp_create_stream(text, integer, integer, text, text, text, bigint, interval, text),
-    felix.cp_drop_stream(text, uuid, boolean), felix.cp_report(text, jsonb, bigint), felix.cp_tick(),
-    felix.cp_nodes(), felix.cp_halted(),
+    felix.cp_drop_stream(text, uuid, boolean), felix.cp_report(text, jsonb, bigint, text),
+    felix.cp_tick(), felix.cp_nodes(), felix.cp_halted(),
     felix.cp_transfer(text, integer, bigint, text, text),
     felix.cp_move_replica(text, integer, text, text)
     TO felix_replication;

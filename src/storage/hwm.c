@@ -5,11 +5,13 @@
  *	  segments): the end of what this replica knows to be acknowledged, so
  *	  that after a restart it serves those records at once and the guard
  *	  that forbids cutting acknowledged records (truncate.c) still knows
- *	  where they end.
+ *	  where they end -- and, once a leader found this copy differing from
+ *	  its own, where it differs (readers stop short of it across restarts,
+ *	  until the copy is begun again).
  *
- * The file holds two 16-byte slots, each {hwm_end, generation count,
- * crc}; a write goes to the slot the older one is in, and is fdatasync'd
- * before it returns.  A torn write spoils one slot only: the reader takes
+ * The file holds two 24-byte slots, each {hwm_end, diverged_at, write
+ * count, crc}; a write goes to the slot the older one is in, and is
+ * fdatasync'd before it returns.  A torn write spoils one slot only: the reader takes
  * the valid slot with the highest count, so it always finds the last mark
  * that was made durable, or the one before it.  The mark only moves up,
  * except when the whole log is discarded (log_hwm_reset).
@@ -36,6 +38,7 @@
 typedef struct HwmSlot
 {
 	uint64		hwm_end;
+	uint64		diverged_at;	/* PG_UINT64_MAX: not known to differ */
 	uint32		count;			/* which write this was: the newest wins */
 	pg_crc32c	crc;			/* of the fields above */
 } HwmSlot;
@@ -58,7 +61,7 @@ hwm_newest(const char *dir, int *which)
 {
 	char		path[MAXPGPATH];
 	HwmSlot		slots[2];
-	HwmSlot		best = {0, 0, 0};
+	HwmSlot		best = {0, PG_UINT64_MAX, 0, 0};
 	int			fd;
 	ssize_t		got;
 
@@ -84,15 +87,17 @@ hwm_newest(const char *dir, int *which)
 }
 
 uint64
-log_hwm_read(const char *dir)
+log_hwm_read(const char *dir, uint64 *diverged_at)
 {
 	int			which;
+	HwmSlot		h = hwm_newest(dir, &which);
 
-	return hwm_newest(dir, &which).hwm_end;
+	*diverged_at = h.diverged_at;
+	return h.hwm_end;
 }
 
 void
-log_hwm_write(const char *dir, const char *what, uint64 hwm_end)
+log_hwm_write(const char *dir, const char *what, uint64 hwm_end, uint64 diverged_at)
 {
 	char		path[MAXPGPATH];
 	int			which;
@@ -101,7 +106,9 @@ log_hwm_write(const char *dir, const char *what, uint64 hwm_end)
 	int			fd;
 	bool		created;
 
+	memset(&next, 0, sizeof(next));
 	next.hwm_end = hwm_end;
+	next.diverged_at = diverged_at;
 	next.count = cur.count + 1;
 	next.crc = slot_crc(&next);
 

@@ -8,12 +8,20 @@
  *	  reads it when shared memory is set up, counts the start and writes it
  *	  back (a new file renamed over the old, both synced) before any
  *	  backend or worker runs; a missing or unreadable file means a new
- *	  directory, so a new incarnation.  The heartbeat sends both to the
+ *	  directory, so a new incarnation.  Each start also draws a random boot
+ *	  id, kept in memory only.  The heartbeat sends all three to the
  *	  control plane, which remembers the highest start count of each
- *	  incarnation: a directory restored from an older copy of itself comes
- *	  back with a lower one, and felix_incarnation_renew gives it a new
- *	  identity.  (A copy restarted more times than the original was since
- *	  the copy was taken is not caught; a wiped directory always is.)
+ *	  incarnation and the boot id that came with it: a directory restored
+ *	  from an older copy of itself comes back with a lower count, or with
+ *	  the same count from another boot, and felix_incarnation_renew gives
+ *	  it a new identity.  (A copy restarted offline more times than the
+ *	  original was since the copy was taken is not caught here; a wiped
+ *	  directory always is.  The control plane also stops counting a node
+ *	  caught up as it starts again, until its leader has shipped to it.)
+ *
+ *	  Whether felix.node_conninfo reaches this very node (the heartbeat
+ *	  worker's check before it registers) is kept here too, for backends
+ *	  that register the node themselves.
  *
  *	  Each shard directory carries a stamp, the incarnation its copy was
  *	  made under (file "copy_of"), written when the shard is first opened
@@ -49,6 +57,8 @@ typedef struct FelixIdentity
 	slock_t		mutex;
 	char		incarnation[FELIX_INCARNATION_LEN];
 	uint64		boots;
+	char		boot_id[FELIX_INCARNATION_LEN]; /* this start's */
+	int			conninfo_verified;	/* 1 reaches this node, -1 another, 0 unknown */
 } FelixIdentity;
 
 static FelixIdentity *identity = NULL;
@@ -207,16 +217,45 @@ incarnation_shmem_init(void)
 	identity_write(inc, boots);
 	strlcpy(identity->incarnation, inc, FELIX_INCARNATION_LEN);
 	identity->boots = boots;
+	new_uuid(identity->boot_id);
+	identity->conninfo_verified = 0;
 }
 
 void
 felix_incarnation(char *buf, uint64 *boots)
+{
+	felix_incarnation_boot(buf, boots, NULL);
+}
+
+void
+felix_incarnation_boot(char *buf, uint64 *boots, char *boot_id)
 {
 	Assert(identity != NULL);
 	SpinLockAcquire(&identity->mutex);
 	strlcpy(buf, identity->incarnation, FELIX_INCARNATION_LEN);
 	if (boots)
 		*boots = identity->boots;
+	if (boot_id)
+		strlcpy(boot_id, identity->boot_id, FELIX_INCARNATION_LEN);
+	SpinLockRelease(&identity->mutex);
+}
+
+int
+felix_conninfo_verified(void)
+{
+	int			v;
+
+	SpinLockAcquire(&identity->mutex);
+	v = identity->conninfo_verified;
+	SpinLockRelease(&identity->mutex);
+	return v;
+}
+
+void
+felix_set_conninfo_verified(int verdict)
+{
+	SpinLockAcquire(&identity->mutex);
+	identity->conninfo_verified = verdict;
 	SpinLockRelease(&identity->mutex);
 }
 
@@ -232,6 +271,7 @@ felix_incarnation_renew(void)
 	SpinLockAcquire(&identity->mutex);
 	strlcpy(identity->incarnation, inc, FELIX_INCARNATION_LEN);
 	identity->boots = 1;
+	identity->conninfo_verified = 0;	/* checked again, against the new one */
 	SpinLockRelease(&identity->mutex);
 	ereport(LOG,
 			(errmsg("felix data directory \"%s\" is an older copy of incarnation %s; it is now incarnation %s",

@@ -232,6 +232,7 @@ shard_allocate(const FelixShardSpec *spec)
 	s->unplaced_reason[0] = '\0';
 	s->clustered = false;
 	s->handing_to[0] = '\0';
+	s->lease_released_ns = 0;
 	s->acked_generation = 0;
 	s->acked_end = 0;
 	s->in_use = true;
@@ -386,6 +387,7 @@ shard_open_locked(FelixShard *s)
 	char	   *what = shard_what(s);
 	uint64		generation;
 	uint64		persisted;
+	uint64		diverged_at;
 	FelixGenEntry *map;
 	int			nmap;
 	char		stamp[FELIX_INCARNATION_LEN];
@@ -406,7 +408,7 @@ shard_open_locked(FelixShard *s)
 	generation = s->log.last_generation;
 	if (nmap > 0)
 		generation = Max(generation, map[nmap - 1].generation);
-	persisted = log_hwm_read(dir);
+	persisted = log_hwm_read(dir, &diverged_at);
 	if (persisted > s->log.next_seq)
 		ereport(WARNING,
 				(errcode(ERRCODE_DATA_CORRUPTED),
@@ -428,7 +430,7 @@ shard_open_locked(FelixShard *s)
 		s->hwm_end = Max(s->log.start_seq, Min(persisted, s->log.next_seq));
 	s->hwm_persisted = persisted;
 	s->copy_stale = stale;
-	s->diverged_at = PG_UINT64_MAX;
+	s->diverged_at = diverged_at;
 	s->phase = FELIX_SHARD_OPEN;
 	SpinLockRelease(&s->mutex);
 	felix_count(FELIX_CTR_SHARDS_RECOVERED, 1);
@@ -820,11 +822,19 @@ shard_visible(FelixShard *s, uint64 *start_seq, uint64 *end)
 }
 
 void
-shard_mark_diverged(FelixShard *s, uint64 at)
+shard_mark_diverged_locked(FelixShard *s, uint64 at)
 {
+	char		dir[MAXPGPATH];
+	char	   *what = shard_what(s);
+	uint64		diverged_at;
+
 	SpinLockAcquire(&s->mutex);
-	s->diverged_at = Min(s->diverged_at, at);
+	s->diverged_at = diverged_at = Min(s->diverged_at, at);
 	SpinLockRelease(&s->mutex);
+	/* durable at once: a restart must not serve it again */
+	shard_dir(s, dir);
+	log_hwm_write(dir, what, s->hwm_persisted, diverged_at);
+	pfree(what);
 }
 
 uint64
@@ -860,7 +870,7 @@ shard_persist_hwm(FelixShard *s)
 	shard_read(s, &v);
 	if (v.phase == FELIX_SHARD_OPEN && v.hwm_end > s->hwm_persisted)
 	{
-		log_hwm_write(dir, what, v.hwm_end);
+		log_hwm_write(dir, what, v.hwm_end, v.diverged_at);
 		s->hwm_persisted = v.hwm_end;
 	}
 	shard_unlock_tail(s);

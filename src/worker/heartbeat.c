@@ -99,8 +99,8 @@ PGDLLEXPORT void felix_heartbeat_worker_main(Datum arg);
 #define HB_PURPOSE			"the felix control plane"
 /* At most one line per this interval for a repeating failure. */
 #define HB_LOG_INTERVAL_NS	(INT64CONST(5) * 1000000000)
-/* How often an unanswered check of felix.node_conninfo is tried again. */
-#define HB_SELF_CHECK_NS	(INT64CONST(10) * 1000000000)
+/* How often a failed check of felix.node_conninfo is tried again. */
+#define HB_SELF_CHECK_NS	(INT64CONST(1) * 1000000000)
 /* A stream's creation may fail quietly for this long (a race, see below). */
 #define HB_CREATE_GRACE_NS	(INT64CONST(2) * 1000000000)
 
@@ -120,9 +120,9 @@ PGDLLEXPORT void felix_heartbeat_worker_main(Datum arg);
 	"    OPERATOR(pg_catalog.+) (extract(minute FROM retention) OPERATOR(pg_catalog.*) 60)) " \
 	"   OPERATOR(pg_catalog.*) 1000000) " \
 	"  OPERATOR(pg_catalog.+) extract(microseconds FROM retention))::bigint, " \
-	"schema, creation_id, joining, leaving " \
+	"schema, creation_id, joining, leaving, leader_incarnation " \
 	"FROM " FELIX_CP_HEARTBEAT_CALL
-#define HB_NCOLS	21
+#define HB_NCOLS	22
 
 /* One assignment as the control plane returned it. */
 typedef struct HbRow
@@ -156,8 +156,6 @@ static bool waiting_logged = false;
 static HTAB *row_errors = NULL;
 /* Shards whose assignment could not be applied here, and since when. */
 static HTAB *unserved = NULL;
-/* felix.node_conninfo reaches this node: 0 unknown, 1 yes, -1 another one */
-static int	self_check = 0;
 
 /*
  * shard_streams_forgotten() just before this heartbeat's rows were asked
@@ -550,6 +548,8 @@ read_row(PGresult *res, int i, int64 t_send, HbRow *r)
 		r->bad = "a replica move names only one of the joining and leaving nodes";
 		return;
 	}
+	if ((v = col(res, i, 21)) != NULL)
+		strlcpy(r->a.leader_incarnation, v, FELIX_INCARNATION_LEN);
 }
 
 /*
@@ -1062,60 +1062,24 @@ unable_list(void)
 }
 
 /*
- * Does felix.node_conninfo reach this very node?  A conninfo pasted from
- * another node's would have this node registered at that node's address,
- * and its shipments land there.  Checked until a server answers (at most
- * every HB_SELF_CHECK_NS, with a deadline of one heartbeat interval, so a
- * slow answer never delays a lease renewal by more than that); a server
- * that answers as another node or another incarnation keeps this node from
- * registering until the setting is fixed.  One that cannot be reached is
- * logged and does not stop registration: peers then fail to connect, and
- * every shipment names the node it is for, so nothing lands elsewhere.
+ * Does felix.node_conninfo reach this very node (felix_verify_own_conninfo)?
+ * A node registers only once it does: a conninfo pasted from another
+ * node's would have this node registered at that node's address, and its
+ * shipments land there.  Checked at most every HB_SELF_CHECK_NS until it
+ * succeeds, with a deadline of one heartbeat interval.
  */
 static bool
 own_conninfo_ok(void)
 {
 	static int64 next_check_ns = 0;
-	PGconn	   *conn;
-	PGresult   *res;
-	char		incarnation[FELIX_INCARNATION_LEN];
 	int64		now = felix_monotonic_ns();
 
-	if (self_check > 0 || now < next_check_ns)
-		return self_check >= 0;
+	if (felix_conninfo_verified() > 0)
+		return true;
+	if (now < next_check_ns)
+		return false;
 	next_check_ns = now + HB_SELF_CHECK_NS;
-
-	conn = felix_conn_open(felix_node_conninfo_resolved(),
-						   "this node itself (felix.node_conninfo)", HB_APPNAME,
-						   Max(felix_heartbeat_interval, 100), LOG);
-	if (conn == NULL)
-		return self_check >= 0;
-	res = felix_conn_exec(conn, "felix.node_identity",
-						  "SELECT name, incarnation FROM felix.node_identity()", 0, NULL,
-						  Max(felix_heartbeat_interval, 100), LOG);
-	felix_incarnation(incarnation, NULL);
-	if (res != NULL && PQntuples(res) == 1 && PQnfields(res) == 2)
-	{
-		const char *name = PQgetvalue(res, 0, 0);
-		const char *inc = PQgetvalue(res, 0, 1);
-
-		if (strcmp(name, felix_node_name_resolved()) == 0 && strcmp(inc, incarnation) == 0)
-			self_check = 1;
-		else
-		{
-			if (self_check == 0)
-				ereport(WARNING,
-						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-						 errmsg("felix.node_conninfo of node \"%s\" reaches node \"%s\" (incarnation %s), not this node (incarnation %s)",
-								felix_node_name_resolved(), name, inc, incarnation),
-						 errdetail("Peers would reach that node when they mean this one; this node does not join the cluster."),
-						 errhint("Set felix.node_conninfo to an address of this server and restart it.")));
-			self_check = -1;
-		}
-	}
-	PQclear(res);
-	felix_conn_close(conn);
-	return self_check >= 0;
+	return felix_verify_own_conninfo(Max(felix_heartbeat_interval, 100), LOG) > 0;
 }
 
 /*
@@ -1206,7 +1170,6 @@ heartbeat_once(void)
 		/* an older copy of this data directory: it becomes a new one */
 		felix_incarnation_renew();
 		shard_mark_stale_copies();
-		self_check = 0;
 	}
 	if (res != NULL && PQnfields(res) != HB_NCOLS)
 	{

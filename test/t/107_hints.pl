@@ -71,7 +71,7 @@ for my $node ($c->nodes)
 	$node->safe_psql('postgres', 'CREATE ROLE mallory LOGIN');
 	my @calls = (
 		"felix.replicate('$stream', 0, 99, 'x', 'x', 'ship', 0, 0, ''::bytea)",
-		"felix.cp_heartbeat('mallory', 'host=/nowhere', '00000000-0000-4000-8000-000000000000', 1)",
+		"felix.cp_heartbeat('mallory', 'host=/nowhere', '00000000-0000-4000-8000-000000000000', 1, '00000000-0000-4000-8000-000000000000')",
 		"felix.cp_halted()",
 		"felix.node_identity()",
 		"felix_rebuild('$stream', 0, 'x')",

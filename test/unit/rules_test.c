@@ -131,6 +131,7 @@ base_facts(void)
 	f.from_seq = 10;
 	f.addressed_here = true;
 	f.superuser = false;
+	f.caller_is_node = true;
 	f.sender_is_leader = true;
 	f.our_generation = 3;
 	f.we_lead = false;
@@ -175,9 +176,9 @@ test_replicate_decide(void)
 	f.we_lead = true;
 	check(decides(f, REPLICATE_REFUSE_LEADER, 10), "a leader takes nothing of its own generation");
 	f.generation = 4;
-	check(decides(f, REPLICATE_STEP_DOWN, 10), "a leader shipped a newer generation steps down");
-	f.superuser = true;
-	check(decides(f, REPLICATE_STEP_DOWN, 10), "... whoever sends it");
+	check(decides(f, REPLICATE_STEP_DOWN, 10), "a leader shipped a newer generation by a node steps down");
+	f.caller_is_node = false;
+	check(decides(f, REPLICATE_REFUSE_SENDER, 10), "... but not on the word of a role that is no node's");
 
 	f = base_facts();
 	f.generation = 4;

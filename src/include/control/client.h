@@ -57,12 +57,13 @@ extern const char *felix_conn_last_sqlstate(void);
 
 /*
  * felix.cp_heartbeat's arguments for this node: its name, the address
- * part of felix.node_conninfo, its incarnation and start count, and the
- * shards it cannot serve ("{stream/shard,...}"; NULL: unchanged since its
- * last heartbeat).  values[] points into static storage until the next call.
+ * part of felix.node_conninfo, its incarnation, start count and this
+ * start's boot id, and the shards it cannot serve ("{stream/shard,...}";
+ * NULL: unchanged since its last heartbeat).  values[] points into static
+ * storage until the next call.
  */
-#define FELIX_CP_HEARTBEAT_NARGS	5
-#define FELIX_CP_HEARTBEAT_CALL		"felix.cp_heartbeat($1, $2, $3, $4, $5)"
+#define FELIX_CP_HEARTBEAT_NARGS	6
+#define FELIX_CP_HEARTBEAT_CALL		"felix.cp_heartbeat($1, $2, $3, $4, $5, $6)"
 extern void felix_cp_heartbeat_args(const char *values[FELIX_CP_HEARTBEAT_NARGS],
 									const char *unable);
 
@@ -91,6 +92,14 @@ extern char *felix_cp_call_create_stream(const char *name, const char *schema,
 										 int64 retention_bytes,
 										 const char *retention);
 extern void felix_cp_call_drop_stream(const char *name, const char *creation_id);
+
+/*
+ * Connect to felix.node_conninfo and ask who answers: 1 this node (name
+ * and incarnation), -1 another (a WARNING says which, once), 0 nobody
+ * could be asked (connection failures reported at elevel).  The verdict
+ * is kept for every process (felix_conninfo_verified).
+ */
+extern int	felix_verify_own_conninfo(int timeout_ms, int elevel);
 
 /*
  * A connection to the control plane kept for a few calls (a planned

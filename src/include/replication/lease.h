@@ -15,6 +15,7 @@
 
 #include "postgres.h"
 
+#include "storage/incarnation.h"
 #include "storage/shard.h"
 
 /*
@@ -25,6 +26,7 @@ typedef struct FelixAssignment
 {
 	uint64		generation;
 	char		leader[NAMEDATALEN];	/* "" while unplaced */
+	char		leader_incarnation[FELIX_INCARNATION_LEN];	/* the one granted */
 	char		leader_conninfo[FELIX_CONNINFO_LEN];
 	int			nreplicas;
 	char		replicas[FELIX_MAX_REPLICAS][NAMEDATALEN];

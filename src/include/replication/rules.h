@@ -66,6 +66,8 @@ typedef struct ReplicateFacts
 	uint64		from_seq;
 	bool		addressed_here; /* it names this node and its incarnation */
 	bool		superuser;		/* the caller may act for any node */
+	bool		caller_is_node; /* the caller is a node (its felix_node_<name>
+								 * role, or a superuser) */
 	bool		sender_is_leader;	/* the caller logs in as the role of the
 									 * node this one knows to lead */
 	/* this node's copy of the shard */
@@ -92,8 +94,9 @@ typedef enum ReplicateAction
 {
 	REPLICATE_REFUSE_ADDRESS,	/* error: meant for another node */
 	REPLICATE_ANSWER_FENCED,	/* ('fenced', tail): the sender was deposed */
-	REPLICATE_STEP_DOWN,		/* we lead an older generation: step down
-								 * at once, then as ..._UNKNOWN */
+	REPLICATE_STEP_DOWN,		/* we lead an older generation and a node
+								 * says so: step down at once, then as
+								 * ..._UNKNOWN */
 	REPLICATE_REFUSE_LEADER,	/* error: we lead this very generation */
 	REPLICATE_REFUSE_UNKNOWN,	/* error 55F04: we have not learnt who leads
 								 * this generation (the sender retries) */

@@ -76,7 +76,7 @@ typedef struct FelixFollower
 								 * answer at this generation */
 	bool		answered;		/* acked_end comes from an answer */
 	FelixFollowerState state;
-	FelixHalt	halt;			/* HALTED: why */
+	FelixHalt	halt;			/* HALTED: why (REBUILDING: what it repairs) */
 	uint64		halt_position;	/* HALTED: where it stood (a conflict's seq,
 								 * else its log's end) */
 	TimestampTz halted_at;		/* HALTED: when */

@@ -28,8 +28,15 @@ extern Size incarnation_shmem_size(void);
 /* Read (or create) the identity file, counting this start. */
 extern void incarnation_shmem_init(void);
 
-/* This node's incarnation and start count, copied out. */
+/* This node's incarnation and start count (and this start's boot id),
+ * copied out; the pointers but buf may be NULL. */
 extern void felix_incarnation(char *buf, uint64 *boots);
+extern void felix_incarnation_boot(char *buf, uint64 *boots, char *boot_id);
+
+/* Does felix.node_conninfo reach this very node: 1 yes, -1 another node
+ * (or incarnation), 0 not known yet.  Set by whoever checked. */
+extern int	felix_conninfo_verified(void);
+extern void felix_set_conninfo_verified(int verdict);
 
 /*
  * The control plane saw a later start of this incarnation than this

@@ -174,10 +174,13 @@ extern void log_remove_all(const char *dir);
 
 /* ---- durable high-water mark (hwm.c) ---- */
 
-/* The last mark made durable for the shard in dir; 0 when none. */
-extern uint64 log_hwm_read(const char *dir);
-/* Make hwm_end the durable mark (fdatasync'd before returning). */
-extern void log_hwm_write(const char *dir, const char *what, uint64 hwm_end);
+/* The last mark made durable for the shard in dir (0 when none), and
+ * where the copy is known to differ from its leader's (PG_UINT64_MAX when
+ * it is not). */
+extern uint64 log_hwm_read(const char *dir, uint64 *diverged_at);
+/* Make them durable (fdatasync'd before returning). */
+extern void log_hwm_write(const char *dir, const char *what, uint64 hwm_end,
+						  uint64 diverged_at);
 /* Forget the mark (the whole log was discarded). */
 extern void log_hwm_reset(const char *dir, const char *what);
 

@@ -134,8 +134,10 @@ typedef struct FelixShard
 	char		unplaced_reason[FELIX_REASON_LEN];
 	bool		clustered;		/* an assignment has been applied */
 	/* (mutex; written with the tail held) a planned transfer: admit nothing,
-	 * the leadership goes to this node ("" when none) */
+	 * the leadership goes to this node ("" when none); and when this node
+	 * last gave its lease up for one (no grant sent before renews it) */
 	char		handing_to[NAMEDATALEN];
+	int64		lease_released_ns;
 
 	/* ---- acknowledgement (replication/quorum.c) ---- */
 	/* (mutex) how far this node, leading at acked_generation, has
@@ -285,11 +287,12 @@ extern void shard_flush(FelixShard *s, uint64 upto);
 extern void shard_visible(FelixShard *s, uint64 *start_seq, uint64 *end);
 
 /*
- * The leader's records differ from this copy's from seq `at` on, in a way
- * the copy cannot repair itself (replication halts it): readers stop
- * seeing anything from there until the copy is begun again.
+ * With the tail held: the leader's records differ from this copy's from
+ * seq `at` on, in a way the copy cannot repair itself (replication halts
+ * it): readers stop seeing anything from there, across restarts (it is
+ * made durable with the mark), until the copy is begun again.
  */
-extern void shard_mark_diverged(FelixShard *s, uint64 at);
+extern void shard_mark_diverged_locked(FelixShard *s, uint64 at);
 
 /*
  * Move the high-water mark up to hwm_end (never down, never past the
