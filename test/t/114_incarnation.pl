@@ -18,22 +18,25 @@
 #    leader alive again", except that its data is gone.  Then: it is not
 #    granted leadership (the promotion names node1, the one follower that
 #    holds every acknowledged record; the control plane never logs node2
-#    leading), every acknowledged record is readable on the new leader, the
-#    wiped node is shipped the whole log again and ends with the same
-#    records and byte-identical record batches, and reads on it never
-#    returned anything that is not a prefix of the shard's log.
+#    leading), no replica report counts a follower caught up while it lacks
+#    an acknowledged record (the wiped node, still named as generation G's
+#    leader, must not speak for followers of a log it no longer has), every
+#    acknowledged record is readable on the new leader, the wiped node is
+#    shipped the whole log again and ends with the same records and
+#    byte-identical record batches, and reads on it never returned anything
+#    that is not a prefix of the shard's log.
 # B. A follower's directory wiped.  The control plane logs the new data
 #    directory, no report of the follower is counted (incarnation and
 #    caught_up) until it holds what the report says, and it ends identical.
-# C. A follower's directory restored from an older copy (the brief's
-#    scenario: copied aside while stopped, started once, more records
-#    published, stopped, the copy put back, started) while its leader
-#    crashes: the copy's start count does not exceed what the control
-#    plane saw, its heartbeat is refused 55F06, it takes a new incarnation
-#    and says so, it is not promoted in place of the follower that holds
-#    every acknowledged record, its copy is halted needs_bootstrap and
-#    rebuilt, and all three nodes end identical with every acknowledged
-#    record.
+# C. A follower's directory restored from an older copy (copied aside
+#    while stopped, the server started once, more records published, the
+#    server stopped, the copy put back and started: the copy's start count
+#    is then the one the control plane last saw) while its leader crashes,
+#    the control plane's tick held as in A: its heartbeat is refused
+#    55F06, it takes a new incarnation and says so, it is not promoted in
+#    place of the follower that holds every acknowledged record, no report
+#    counts it caught up beyond what it holds, its copy is rebuilt, and all
+#    three nodes end identical with every acknowledged record.
 # D. The same restore with two starts in between (a start count strictly
 #    lower than the control plane saw), the leader alive: 55F06, a new
 #    incarnation, needs_bootstrap, an automatic rebuild, identical.
@@ -45,7 +48,6 @@ use lib $FindBin::RealBin;
 use FelixTest;
 use FelixCluster;
 
-use File::Copy ();
 use File::Path ();
 use PostgreSQL::Test::Utils;
 use Test::More;
@@ -313,8 +315,9 @@ sub report_sampler
 	my $rep = '';
 	ok(defined FelixCluster::poll(30, sub {
 		$rep = reports($stream);
-		return $rep =~ /node1 inc \S+ g$g acked_end 80 caught_up t/ && $rep =~ /node3 \S+ \S+ g$g acked_end \d+ caught_up f/;
-	}, 0.1), 'A: the control plane knows node1 holds all 80 records and node3 does not')
+		return $rep =~ /node1 inc \S+ g$g acked_end 80 caught_up t/ && $rep =~ /node3 \S+ \S+ g$g acked_end \d+ caught_up f/
+		  && $c->shard_row($n1, $stream, 0)->{hwm} eq '79';
+	}, 0.1), 'A: the control plane knows node1 holds all 80 records and node3 does not; node1 knows all are acknowledged')
 	  or diag("reports: $rep");
 	note("A: reports before the wipe: $rep");
 	my ($old_inc) = split /\|/, cp_node('node2');
@@ -329,8 +332,7 @@ sub report_sampler
 	wipe($n2);
 	$c->start_node($n2);
 	$c->start_node($n3);
-	my $t_up = time;
-	my ($new_inc) = split /\|/, identity($n2) =~ s/^node2\|//r;
+	my $new_inc = (split /\|/, identity($n2))[1];
 	isnt($new_inc, $old_inc, 'A: the wiped node2 has a new incarnation');
 	my (@reads, @viol, @other_reads);
 	my @samplers = map { report_sampler($stream, $_, 80, \@viol, \@other_reads) } $n1, $n3;
@@ -430,9 +432,14 @@ sub report_sampler
 	my $each = report_sampler($stream, $n3, 50, \@viol, \@reads, \%seen);
 	ok(defined FelixCluster::poll(30, sub { $each->(); (split /\|/, cp_node('node3'))[0] eq $new_inc }, 0.05),
 		'B: the control plane records node3\'s new incarnation');
-	my $after = cpq("SELECT count(*) FROM felix.replica_reports rr JOIN felix.nodes n ON n.name = rr.follower "
-		  . "WHERE rr.follower = 'node3' AND rr.follower_incarnation = n.incarnation AND rr.caught_up");
-	is($after, '0', 'B: right after, no report of node3 counts it caught up');
+	# Right after, on every stream: a report the control plane would count
+	# (node3's new incarnation, caught up) says no more than node3 holds.
+	my @counted = split /\n/, cpq("SELECT rr.stream || '|' || rr.acked_end FROM felix.replica_reports rr "
+		  . "JOIN felix.nodes n ON n.name = rr.follower "
+		  . "WHERE rr.follower = 'node3' AND rr.follower_incarnation = n.incarnation AND rr.caught_up AND rr.shard = 0");
+	my @false = grep { my ($s, $ae) = split /\|/; $ae > next_seq($n3, $s) } @counted;
+	is(scalar(@false), 0, 'B: right after, no report counts node3 caught up beyond what its new directory holds (' . scalar(@counted) . ' counted)')
+	  or diag("@false");
 	publish($leader, $stream, 'b2', 30, \%acks);
 	ok(wait_identical($stream, $leader, 60, $each, $n2, $n3),
 		'B: node3 is shipped the whole log again and ends identical (records and record batches)');
@@ -509,8 +516,9 @@ sub wait_cp_starts
 	my $rep = '';
 	ok(defined FelixCluster::poll(30, sub {
 		$rep = reports($stream);
-		return $rep =~ /node1 inc \S+ g$g acked_end 80 caught_up t/ && $rep =~ /node3 inc \S+ g$g acked_end 80 caught_up t/;
-	}, 0.1), 'C: both followers hold all 80 records and are reported caught up') or diag($rep);
+		return $rep =~ /node1 inc \S+ g$g acked_end 80 caught_up t/ && $rep =~ /node3 inc \S+ g$g acked_end 80 caught_up t/
+		  && $c->shard_row($n1, $stream, 0)->{hwm} eq '79' && $c->shard_row($n3, $stream, 0)->{hwm} eq '79';
+	}, 0.1), 'C: both followers hold all 80 records, know them acknowledged, and are reported caught up') or diag($rep);
 	$c->stop_node($n3);
 	restore_copy($n3, $copy);
 	note("C: node3's directory is the old copy again (start $k; the control plane saw start " . ($k + 1) . ')');
