@@ -66,7 +66,7 @@ ok(defined FelixCluster::poll(10, sub {
 	'the control plane holds a report naming both followers caught up');
 
 $c->cp->safe_psql('postgres',
-	'REVOKE EXECUTE ON FUNCTION felix.cp_report(text, jsonb, bigint) FROM felix_replication');
+	'REVOKE EXECUTE ON FUNCTION felix.cp_report(text, jsonb, bigint, text) FROM felix_replication');
 
 # Both followers keep up: what the control plane believes stays true.
 ($rc, $err) = publish(1);
@@ -93,7 +93,7 @@ is($leader->safe_psql('postgres', "SELECT count(*) FROM $stream"),
 	'2', 'and readers on the leader do not see the record');
 
 $c->cp->safe_psql('postgres',
-	'GRANT EXECUTE ON FUNCTION felix.cp_report(text, jsonb, bigint) TO felix_replication');
+	'GRANT EXECUTE ON FUNCTION felix.cp_report(text, jsonb, bigint, text) TO felix_replication');
 ($rc, $err, $out) = publish(3);
 is($rc, 0, 'once reports land again, publishing is acknowledged (leader and one follower)');
 is(cp_caught_up($stopped), 'f',

@@ -100,26 +100,6 @@ sub wait_follower_hwm
 	return;
 }
 
-# The durable mark in a shard directory: the hwm_end of the valid slot
-# with the highest count, or undef when there is no valid slot.
-sub hwm_file_end
-{
-	my ($dir) = @_;
-	my $path = "$dir/hwm";
-	return undef unless -e $path;
-	my $data = read_file($path);
-	my ($best, $count) = (undef, 0);
-	for my $i (0, 1)
-	{
-		last if length($data) < 16 * ($i + 1);
-		my $slot = substr($data, 16 * $i, 16);
-		my ($end, $n, $crc) = unpack('Q< V V', $slot);
-		next unless crc32c(substr($slot, 0, 12)) == $crc && $n > $count;
-		($best, $count) = ($end, $n);
-	}
-	return $best;
-}
-
 # The leader's records of a stream, "seq|key|payload" lines.
 my %leader_records;
 
@@ -189,7 +169,7 @@ usleep(600_000);	# > felix.heartbeat_interval: the mark is on disk
 for my $s (@streams)
 {
 	ok(-e "$dir{$s}/hwm", "$s: the shard directory on $fname has an hwm file");
-	is(hwm_file_end($dir{$s}), $n, "$s: it holds the mark $n (records 0..@{[$n - 1]})");
+	is(scalar durable_mark($dir{$s}), $n, "$s: it holds the mark $n (records 0..@{[$n - 1]})");
 }
 
 leader_may_ship(0);
@@ -219,7 +199,7 @@ $leader_records{$_} = $c->records($leader, $_, 0) for @streams;
 is(hwm_on($leader, $_), $n - 1, "$_: the leader acknowledged seqs 0..@{[$n - 1]}") for @streams;
 wait_follower_hwm($n - 1, 'before the crash');
 usleep(600_000);	# > felix.heartbeat_interval
-is(hwm_file_end($dir{$_}), $n, "$_: the hwm file on $fname holds $n before the crash") for @streams;
+is(scalar durable_mark($dir{$_}), $n, "$_: the hwm file on $fname holds $n before the crash") for @streams;
 
 leader_may_ship(0);
 $c->kill_node($f);

@@ -22,6 +22,7 @@ our @EXPORT = qw(
   felix_base_conf felix_node felix_node_conninfo felix_done_testing FELIX_TEST_SECRET shard_dir segment_files read_file write_file write_at
   read_batches record_batches data_end flip_byte crash_node metric
   psql_error crc32c batch_header batch_trailer shipment_hex replicate_call
+  durable_mark
 );
 
 use constant SEGMENT_HEADER_BYTES => 64;
@@ -267,6 +268,29 @@ sub replicate_call
 	my $hwm = $opt{hwm} // 0;
 	return "SELECT status || ' ' || seq FROM felix.replicate('$stream', $shard, $gen, "
 	  . "'$name', '$inc', '$op', $from, $hwm, decode('" . ($hex // '') . "', 'hex'))";
+}
+
+# The durable mark in a shard directory's hwm file: two 24-byte slots
+# {hwm_end, diverged_at, count, crc32c of the 20 bytes before it}; the
+# valid slot with the highest count holds the mark.  Returns hwm_end
+# (undef when no slot is valid), or in list context (hwm_end, diverged_at)
+# with diverged_at undef when the copy is not known to differ.
+sub durable_mark
+{
+	my ($dir) = @_;
+	return undef unless -e "$dir/hwm";
+	my $data = read_file("$dir/hwm");
+	my ($best, $end, $div) = (0, undef, undef);
+	for my $i (0, 1)
+	{
+		last if length($data) < 24 * ($i + 1);
+		my $slot = substr($data, 24 * $i, 24);
+		my ($e, $d, $count, $crc) = unpack('Q< Q< V V', $slot);
+		next unless crc32c(substr($slot, 0, 20)) == $crc && $count > $best;
+		($best, $end, $div) = ($count, $e, $d);
+	}
+	$div = undef if defined $div && $div == ~0;
+	return wantarray ? ($end, $div) : $end;
 }
 
 # Only the batches that hold records (not seals).
