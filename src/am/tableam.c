@@ -454,7 +454,7 @@ felix_am_shard_stats(const FelixStream *stream, int shard,
 {
 	FelixShardKey key;
 	FelixShard *s;
-	FelixShardView v;
+	FelixShardPositions v;
 
 	key.dboid = MyDatabaseId;
 	key.relid = stream->relid;
@@ -463,7 +463,7 @@ felix_am_shard_stats(const FelixStream *stream, int shard,
 	if (s == NULL)
 		return false;
 
-	shard_read(s, &v);
+	shard_read_positions(s, &v);
 	*start_seq = v.start_seq;
 	*hwm_end = Max(v.hwm_end, v.start_seq);
 	*bytes = v.total_bytes;

@@ -376,19 +376,19 @@ gather_facts(ReplicateFacts *f, FelixShard *s, const char *dir, const char *what
 			 const char *target, const char *target_incarnation,
 			 const ShippedBatch *batches, int nbatches)
 {
-	FelixShardView v;
+	FelixShardPositions v;
 	char		incarnation[FELIX_INCARNATION_LEN];
+	const char *caller = GetUserNameFromId(GetSessionUserId(), false);
 
-	shard_read(s, &v);
+	shard_read_positions(s, &v);
 	felix_incarnation(incarnation, NULL);
 	f->addressed_here = felix_is_this_node(target) &&
 		strcmp(target_incarnation, incarnation) == 0;
 	f->superuser = superuser();
 	f->caller_is_node = f->superuser ||
-		strncmp(GetUserNameFromId(GetSessionUserId(), false), FELIX_NODE_ROLE_PREFIX,
-				strlen(FELIX_NODE_ROLE_PREFIX)) == 0;
+		strncmp(caller, FELIX_NODE_ROLE_PREFIX, strlen(FELIX_NODE_ROLE_PREFIX)) == 0;
 	f->sender_is_leader = v.leader[0] != '\0' &&
-		strcmp(GetUserNameFromId(GetSessionUserId(), false), felix_node_role(v.leader)) == 0;
+		strcmp(caller, felix_node_role(v.leader)) == 0;
 	f->our_generation = v.generation;
 	f->we_lead = v.role == FELIX_ROLE_LEADER;
 	f->leader_known = v.leader[0] != '\0';

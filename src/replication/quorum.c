@@ -100,9 +100,9 @@ quorum_release(FelixShard *s, uint64 generation, uint64 mark)
 {
 	ReleaseArg	a = {generation, mark, true};
 	uint64		old_end = shard_advance_hwm(s, mark, may_release, &a);
-	FelixShardView v;
+	FelixShardPositions v;
 
-	shard_read(s, &v);
+	shard_read_positions(s, &v);
 	if (v.hwm_end < mark || v.acked_generation != generation || v.acked_end < mark)
 		return false;
 	wake_acks(s, old_end, mark);
@@ -128,9 +128,9 @@ release_flushed(FelixShard *s, uint64 generation, uint64 flushed_end)
 void
 quorum_on_lead(FelixShard *s)
 {
-	FelixShardView v;
+	FelixShardPositions v;
 
-	shard_read(s, &v);
+	shard_read_positions(s, &v);
 	if (quorum_acks_on_flush(v.consistency, v.replication_factor) &&
 		v.role == FELIX_ROLE_LEADER)
 		release_flushed(s, v.generation, v.flushed_end);
@@ -139,9 +139,9 @@ quorum_on_lead(FelixShard *s)
 void
 quorum_notify(FelixShard *s, FelixShardEvent event)
 {
-	FelixShardView v;
+	FelixShardPositions v;
 
-	shard_read(s, &v);
+	shard_read_positions(s, &v);
 	if (event == FELIX_SHARD_FLUSHED && v.role == FELIX_ROLE_LEADER &&
 		quorum_acks_on_flush(v.consistency, v.replication_factor))
 		release_flushed(s, v.generation, v.flushed_end);
@@ -156,9 +156,9 @@ quorum_acknowledge(FelixShard *s, uint64 generation, uint64 end)
 	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 													   felix_quorum_timeout);
 	ConditionVariable *cv = &s->ack_cv[end % FELIX_ACK_CVS];
-	FelixShardView v;
+	FelixShardPositions v;
 
-	shard_read(s, &v);
+	shard_read_positions(s, &v);
 	if (quorum_acks_on_flush(v.consistency, v.replication_factor))
 	{
 		/*
@@ -174,7 +174,7 @@ quorum_acknowledge(FelixShard *s, uint64 generation, uint64 end)
 	{
 		long		left;
 
-		shard_read(s, &v);
+		shard_read_positions(s, &v);
 		/* only this leadership's own word acknowledges */
 		if (v.acked_generation == generation && v.acked_end >= end)
 			break;
@@ -184,7 +184,7 @@ quorum_acknowledge(FelixShard *s, uint64 generation, uint64 end)
 			ereport(ERROR,
 					(errcode(FELIX_ERRCODE_NOT_LEADER),
 					 errmsg("stream \"%s\" shard %d: this node no longer leads generation " UINT64_FORMAT ", at which the records were written",
-							v.stream_name, v.key.shard, generation),
+							s->stream_name, s->key.shard, generation),
 					 errdetail("The records up to seq " UINT64_FORMAT " are durable on this node but were not acknowledged at generation " UINT64_FORMAT ".",
 							   end - 1, generation),
 					 errhint("Read the stream on the new leader to see whether the records survived, and publish again if not.")));
@@ -197,7 +197,7 @@ quorum_acknowledge(FelixShard *s, uint64 generation, uint64 end)
 			ereport(ERROR,
 					(errcode(FELIX_ERRCODE_QUORUM_TIMEOUT),
 					 errmsg("stream \"%s\" shard %d: no quorum within felix.quorum_timeout (%d ms)",
-							v.stream_name, v.key.shard, felix_quorum_timeout),
+							s->stream_name, s->key.shard, felix_quorum_timeout),
 					 errdetail("The records up to seq " UINT64_FORMAT " are durable on the leader and may still reach a majority; they are not acknowledged.",
 							   end - 1),
 					 errhint("Check felix_replication for followers that are down or halted.")));

@@ -333,7 +333,7 @@ consider_slot(int slot, FelixReplShard *e, StringInfo json, int *nrows,
 {
 	FelixShard *s = shard_slot(slot);
 	ReportSlot *rs = &report_slots[slot];
-	FelixShardView v;
+	FelixShardPositions v;
 	bool		leads;
 	FelixShardKey key;
 	uint64		hwm_end;
@@ -360,7 +360,7 @@ consider_slot(int slot, FelixReplShard *e, StringInfo json, int *nrows,
 		return;
 	}
 	/* ... then the leader's positions, never older than them */
-	shard_read(s, &v);
+	shard_read_positions(s, &v);
 	leads = v.in_use && v.role == FELIX_ROLE_LEADER && v.generation == e->generation;
 	key = v.key;
 	hwm_end = v.hwm_end;

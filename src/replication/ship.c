@@ -86,6 +86,8 @@
 #define FELIX_SHIP_RETRY_MS			500
 /* ... but only this long when the follower has yet to learn our generation. */
 #define FELIX_SHIP_RETRY_SOON_MS	20
+/* The rebuild policy runs at most this often. */
+#define FELIX_REBUILD_POLICY_MS		50
 /* Close a peer connection nothing has needed for this long. */
 #define FELIX_SHIP_IDLE_CLOSE_MS	60000
 
@@ -155,6 +157,10 @@ typedef struct ShipSlot
 												 * answered 'rebuilt' */
 	bool		probed[FELIX_MAX_REPLICAS]; /* the follower took a shipment of
 											 * this generation (see ship_follower) */
+	int64		ident_due_ns[FELIX_MAX_REPLICAS];	/* when to look its
+													 * incarnation up again */
+	Peer	   *peer[FELIX_MAX_REPLICAS];	/* its connection, last looked up
+											 * (checked by name before use) */
 	FelixLogPos read_pos[FELIX_MAX_REPLICAS];	/* where the last read stopped */
 	uint64		generation_start;	/* first seq of this leadership */
 	bool		problem_logged;
@@ -628,8 +634,14 @@ read_fn(void *varg)
 static bool
 shard_snapshot(FelixShard *s, ShardSnap *snap)
 {
+	FelixShardPositions pos;
 	FelixShardView v;
 
+	/* the few fields first: most slots are not led here with followers */
+	shard_read_positions(s, &pos);
+	if (!pos.in_use || pos.phase != FELIX_SHARD_OPEN || pos.role != FELIX_ROLE_LEADER ||
+		pos.replication_factor <= 1)
+		return false;
 	shard_read(s, &v);
 	if (!v.in_use || v.phase != FELIX_SHARD_OPEN || v.role != FELIX_ROLE_LEADER ||
 		v.replication_factor <= 1 || !v.clustered)
@@ -719,6 +731,23 @@ rebuild_allowance(ShipSlot *ss, int fidx, const FelixFollower *f, int64 now_ns)
 	return (Size) Max(Min(budget, Min(rate / 8, (double) FELIX_SHIP_MAX_BYTES)), 1.0);
 }
 
+/*
+ * Is there anything to send the follower on connection p?  Records it
+ * lacks, a high-water mark it has not heard (on this connection: a
+ * follower that restarted has forgotten what it was told), no answer yet
+ * at this generation (its position is unknown: even an empty shipment
+ * tells us where it stands), the first shipment of the generation, or a
+ * copy to begin afresh.
+ */
+static bool
+has_work(const ShipSlot *ss, int fidx, const FelixFollower *f, const ShardSnap *snap,
+		 const Peer *p, ReplicateOp op, bool probe)
+{
+	return op != REPLICATE_SHIP || probe ||
+		f->cursor < snap->written_end || snap->hwm_end > ss->hwm_sent[fidx] ||
+		ss->conn_serial[fidx] != p->ac.serial || !f->answered;
+}
+
 /* Send one follower of one shard what it lacks, if anything and if possible. */
 static void
 ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
@@ -751,10 +780,30 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 		return;
 
 	/*
+	 * Nothing to do, the cheap way first (this runs for every follower at
+	 * every pass): no records it lacks, no mark it has not heard on its
+	 * current connection, an answer at this generation, and no bootstrap,
+	 * rebuild or first shipment of the generation to send.
+	 */
+	if (f->state == FELIX_FOLLOWER_BOOTSTRAP)
+		op = REPLICATE_BOOTSTRAP;
+	else if (f->state == FELIX_FOLLOWER_REBUILDING && !ss->discarded[fidx])
+		op = REPLICATE_REBUILD;
+	probe = op == REPLICATE_SHIP && !ss->probed[fidx];
+	p = ss->peer[fidx];
+	if (p != NULL && (!p->used || strcmp(p->name, f->name) != 0))
+		p = ss->peer[fidx] = NULL;
+	if (p != NULL && now_ns < ss->ident_due_ns[fidx] &&
+		!has_work(ss, fidx, f, snap, p, op, probe))
+		return;
+
+	/*
 	 * The copy we ship to is the one its node's incarnation holds: a node
 	 * whose data directory was replaced since is a new, empty replica, and
-	 * nothing it acknowledged before counts.
+	 * nothing it acknowledged before counts.  (Looked up again at most
+	 * every heartbeat interval, or when there is work.)
 	 */
+	ss->ident_due_ns[fidx] = now_ns + (int64) felix_heartbeat_interval * NS_PER_MS;
 	if (!felix_node_incarnation_of(f->name, incarnation))
 	{
 		follower_note_error(slot, fidx, f,
@@ -778,7 +827,7 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 		repl_state_put_follower(slot, fidx, f);
 	}
 
-	p = peer_get(f->name, now_ns);
+	p = ss->peer[fidx] = peer_get(f->name, now_ns);
 	if (p == NULL)
 	{
 		follower_note_error(slot, fidx, f,
@@ -800,33 +849,18 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 	if (p->bytes_in_flight >= FELIX_SHIP_PEER_MAX_BYTES)
 		return;
 
-	if (f->state == FELIX_FOLLOWER_BOOTSTRAP)
-		op = REPLICATE_BOOTSTRAP;
-	else if (f->state == FELIX_FOLLOWER_REBUILDING && !ss->discarded[fidx])
-		op = REPLICATE_REBUILD;
-
-	/*
-	 * Work to do: records it lacks, a high-water mark it has not heard
-	 * (on this connection: a follower that restarted has forgotten what it
-	 * was told), no answer yet at this generation (its position is
-	 * unknown: even an empty shipment tells us where it stands), or a copy
-	 * to begin afresh.
-	 */
-	if (op == REPLICATE_SHIP &&
-		!(f->cursor < snap->written_end || snap->hwm_end > ss->hwm_sent[fidx] ||
-		  ss->conn_serial[fidx] != p->ac.serial || !f->answered))
+	if (!has_work(ss, fidx, f, snap, p, op, probe))
 		return;
 	max_bytes = rebuild_allowance(ss, fidx, f, now_ns);
 	if (max_bytes == 0)
 		return;
 
 	/*
-	 * The first shipment of a generation to a follower carries no batch: a
-	 * follower that has not heard of the generation yet refuses it (55F04),
-	 * and what it would have refused is not read, sent and sent again.
-	 * Once it answered, the batches follow from the cursor.
+	 * (probe) The first shipment of a generation to a follower carries no
+	 * batch: a follower that has not heard of the generation yet refuses
+	 * it (55F04), and what it would have refused is not read, sent and
+	 * sent again.  Once it answered, the batches follow from the cursor.
 	 */
-	probe = op == REPLICATE_SHIP && !ss->probed[fidx];
 
 	felix_shard_dir(&snap->key, dir);
 	what = psprintf("stream \"%s\" shard %d", snap->stream_name, snap->key.shard);
@@ -967,14 +1001,14 @@ rebuild_policy(void)
 		for (int slot = 0; slot < nslots; slot++)
 		{
 			ShipSlot   *ss = &ship_slots[slot];
-			FelixShardView v;
+			FelixShardPositions v;
 
 			if (!ss->active)
 				continue;
 			repl_state_copy(slot, e);
 			if (!e->valid || e->generation != ss->generation || !key_equal(&e->key, &ss->key))
 				continue;
-			shard_read(shard_slot(slot), &v);
+			shard_read_positions(shard_slot(slot), &v);
 			for (int i = 0; i < e->nfollowers; i++)
 			{
 				FelixFollower f = e->followers[i];
@@ -1162,7 +1196,7 @@ apply_answer(ShipRequest *r, int64 now_ns)
 	FelixReplShard *e;
 	FelixFollower f;
 	ShardSnap	snap;
-	FelixShardView v;
+	FelixShardPositions v;
 
 	if (ss == NULL)
 		return;					/* the shard moved on since it was sent */
@@ -1181,7 +1215,7 @@ apply_answer(ShipRequest *r, int64 now_ns)
 	snap.key = e->key;
 	strlcpy(snap.stream_name, e->stream_name, NAMEDATALEN);
 	pfree(e);
-	shard_read(shard_slot(r->slot), &v);
+	shard_read_positions(shard_slot(r->slot), &v);
 
 	if (r->failed || !r->have_answer)
 	{
@@ -1557,6 +1591,7 @@ felix_ship_worker_main(Datum arg)
 	sigjmp_buf	local_sigjmp_buf;
 	MemoryContext worker_cxt;
 	volatile bool first = true;
+	volatile int64 next_policy_ns = 0;
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
@@ -1675,7 +1710,12 @@ felix_ship_worker_main(Datum arg)
 		pgstat_report_activity(STATE_RUNNING, "felix: shipping to followers");
 		peers_check(now_ns);
 		report_check(now_ns);	/* time-outs of the control-plane request */
-		rebuild_policy();
+		/* the policy looks at every shard: not at every pass of a busy worker */
+		if (now_ns >= next_policy_ns)
+		{
+			rebuild_policy();
+			next_policy_ns = now_ns + FELIX_REBUILD_POLICY_MS * NS_PER_MS;
+		}
 		ship_scan(now_ns);
 		report_tick(felix_monotonic_ns());
 		if (IsTransactionState())

@@ -280,6 +280,34 @@ shard_read(FelixShard *s, FelixShardView *v)
 	SpinLockRelease(&s->mutex);
 }
 
+void
+shard_read_positions(FelixShard *s, FelixShardPositions *p)
+{
+	SpinLockAcquire(&s->mutex);
+	p->key = s->key;
+	p->in_use = s->in_use;
+	p->phase = s->phase;
+	p->start_seq = s->start_seq;
+	p->written_end = s->written_end;
+	p->flushed_end = s->flushed_end;
+	p->hwm_end = s->hwm_end;
+	p->total_bytes = s->total_bytes;
+	p->diverged_at = s->diverged_at;
+	p->role = s->role;
+	p->generation = s->generation;
+	p->lease_expiry_ns = s->lease_expiry_ns;
+	p->consistency = s->consistency;
+	p->replication_factor = s->replication_factor;
+	p->nreplicas = s->nreplicas;
+	p->acked_generation = s->acked_generation;
+	p->acked_end = s->acked_end;
+	p->copy_stale = s->copy_stale;
+	memcpy(p->leader, s->leader, NAMEDATALEN);
+	memcpy(p->joining, s->joining, NAMEDATALEN);
+	memcpy(p->leaving, s->leaving, NAMEDATALEN);
+	SpinLockRelease(&s->mutex);
+}
+
 int
 shard_count_slots(void)
 {
