@@ -16,9 +16,9 @@
  * that was made durable, or the one before it.  The mark only moves up,
  * except when the whole log is discarded (log_hwm_reset).
  *
- * Locking rule: writers hold the shard's tail (shard_advance_hwm's
- * persister and a rebuild); log_hwm_read runs when the shard opens, with
- * the tail held.
+ * Locking rule: writers hold the shard's mark_lock (the node worker's
+ * persister, a divergence, a discard), never needing the tail for it;
+ * log_hwm_read runs when the shard opens, with the tail held.
  *
  *-------------------------------------------------------------------------
  */

@@ -15,9 +15,10 @@
  *
  * Locking rule: see shard.h.  In short: registry lock for the slot table;
  * the tail (append_lock behind the commit gate) for the log; flush_lock
- * for the single flusher; the spinlock for the small mirrored fields.  No
- * path takes two shards' LWLocks, and the tail is never held while waiting
- * for a flush, so the two LWLocks of a shard never deadlock.
+ * for the single flusher; mark_lock for the durable mark file, taken after
+ * the tail when both are held; the spinlock for the small mirrored fields.
+ * No path takes two shards' LWLocks, and the tail is never held while
+ * waiting for a flush, so the LWLocks of a shard never deadlock.
  *
  *-------------------------------------------------------------------------
  */
@@ -46,6 +47,7 @@ typedef struct FelixShardRegistry
 	int			tranche_id;		/* the registry lock */
 	int			append_tranche_id;	/* every shard's append_lock */
 	int			flush_tranche_id;	/* every shard's flush_lock */
+	int			mark_tranche_id;	/* every shard's mark_lock */
 	pg_atomic_uint64 streams_forgotten; /* streams gone so far (see shard.h) */
 	pg_atomic_uint32 slots_used;	/* slots [0, slots_used) were ever used */
 	int			nslots;
@@ -94,6 +96,7 @@ shard_registry_init(void)
 		registry->tranche_id = LWLockNewTrancheId();
 		registry->append_tranche_id = LWLockNewTrancheId();
 		registry->flush_tranche_id = LWLockNewTrancheId();
+		registry->mark_tranche_id = LWLockNewTrancheId();
 		pg_atomic_init_u64(&registry->streams_forgotten, 0);
 		pg_atomic_init_u32(&registry->slots_used, 0);
 		registry->nslots = felix_max_shards;
@@ -105,6 +108,7 @@ shard_registry_init(void)
 			memset(s, 0, sizeof(FelixShard));
 			LWLockInitialize(&s->append_lock, registry->append_tranche_id);
 			LWLockInitialize(&s->flush_lock, registry->flush_tranche_id);
+			LWLockInitialize(&s->mark_lock, registry->mark_tranche_id);
 			SpinLockInit(&s->mutex);
 			ConditionVariableInit(&s->tail_cv);
 			for (int k = 0; k < FELIX_ACK_CVS; k++)
@@ -119,6 +123,7 @@ shard_registry_init(void)
 	LWLockRegisterTranche(registry->tranche_id, "felix_registry");
 	LWLockRegisterTranche(registry->append_tranche_id, "felix_append");
 	LWLockRegisterTranche(registry->flush_tranche_id, "felix_flush");
+	LWLockRegisterTranche(registry->mark_tranche_id, "felix_mark");
 
 	memset(&info, 0, sizeof(info));
 	info.keysize = sizeof(FelixShardKey);
@@ -205,7 +210,11 @@ shard_allocate(const FelixShardSpec *spec)
 				 errhint("Raise felix.max_shards and restart the server.")));
 	}
 
-	/* The slot is free, so nobody holds its locks: reset it in place. */
+	/*
+	 * The slot is free, so nobody holds its locks (a mark persister may
+	 * look in under mark_lock, and leaves a slot not in use alone): reset
+	 * it in place.
+	 */
 	SpinLockAcquire(&s->mutex);
 	s->key = spec->key;
 	strlcpy(s->stream_name, spec->stream_name, NAMEDATALEN);
@@ -447,6 +456,8 @@ shard_open_locked(FelixShard *s)
 				 errhint("Rebuild this replica from the shard's leader.")));
 
 	shard_mirror_log(s);
+	LWLockAcquire(&s->mark_lock, LW_EXCLUSIVE);
+	s->hwm_persisted = persisted;
 	SpinLockAcquire(&s->mutex);
 	s->role = FELIX_ROLE_FOLLOWER;
 	s->generation = generation;
@@ -456,11 +467,11 @@ shard_open_locked(FelixShard *s)
 		s->hwm_end = s->log.next_seq;
 	else
 		s->hwm_end = Max(s->log.start_seq, Min(persisted, s->log.next_seq));
-	s->hwm_persisted = persisted;
 	s->copy_stale = stale;
 	s->diverged_at = diverged_at;
 	s->phase = FELIX_SHARD_OPEN;
 	SpinLockRelease(&s->mutex);
+	LWLockRelease(&s->mark_lock);
 	felix_count(FELIX_CTR_SHARDS_RECOVERED, 1);
 	ConditionVariableBroadcast(&s->tail_cv);
 }
@@ -849,20 +860,44 @@ shard_visible(FelixShard *s, uint64 *start_seq, uint64 *end)
 	SpinLockRelease(&s->mutex);
 }
 
-void
-shard_mark_diverged_locked(FelixShard *s, uint64 at)
+/*
+ * Write the durable mark file: hwm_end (at least the last one made
+ * durable) and the divergence point, both as they are now.  Called with
+ * mark_lock held; releases it, also on error.
+ */
+static void
+shard_write_mark(FelixShard *s)
 {
 	char		dir[MAXPGPATH];
 	char	   *what = shard_what(s);
-	uint64		diverged_at;
+	FelixShardPositions v;
 
+	shard_dir(s, dir);
+	shard_read_positions(s, &v);
+	PG_TRY();
+	{
+		uint64		hwm_end = Max(v.hwm_end, s->hwm_persisted);
+
+		log_hwm_write(dir, what, hwm_end, v.diverged_at);
+		s->hwm_persisted = hwm_end;
+	}
+	PG_FINALLY();
+	{
+		LWLockRelease(&s->mark_lock);
+	}
+	PG_END_TRY();
+	pfree(what);
+}
+
+void
+shard_mark_diverged_locked(FelixShard *s, uint64 at)
+{
+	LWLockAcquire(&s->mark_lock, LW_EXCLUSIVE);
 	SpinLockAcquire(&s->mutex);
-	s->diverged_at = diverged_at = Min(s->diverged_at, at);
+	s->diverged_at = Min(s->diverged_at, at);
 	SpinLockRelease(&s->mutex);
 	/* durable at once: a restart must not serve it again */
-	shard_dir(s, dir);
-	log_hwm_write(dir, what, s->hwm_persisted, diverged_at);
-	pfree(what);
+	shard_write_mark(s);
 }
 
 uint64
@@ -880,29 +915,27 @@ shard_advance_hwm(FelixShard *s, uint64 hwm_end,
 	return old_end;
 }
 
+/*
+ * Not under the tail: appends and shipments go on while the mark file is
+ * fdatasync'd.  mark_lock orders this write with the paths that change the
+ * file or the slot under it (divergence, discard, open, forgetting the
+ * stream), which hold it while they do.
+ */
 void
 shard_persist_hwm(FelixShard *s)
 {
-	FelixShardView v;
-	char		dir[MAXPGPATH];
-	char	   *what;
+	FelixShardPositions v;
 
-	/* a cheap look first: most shards' marks did not move */
-	shard_read(s, &v);
-	if (!v.in_use || v.phase != FELIX_SHARD_OPEN || v.replication_factor <= 1 ||
-		v.hwm_end <= s->hwm_persisted)
+	/* a cheap look first: most shards are not replicated, or not open */
+	shard_read_positions(s, &v);
+	if (!v.in_use || v.phase != FELIX_SHARD_OPEN || v.replication_factor <= 1)
 		return;
-	what = shard_what(s);
-	shard_dir(s, dir);
-	shard_lock_tail(s);
-	shard_read(s, &v);
-	if (v.phase == FELIX_SHARD_OPEN && v.hwm_end > s->hwm_persisted)
-	{
-		log_hwm_write(dir, what, v.hwm_end, v.diverged_at);
-		s->hwm_persisted = v.hwm_end;
-	}
-	shard_unlock_tail(s);
-	pfree(what);
+	LWLockAcquire(&s->mark_lock, LW_EXCLUSIVE);
+	shard_read_positions(s, &v);
+	if (v.in_use && v.phase == FELIX_SHARD_OPEN && v.hwm_end > s->hwm_persisted)
+		shard_write_mark(s);
+	else
+		LWLockRelease(&s->mark_lock);
 }
 
 void
@@ -923,6 +956,8 @@ shard_begin_at_locked(FelixShard *s, uint64 start_seq, uint64 generation)
 	MemoryContext oldcxt = CurrentMemoryContext;
 
 	shard_dir(s, dir);
+	/* no mark of the old copy is written into the new one */
+	LWLockAcquire(&s->mark_lock, LW_EXCLUSIVE);
 	PG_TRY();
 	{
 		log_discard(dir, what, &s->log, start_seq, generation);
@@ -933,6 +968,7 @@ shard_begin_at_locked(FelixShard *s, uint64 start_seq, uint64 generation)
 		ErrorData  *edata;
 
 		/* half a copy is no copy: refuse to serve until a restart */
+		LWLockRelease(&s->mark_lock);
 		MemoryContextSwitchTo(oldcxt);
 		edata = CopyErrorData();
 		shard_fail(s, psprintf("its copy could not be discarded: %s", edata->message));
@@ -947,6 +983,7 @@ shard_begin_at_locked(FelixShard *s, uint64 start_seq, uint64 generation)
 	s->diverged_at = PG_UINT64_MAX;
 	SpinLockRelease(&s->mutex);
 	s->hwm_persisted = 0;
+	LWLockRelease(&s->mark_lock);
 	pfree(what);
 }
 
@@ -1033,9 +1070,11 @@ shard_truncate_after_locked(FelixShard *s, uint64 seq)
 	uint64		hwm_end;
 
 	shard_dir(s, dir);
+	LWLockAcquire(&s->mark_lock, LW_SHARED);
 	SpinLockAcquire(&s->mutex);
 	hwm_end = Max(s->hwm_end, s->hwm_persisted);
 	SpinLockRelease(&s->mutex);
+	LWLockRelease(&s->mark_lock);
 
 	/*
 	 * INVARIANT: nothing at or below the high-water mark -- in memory or
@@ -1078,10 +1117,13 @@ shard_forget_stream(Oid dboid, Oid relid)
 		if (s->in_use && s->key.dboid == dboid && s->key.relid == relid)
 		{
 			hash_search(shard_hash, &s->key, HASH_REMOVE, NULL);
+			/* a mark persister is done with it before its files go */
+			LWLockAcquire(&s->mark_lock, LW_EXCLUSIVE);
 			SpinLockAcquire(&s->mutex);
 			s->in_use = false;
 			s->phase = FELIX_SHARD_CLOSED;
 			SpinLockRelease(&s->mutex);
+			LWLockRelease(&s->mark_lock);
 		}
 	}
 	LWLockRelease(&registry->lock);

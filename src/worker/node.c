@@ -140,7 +140,6 @@ persist_mark(FelixShard *s)
 		MemoryContextSwitchTo(cxt);
 		edata = CopyErrorData();
 		FlushErrorState();
-		shard_unlock_tail_if_held(s);
 		edata->elevel = LOG;
 		ThrowErrorData(edata);
 		FreeErrorData(edata);

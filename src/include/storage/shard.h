@@ -29,6 +29,10 @@
  *	   commits never wait for each other in a cycle.
  *	 - flush_lock (LWLock) is held by the one backend doing a group flush;
  *	   others wait on it with LWLockAcquireOrWait, as XLogFlush does.
+ *	 - mark_lock (LWLock, exclusive) guards the durable mark file and
+ *	   hwm_persisted.  The mark is made durable without the tail, so no
+ *	   append waits for that fdatasync; a path holding both (divergence,
+ *	   discard, open, truncation) takes the tail first.
  *	 - mutex (spinlock) guards the fields marked (mutex), so readers and
  *	   flushers see them without the tail.
  *	 - tail_cv is broadcast whenever the phase, role or generation changes
@@ -83,6 +87,7 @@ typedef struct FelixShard
 
 	LWLock		append_lock;
 	LWLock		flush_lock;
+	LWLock		mark_lock;
 	slock_t		mutex;
 	ConditionVariable tail_cv;
 
@@ -109,7 +114,8 @@ typedef struct FelixShard
 	/* (mutex) the leader's log differs from this copy from here on:
 	 * readers see nothing at or after it; PG_UINT64_MAX when none */
 	uint64		diverged_at;
-	/* (tail) the high-water mark last made durable (shard_advance_hwm) */
+	/* (mark_lock) the high-water mark last made durable
+	 * (shard_persist_hwm) */
 	uint64		hwm_persisted;
 	/* (tail) the storage layer's tail bookkeeping */
 	FelixLogState log;
