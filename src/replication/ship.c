@@ -152,7 +152,7 @@ typedef struct ShipSlot
 	int64		retry_at_ns[FELIX_MAX_REPLICAS];
 	uint64		hwm_sent[FELIX_MAX_REPLICAS];
 	uint64		conn_serial[FELIX_MAX_REPLICAS];	/* connection the mark was
-													 * sent on */
+													 * taken on (0: none) */
 	bool		discarded[FELIX_MAX_REPLICAS];	/* REBUILDING: the follower
 												 * answered 'rebuilt' */
 	bool		probed[FELIX_MAX_REPLICAS]; /* the follower took a shipment of
@@ -1234,6 +1234,14 @@ apply_answer(ShipRequest *r, int64 now_ns)
 		follower_note_error(r->slot, r->fidx, &f,
 							r->failed ? r->error : "the follower returned no answer", &snap,
 							unknown);
+
+		/*
+		 * It took nothing of this shipment, mark included: it has not heard
+		 * us on this connection, so the retry ships again even when no
+		 * record arrives (on an idle shard nothing else would, and a
+		 * restarted follower would never be confirmed or found stale).
+		 */
+		ss->conn_serial[r->fidx] = 0;
 		ss->retry_at_ns[r->fidx] = now_ns +
 			(unknown ? FELIX_SHIP_RETRY_SOON_MS : FELIX_SHIP_RETRY_MS) * NS_PER_MS;
 		return;
