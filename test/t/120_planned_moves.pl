@@ -27,7 +27,6 @@ use FelixCluster;
 
 use PostgreSQL::Test::Utils;
 use Test::More;
-use Digest::MD5 ();
 
 my $c = FelixCluster->new(nodes => 4);
 
@@ -153,19 +152,7 @@ for my $r (@replicas)
 		"$r->{felix_name} holds the leader's records");
 	check_acks_on($r, 'at the end');
 }
-my %digest;
-for my $r (@replicas)
-{
-	my $out = '';
-	for my $file (segment_files(shard_dir($r, $stream, 0)))
-	{
-		my $data = read_file($file);
-		(my $name = $file) =~ s{.*/}{};
-		$out .= "$name " . Digest::MD5::md5_hex(join('',
-			map { substr($data, $_->{offset}, $_->{size}) } record_batches($file))) . "\n";
-	}
-	$digest{ $r->{felix_name} } = $out;
-}
+my %digest = map { $_->{felix_name} => segment_digest($_, $stream, 0) } @replicas;
 is(scalar(keys %{ { reverse %digest } }), 1, 'the replicas hold byte-identical record batches')
   or diag(explain \%digest);
 

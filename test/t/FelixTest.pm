@@ -17,12 +17,13 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(usleep time);
+use Digest::MD5 ();
 
 our @EXPORT = qw(
   felix_base_conf felix_node felix_node_conninfo felix_done_testing FELIX_TEST_SECRET shard_dir segment_files read_file write_file write_at
   read_batches record_batches data_end flip_byte crash_node metric
   psql_error crc32c batch_header batch_trailer shipment_hex replicate_call
-  durable_mark
+  durable_mark segment_digest
 );
 
 use constant SEGMENT_HEADER_BYTES => 64;
@@ -297,6 +298,24 @@ sub durable_mark
 sub record_batches
 {
 	return grep { $_->{kind} == BATCH_RECORDS } read_batches(@_);
+}
+
+# One line per segment of a shard on $node (server up): its name and the
+# MD5 of its record batches as stored.  Two replicas holding the same
+# batches in segments of the same names give the same text (a segment's
+# header and seal are each node's own: creation time, checksum over it).
+sub segment_digest
+{
+	my ($node, $stream, $shard) = @_;
+	my $out = '';
+	for my $file (segment_files(shard_dir($node, $stream, $shard)))
+	{
+		my $data = read_file($file);
+		(my $name = $file) =~ s{.*/}{};
+		$out .= "$name " . Digest::MD5::md5_hex(join('',
+			map { substr($data, $_->{offset}, $_->{size}) } record_batches($file))) . "\n";
+	}
+	return $out;
 }
 
 # XOR one byte of a file with 0xFF; returns the original byte.
