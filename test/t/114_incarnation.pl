@@ -93,22 +93,6 @@ sub cp_node
 		  . "FROM felix.nodes WHERE name = '$name'");
 }
 
-# Publish $n records on shard 0 through $node, one statement: every row is
-# returned only once acknowledged.  Adds seq => payload text to %$acks.
-sub publish
-{
-	my ($node, $stream, $tag, $n, $acks) = @_;
-	my $out = $node->safe_psql('postgres', qq{
-		SELECT p.seq || '|' || jsonb_build_object('tag', '$tag', 'i', i)::text
-		  FROM generate_series(1, $n) i,
-		       LATERAL felix_publish('$stream', jsonb_build_object('tag', '$tag', 'i', i), shard => 0) p
-		 ORDER BY i}, timeout => 120);
-	my @rows = split /\n/, $out;
-	die "publish $tag: " . scalar(@rows) . " of $n acknowledged" unless @rows == $n;
-	for (@rows) { my ($s, $p) = split /\|/, $_, 2; $acks->{$s} = $p; }
-	return scalar @rows;
-}
-
 sub next_seq
 {
 	my ($node, $stream) = @_;
@@ -305,13 +289,13 @@ sub report_sampler
 	$c->wait_shipping($leader, $stream, 0, 2);
 	my ($n1, $n2, $n3) = map { $c->node($_) } 1 .. 3;
 	my %acks;
-	publish($n2, $stream, 'a1', 40, \%acks);
+	publish_acked($n2, $stream, 'a1', 40, \%acks);
 	ok(defined FelixCluster::poll(30, sub { next_seq($n1, $stream) == 40 && next_seq($n3, $stream) == 40 }),
 		'A: both followers hold the first 40 records');
 
 	# node3 falls behind: node1 alone completes the quorums.
 	$c->stop_node($n3);
-	publish($n2, $stream, 'a2', 40, \%acks);
+	publish_acked($n2, $stream, 'a2', 40, \%acks);
 	my $rep = '';
 	ok(defined FelixCluster::poll(30, sub {
 		$rep = reports($stream);
@@ -385,7 +369,7 @@ sub report_sampler
 	# More records, then everybody converges; the wiped node is shipped the
 	# whole log again.
 	my $pub_on = $who // $new;
-	eval { publish($pub_on, $stream, 'a3', 20, \%acks); 1 } or diag("A: publish after failover: $@");
+	eval { publish_acked($pub_on, $stream, 'a3', 20, \%acks); 1 } or diag("A: publish after failover: $@");
 	my $ok = wait_identical($stream, $pub_on, 90, $sample, grep { $_ != $pub_on } $c->nodes);
 	ok($ok, 'A: all three nodes end with the same records and byte-identical record batches')
 	  or $c->diag_shard($stream, 0);
@@ -414,7 +398,7 @@ sub report_sampler
 	$c->wait_shipping($leader, $stream, 0, 2);
 	my ($n2, $n3) = map { $c->node($_) } 2, 3;
 	my %acks;
-	publish($leader, $stream, 'b1', 50, \%acks);
+	publish_acked($leader, $stream, 'b1', 50, \%acks);
 	my $rep = '';
 	ok(defined FelixCluster::poll(30, sub {
 		$rep = reports($stream);
@@ -440,7 +424,7 @@ sub report_sampler
 	my @false = grep { my ($s, $ae) = split /\|/; $ae > next_seq($n3, $s) } @counted;
 	is(scalar(@false), 0, 'B: right after, no report counts node3 caught up beyond what its new directory holds (' . scalar(@counted) . ' counted)')
 	  or diag("@false");
-	publish($leader, $stream, 'b2', 30, \%acks);
+	publish_acked($leader, $stream, 'b2', 30, \%acks);
 	ok(wait_identical($stream, $leader, 60, $each, $n2, $n3),
 		'B: node3 is shipped the whole log again and ends identical (records and record batches)');
 	ok(defined FelixCluster::poll(30, sub {
@@ -502,7 +486,7 @@ sub wait_cp_starts
 	$c->wait_shipping($leader, $stream, 0, 2);
 	my ($n1, $n2, $n3) = map { $c->node($_) } 1 .. 3;
 	my %acks;
-	publish($n2, $stream, 'c1', 40, \%acks);
+	publish_acked($n2, $stream, 'c1', 40, \%acks);
 	ok(defined FelixCluster::poll(30, sub { next_seq($n1, $stream) == 40 && next_seq($n3, $stream) == 40 }),
 		'C: both followers hold the first 40 records');
 
@@ -512,7 +496,7 @@ sub wait_cp_starts
 	note("C: copied node3's felix directory aside at incarnation $inc, start $k");
 	$c->start_node($n3);
 	wait_cp_starts('node3', $inc, $k + 1);
-	publish($n2, $stream, 'c2', 40, \%acks);
+	publish_acked($n2, $stream, 'c2', 40, \%acks);
 	my $rep = '';
 	ok(defined FelixCluster::poll(30, sub {
 		$rep = reports($stream);
@@ -562,7 +546,7 @@ sub wait_cp_starts
 
 	# node2 comes back; everybody converges (the restored copy rebuilt).
 	$c->start_node($n2);
-	eval { publish($new, $stream, 'c3', 20, \%acks); 1 } or diag("C: publish after failover: $@");
+	eval { publish_acked($new, $stream, 'c3', 20, \%acks); 1 } or diag("C: publish after failover: $@");
 	ok(wait_identical($stream, $new, 120, $each, grep { $_ != $new } $c->nodes),
 		'C: all three nodes end with the same records and byte-identical record batches')
 	  or $c->diag_shard($stream, 0);
@@ -589,7 +573,7 @@ sub wait_cp_starts
 	$c->wait_shipping($leader, $stream, 0, 2, 60);
 	my ($n2, $n3) = map { $c->node($_) } 2, 3;
 	my %acks;
-	publish($leader, $stream, 'd1', 30, \%acks);
+	publish_acked($leader, $stream, 'd1', 30, \%acks);
 	ok(defined FelixCluster::poll(30, sub { next_seq($n2, $stream) == 30 }), 'D: node2 holds the first 30 records');
 
 	$c->stop_node($n2);
@@ -600,7 +584,7 @@ sub wait_cp_starts
 	{
 		$c->start_node($n2);
 		wait_cp_starts('node2', $inc, $k + $round);
-		publish($leader, $stream, "d2_$round", 30, \%acks);
+		publish_acked($leader, $stream, "d2_$round", 30, \%acks);
 		ok(defined FelixCluster::poll(30, sub { next_seq($n2, $stream) == 30 + 30 * $round }),
 			"D: start " . ($k + $round) . ": node2 holds " . (30 + 30 * $round) . ' records');
 		$c->stop_node($n2);

@@ -63,22 +63,6 @@ sub incarnation_of
 	return $node->safe_psql('postgres', 'SELECT incarnation FROM felix.node_identity()');
 }
 
-# Publish $n records on shard 0 through $node, one statement (each row
-# comes back once acknowledged); adds seq => payload text to %$acks.
-sub publish
-{
-	my ($node, $stream, $tag, $n, $acks) = @_;
-	my $out = $node->safe_psql('postgres', qq{
-		SELECT p.seq || '|' || jsonb_build_object('tag', '$tag', 'i', i)::text
-		  FROM generate_series(1, $n) i,
-		       LATERAL felix_publish('$stream', jsonb_build_object('tag', '$tag', 'i', i), shard => 0) p
-		 ORDER BY i}, timeout => 120);
-	my @rows = split /\n/, $out;
-	die "publish $tag: " . scalar(@rows) . " of $n acknowledged" unless @rows == $n;
-	for (@rows) { my ($s, $p) = split /\|/, $_, 2; $acks->{$s} = $p; }
-	return;
-}
-
 # Acknowledged records not readable on $node at their seq with their
 # payload, and seqs it serves more than once.
 sub missing_acks
@@ -169,8 +153,8 @@ for my $s ($s3, $s2)
 	$c->wait_shipping($n1, $s, 0, $s eq $s3 ? 2 : 1);
 }
 my (%acks3, %acks2);
-publish($n1, $s3, 'before', 20, \%acks3);
-publish($n1, $s2, 'before', 20, \%acks2);
+publish_acked($n1, $s3, 'before', 20, \%acks3);
+publish_acked($n1, $s2, 'before', 20, \%acks2);
 ok(defined FelixCluster::poll(30, sub {
 	next_seq($n2, $s3) == 20 && next_seq($n3, $s3) == 20 && next_seq($n3, $s2) == 20 }),
 	'the followers hold the first 20 records of each stream');
@@ -289,7 +273,7 @@ ok(defined FelixCluster::poll(60, sub {
   or diag("felix_replication for node3 on node1: $refused");
 note("felix_replication for node3 on node1: $refused");
 
-publish($n1, $s3, 'misaddressed', 20, \%acks3);
+publish_acked($n1, $s3, 'misaddressed', 20, \%acks3);
 pass("$s3: 20 more publishes are acknowledged (node1 and node2 hold them)");
 {
 	# (a follower serves up to the high-water mark the next shipment tells it)
@@ -320,8 +304,8 @@ $c->start_node($n3);
 $c->wait_alive([ 'node1', 'node2', 'node3' ], 60);
 ok(defined FelixCluster::poll(30, sub { cpq("SELECT conninfo FROM felix.nodes WHERE name = 'node3'") eq $addr3 }, 0.1),
 	'node3 registers its own address again');
-publish($n1, $s3, 'after', 10, \%acks3);
-publish($n1, $s2, 'after', 10, \%acks2);
+publish_acked($n1, $s3, 'after', 10, \%acks3);
+publish_acked($n1, $s2, 'after', 10, \%acks2);
 ok(wait_identical($s3, $n1, 90, $n2, $n3), "$s3: all three nodes end with the same records and record batches")
   or $c->diag_shard($s3, 0);
 ok(wait_identical($s2, $n1, 90, $n3), "$s2: node3 ends with node1's records and record batches")
@@ -377,7 +361,7 @@ $c->start_node($n3);
 $c->wait_alive([ 'node1', 'node2', 'node3' ], 60);
 is(cpq("SELECT string_agg(name || ' ' || conninfo, '; ' ORDER BY name) FROM felix.nodes WHERE name <> 'node1'"),
 	"node2 $addr2; node3 $addr3", 'node2 and node3 are registered at their own addresses');
-publish($n1, $s3, 'end', 10, \%acks3);
+publish_acked($n1, $s3, 'end', 10, \%acks3);
 ok(wait_identical($s3, $n1, 90, $n2, $n3), "$s3: all three nodes end identical")
   or $c->diag_shard($s3, 0);
 for my $node ($n1, $n2, $n3)

@@ -23,7 +23,7 @@ our @EXPORT = qw(
   felix_base_conf felix_node felix_node_conninfo felix_done_testing FELIX_TEST_SECRET shard_dir segment_files read_file write_file write_at
   read_batches record_batches data_end flip_byte crash_node metric
   psql_error crc32c batch_header batch_trailer shipment_hex replicate_call
-  durable_mark segment_digest
+  durable_mark segment_digest publish_acked
 );
 
 use constant SEGMENT_HEADER_BYTES => 64;
@@ -316,6 +316,23 @@ sub segment_digest
 			map { substr($data, $_->{offset}, $_->{size}) } record_batches($file))) . "\n";
 	}
 	return $out;
+}
+
+# Publish $n jsonb records {tag, i} on shard 0 of $stream through $node,
+# in one statement (each row comes back only once acknowledged); dies
+# unless all $n are.  Adds seq => payload text to %$acks; returns $n.
+sub publish_acked
+{
+	my ($node, $stream, $tag, $n, $acks) = @_;
+	my $out = $node->safe_psql('postgres', qq{
+		SELECT p.seq || '|' || jsonb_build_object('tag', '$tag', 'i', i)::text
+		  FROM generate_series(1, $n) i,
+		       LATERAL felix_publish('$stream', jsonb_build_object('tag', '$tag', 'i', i), shard => 0) p
+		 ORDER BY i}, timeout => 120);
+	my @rows = split /\n/, $out;
+	die "publish $tag: " . scalar(@rows) . " of $n acknowledged" unless @rows == $n;
+	for (@rows) { my ($s, $p) = split /\|/, $_, 2; $acks->{$s} = $p; }
+	return scalar @rows;
 }
 
 # XOR one byte of a file with 0xFF; returns the original byte.
