@@ -10,6 +10,7 @@ OBJS = \
 	src/metrics.o \
 	src/isolate.o \
 	src/privilege.o \
+	src/http.o \
 	src/storage/crc.o \
 	src/storage/format.o \
 	src/storage/segment.o \
@@ -38,6 +39,15 @@ OBJS = \
 	src/control/conninfo.o \
 	src/control/nodes.o \
 	src/control/halts.o \
+	src/control/json.o \
+	src/control/store.o \
+	src/control/store_table.o \
+	src/control/store_etcd.o \
+	src/control/cpstate.o \
+	src/control/cp_heartbeat.o \
+	src/control/cp_report.o \
+	src/control/cp_duty.o \
+	src/control/cp_streams.o \
 	src/replication/state.o \
 	src/replication/rules.o \
 	src/replication/lease.o \
@@ -50,6 +60,8 @@ OBJS = \
 PG_CPPFLAGS = -I$(srcdir)/src/include -I$(libpq_srcdir)
 # libpq: the node agent and replication talk to peers and the control plane.
 SHLIB_LINK_INTERNAL = $(libpq)
+# libcurl: the etcd control-plane store (and, later, object storage).
+SHLIB_LINK = -lcurl
 PG_CFLAGS   = -Wall -Wextra -Werror -Wno-unused-parameter -Wno-missing-field-initializers -Wno-sign-compare
 
 REGRESS      = setup api refusals views control_plane truncate hostile

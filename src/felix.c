@@ -21,6 +21,7 @@
 #include "api/pending.h"
 #include "api/stream.h"
 #include "control/conninfo.h"
+#include "control/store.h"
 #include "felix.h"
 #include "fmgr.h"
 #include "miscadmin.h"
@@ -54,6 +55,14 @@ int			felix_lease_margin = 200;
 int			felix_lease_epsilon = 100;
 int			felix_quorum_timeout = 5000;
 int			felix_node_expiry = 1500;
+char	   *felix_etcd_endpoints = NULL;
+char	   *felix_etcd_prefix = NULL;
+int			felix_etcd_timeout = 2000;
+char	   *felix_etcd_cacert = NULL;
+char	   *felix_etcd_cert = NULL;
+char	   *felix_etcd_key = NULL;
+char	   *felix_etcd_user = NULL;
+char	   *felix_etcd_password_file = NULL;
 int			felix_max_transaction_bytes = 256 * 1024 * 1024;
 int			felix_max_streams_per_role = 64;
 int			felix_max_shards_per_role = 256;
@@ -177,6 +186,42 @@ define_gucs(void)
 							"Paces only rebuilds; a follower that is merely behind is shipped to at full speed.",
 							&felix_rebuild_bytes_per_sec, 0, 0, INT_MAX,
 							PGC_SIGHUP, GUC_UNIT_BYTE, NULL, NULL, NULL);
+	DefineCustomStringVariable("felix.etcd_endpoints",
+							   "Client URLs of the etcd cluster holding the control plane, comma-separated.",
+							   "Empty means the embedded store (felix.control_conninfo).",
+							   &felix_etcd_endpoints, "",
+							   PGC_POSTMASTER, GUC_SUPERUSER_ONLY, NULL, NULL, NULL);
+	DefineCustomStringVariable("felix.etcd_prefix",
+							   "The etcd key prefix under which this felix cluster keeps its state.",
+							   "Every node of one cluster uses the same prefix.",
+							   &felix_etcd_prefix, "/felix/",
+							   PGC_POSTMASTER, GUC_SUPERUSER_ONLY, NULL, NULL, NULL);
+	DefineCustomIntVariable("felix.etcd_timeout",
+							"How long one request to etcd may take, across every endpoint tried.",
+							NULL,
+							&felix_etcd_timeout, 2000, 100, 600000,
+							PGC_SIGHUP, GUC_UNIT_MS | GUC_SUPERUSER_ONLY, NULL, NULL, NULL);
+	DefineCustomStringVariable("felix.etcd_cacert",
+							   "CA certificate file that verifies https etcd endpoints.",
+							   NULL, &felix_etcd_cacert, "",
+							   PGC_POSTMASTER, GUC_SUPERUSER_ONLY, NULL, NULL, NULL);
+	DefineCustomStringVariable("felix.etcd_cert",
+							   "Client certificate file presented to etcd.",
+							   NULL, &felix_etcd_cert, "",
+							   PGC_POSTMASTER, GUC_SUPERUSER_ONLY, NULL, NULL, NULL);
+	DefineCustomStringVariable("felix.etcd_key",
+							   "Private key file of felix.etcd_cert.",
+							   NULL, &felix_etcd_key, "",
+							   PGC_POSTMASTER, GUC_SUPERUSER_ONLY, NULL, NULL, NULL);
+	DefineCustomStringVariable("felix.etcd_user",
+							   "The etcd user felix authenticates as (empty: none).",
+							   NULL, &felix_etcd_user, "",
+							   PGC_POSTMASTER, GUC_SUPERUSER_ONLY, NULL, NULL, NULL);
+	DefineCustomStringVariable("felix.etcd_password_file",
+							   "File holding the password of felix.etcd_user.",
+							   "The password itself is never a setting.",
+							   &felix_etcd_password_file, "",
+							   PGC_POSTMASTER, GUC_SUPERUSER_ONLY, NULL, NULL, NULL);
 	MarkGUCPrefixReserved("felix");
 }
 
@@ -193,6 +238,7 @@ _PG_init(void)
 
 	define_gucs();
 	felix_conninfo_check_settings();
+	felix_store_check_settings();
 
 	felix_preloaded = true;
 	felix_shmem_install_hooks();

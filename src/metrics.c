@@ -46,6 +46,9 @@ const char *const felix_counter_names[FELIX_NUM_COUNTERS] = {
 	[FELIX_CTR_REBUILD_BYTES] = "rebuild_bytes_shipped",
 	[FELIX_CTR_CATCHUP_BYTES] = "catchup_bytes_shipped",
 	[FELIX_CTR_PLANNED_MOVES] = "planned_moves",
+	[FELIX_CTR_STORE_REQUESTS] = "store_requests",
+	[FELIX_CTR_STORE_FAILURES] = "store_failures",
+	[FELIX_CTR_STORE_REQUEST_US] = "store_request_us",
 };
 
 static pg_atomic_uint64 *felix_counters = NULL;

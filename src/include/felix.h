@@ -36,6 +36,16 @@ extern int	felix_lease_epsilon;	/* ms */
 extern int	felix_quorum_timeout;	/* ms */
 extern int	felix_node_expiry;		/* ms */
 
+/* ---- the etcd control-plane store (control/store_etcd.c) ---- */
+extern char *felix_etcd_endpoints;	/* "" = the embedded store */
+extern char *felix_etcd_prefix;		/* every key of this cluster under it */
+extern int	felix_etcd_timeout;		/* ms, one request across all endpoints */
+extern char *felix_etcd_cacert;
+extern char *felix_etcd_cert;
+extern char *felix_etcd_key;
+extern char *felix_etcd_user;
+extern char *felix_etcd_password_file;
+
 /* ---- limits on what one role or transaction may take ---- */
 extern int	felix_max_transaction_bytes;	/* buffered INSERT/COPY bytes */
 extern int	felix_max_streams_per_role; /* streams a non-superuser may own */

@@ -45,6 +45,9 @@ typedef enum FelixCounter
 	FELIX_CTR_CATCHUP_BYTES,		/* batch bytes shipped after taking a shard, below
 									 * where this leadership began */
 	FELIX_CTR_PLANNED_MOVES,		/* leadership transfers and replica moves completed */
+	FELIX_CTR_STORE_REQUESTS,		/* reads and transactions sent to the control-plane store */
+	FELIX_CTR_STORE_FAILURES,		/* ... that failed or whose outcome is unknown */
+	FELIX_CTR_STORE_REQUEST_US,		/* ... their total latency, microseconds */
 	FELIX_NUM_COUNTERS
 } FelixCounter;
 

@@ -195,6 +195,24 @@ $$;
 REVOKE ALL ON FUNCTION felix_create_node_role(text) FROM PUBLIC;
 SELECT felix_create_node_role(felix.node_name());
 
+-- The embedded control-plane store (control/store_table.c): every key of
+-- the control plane's state, its JSON value, and the store revision that
+-- last wrote it.  Only felix's own code writes it.
+CREATE TABLE felix.cp_store (
+    key          text COLLATE "C" PRIMARY KEY,
+    value        text NOT NULL,
+    mod_revision bigint NOT NULL CHECK (mod_revision > 0)
+);
+CREATE SEQUENCE felix.cp_store_revision;
+REVOKE ALL ON felix.cp_store, felix.cp_store_revision FROM PUBLIC;
+
+-- What the control-plane store holds under a prefix (etcd or embedded).
+CREATE FUNCTION felix.store_read(prefix text DEFAULT '',
+    OUT key text, OUT value text, OUT mod_revision bigint)
+RETURNS SETOF record
+    AS 'MODULE_PATHNAME', 'felix_store_read' LANGUAGE C STRICT VOLATILE;
+REVOKE ALL ON FUNCTION felix.store_read(text) FROM PUBLIC;
+
 -- Cluster members: a node is alive while its last heartbeat is younger
 -- than felix.node_expiry.  incarnation identifies the node's felix data
 -- directory (a new one is a new, empty replica of everything), starts

@@ -1,0 +1,575 @@
+/*-------------------------------------------------------------------------
+ *
+ * cp_duty.c
+ *	  The control-plane duties: failure detection and promotion, run by
+ *	  exactly one node at a time, chosen through the store.
+ *
+ *	  The duty key.  The holder rewrites `duty` at every tick (its revision
+ *	  changes); a node that sees the key unchanged for felix.lease_duration
+ *	  on its own clock takes it over with a compare-and-set on the revision
+ *	  it saw.  Every promotion the holder writes compares the duty key's
+ *	  revision with the one its last refresh produced, so a holder that
+ *	  was stopped (SIGSTOP, a long pause) and resumes after another took
+ *	  over grants nothing: its transactions fail.  It also stops counting
+ *	  itself the holder once its last successful refresh is older than
+ *	  felix.lease_duration by its own clock.
+ *
+ *	  Knowing nothing.  A new holder keeps no memory from anyone: every
+ *	  observation below starts at the moment it took over.  So it grants
+ *	  no next generation before lease_ms + lease_margin have passed on its
+ *	  own clock since then, and safety never compares two hosts' clocks.
+ *
+ *	  The lease rule, the holder's half (the node's half is in
+ *	  cp_heartbeat.c).  For each shard the holder remembers when it first
+ *	  saw the current leader's record claim the shard's current generation
+ *	  (claim_seen_ns, its own monotonic clock; at takeover or at a new
+ *	  generation, the moment it first looked).  The claim was written after
+ *	  the leader's send instant s, and the leader writes only until s +
+ *	  lease_ms - lease_epsilon by its clock; the holder promotes only once
+ *	  now > claim_seen_ns + lease_ms + lease_margin, and only in a
+ *	  transaction comparing the shard's assignment and the old leader's
+ *	  node record as read -- a newer claim changes that record and fails
+ *	  the promotion.  The old leader has therefore stopped before a
+ *	  successor exists, whatever the two wall clocks say, as long as the
+ *	  clocks' rates differ by less than the margin over one lease.
+ *
+ *	  Who is promoted, and only them: the last leader, if it is heard from
+ *	  again after the lapse (at the incarnation granted, able to serve it:
+ *	  it holds every record of its generation); else a member of the
+ *	  replica set that its leader reported caught up (bound zero) in the
+ *	  newest generation that reported, alive at the incarnation the report
+ *	  names, heard from since the lapse, able to serve the shard -- and,
+ *	  on a leader-consistency stream, whose report was made no more than
+ *	  (node_expiry + heartbeat_interval) worth of the leader's heartbeats
+ *	  before its last claim, since such a leader acknowledges without
+ *	  reporting.  Larger acked_end first; the placement score breaks ties.
+ *	  Nobody qualifies: the shard is unplaced, with a reason.
+ *
+ *	  Alive.  The holder keeps the `alive` key: the nodes whose records it
+ *	  saw change within felix.node_expiry.  Everyone else reads it (stream
+ *	  placement, felix_nodes).  A new holder leaves it as it found it until
+ *	  it has watched for node_expiry.
+ *
+ * Locking rule: none in shared memory.  The observations live in the
+ * memory of the process running the duties (the heartbeat worker with
+ * etcd; with the embedded store, the control-plane backend serving that
+ * worker's connection -- a new connection is a new holder that knows
+ * nothing).
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "common/hashfn.h"
+#include "control/cp.h"
+#include "felix.h"
+#include "utils/hsearch.h"
+#include "utils/memutils.h"
+
+#define NS_PER_MS	INT64CONST(1000000)
+/* FELIX_REASON_LEN (storage/shard.h): an unplaced reason fits a shard slot */
+#define CP_REASON_LEN	160
+
+typedef struct ShardObs
+{
+	char		key[NAMEDATALEN + 16];	/* stream/shard */
+	int64		generation;
+	char		leader[NAMEDATALEN];
+	int64		claim_rev;		/* the leader's record revision last seen claiming */
+	int64		claim_seen_ns;
+	int			lease_ms;
+	int64		claim_beat;		/* the leader's beat in that record */
+} ShardObs;
+
+typedef struct NodeObs
+{
+	char		name[NAMEDATALEN];
+	int64		rev;
+	int64		changed_seen_ns;
+} NodeObs;
+
+static bool holding = false;
+static int64 duty_rev = 0;		/* our last refresh's revision */
+static int64 refreshed_ns = 0;	/* when it was confirmed */
+static int64 took_over_ns = 0;
+static int64 duty_seen_rev = 0; /* another holder's key, as we last saw it */
+static int64 duty_seen_ns = 0;
+static HTAB *shard_obs = NULL;
+static HTAB *node_obs = NULL;
+
+static void
+forget_everything(void)
+{
+	HASHCTL		ctl;
+
+	if (shard_obs)
+		hash_destroy(shard_obs);
+	if (node_obs)
+		hash_destroy(node_obs);
+	memset(&ctl, 0, sizeof(ctl));
+	ctl.keysize = NAMEDATALEN + 16;
+	ctl.entrysize = sizeof(ShardObs);
+	ctl.hcxt = TopMemoryContext;
+	shard_obs = hash_create("felix duty: shards", 256, &ctl,
+							HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+	ctl.keysize = NAMEDATALEN;
+	ctl.entrysize = sizeof(NodeObs);
+	node_obs = hash_create("felix duty: nodes", 64, &ctl,
+						   HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+}
+
+int32
+cp_score(const char *node, const char *stream, int shard)
+{
+	char	   *s = psprintf("%s/%s/%d", node, stream, shard);
+
+	return (int32) hash_bytes((const unsigned char *) s, strlen(s));
+}
+
+/* ---------------------------------------------------------------------
+ * The duty key
+ * ---------------------------------------------------------------------
+ */
+
+static bool
+write_duty(const CpSnapshot *snap, const char *node, const char *boot, int64 beat,
+		   int64 expect_rev)
+{
+	CpDuty		d;
+	FelixStoreCmp cmp = {CP_KEY_DUTY, expect_rev};
+	FelixStoreOp op;
+	int64		rev;
+	int64		sent = felix_monotonic_ns();
+
+	memset(&d, 0, sizeof(d));
+	d.node = (char *) node;
+	d.boot = (char *) boot;
+	d.beat = beat;
+	d.since_ms = (snap->have_duty && beat > 1) ? snap->duty.since_ms : cp_now_ms();
+	op.key = CP_KEY_DUTY;
+	op.value = cp_duty_write(&d);
+	if (felix_store_txn(&cmp, 1, &op, 1, &rev, LOG) != FELIX_STORE_OK)
+		return false;
+	duty_rev = rev;
+	/* counted from when the refresh was sent: it may have landed then */
+	refreshed_ns = sent;
+	return true;
+}
+
+static void
+take_over(const CpSnapshot *snap, const char *node, const char *boot)
+{
+	if (!write_duty(snap, node, boot, 1, snap->have_duty ? snap->duty.rev : 0))
+		return;
+	holding = true;
+	took_over_ns = felix_monotonic_ns();
+	forget_everything();
+	ereport(LOG,
+			(errmsg("felix: node \"%s\" runs the control-plane duties%s%s",
+					node, snap->have_duty ? ", taking over from node " : "",
+					snap->have_duty ? snap->duty.node : ""),
+			 errdetail("It grants no new generation for the next lease and margin (%d ms), knowing nothing of the leases granted before.",
+					   felix_lease_duration + felix_lease_margin)));
+}
+
+/* Hold, keep or campaign for the duty; true while this node holds it. */
+static bool
+hold_duty(const CpSnapshot *snap, const char *node, const char *boot)
+{
+	int64		now = felix_monotonic_ns();
+	bool		mine = snap->have_duty && strcmp(snap->duty.node, node) == 0 &&
+		strcmp(snap->duty.boot, boot) == 0;
+
+	/* our own clock says we may have lost it: stop acting on it */
+	if (holding && now - refreshed_ns > (int64) felix_lease_duration * NS_PER_MS)
+	{
+		holding = false;
+		ereport(LOG,
+				(errmsg("felix: node \"%s\" stops running the control-plane duties: its last refresh is %d ms old or more",
+						node, felix_lease_duration)));
+	}
+	if (holding && mine && snap->duty.rev == duty_rev)
+	{
+		if (!write_duty(snap, node, boot, snap->duty.beat + 1, duty_rev))
+			holding = false;
+		return holding;
+	}
+	if (holding)
+	{
+		holding = false;
+		ereport(LOG,
+				(errmsg("felix: node \"%s\" no longer runs the control-plane duties (node \"%s\" does)",
+						node, snap->have_duty ? snap->duty.node : "(none)")));
+	}
+	if (!snap->have_duty || mine)
+	{
+		/* nobody, or us without memory of it (a new connection): start afresh */
+		take_over(snap, node, boot);
+		return holding;
+	}
+	if (snap->duty.rev != duty_seen_rev)
+	{
+		duty_seen_rev = snap->duty.rev;
+		duty_seen_ns = now;
+		return false;
+	}
+	if (now - duty_seen_ns > (int64) felix_lease_duration * NS_PER_MS)
+		take_over(snap, node, boot);
+	return holding;
+}
+
+/* ---------------------------------------------------------------------
+ * Observations
+ * ---------------------------------------------------------------------
+ */
+
+static NodeObs *
+node_seen(const CpNode *n, int64 now)
+{
+	bool		found;
+	NodeObs    *o = hash_search(node_obs, n->name, HASH_ENTER, &found);
+
+	if (!found || o->rev != n->rev)
+	{
+		o->rev = n->rev;
+		o->changed_seen_ns = now;
+	}
+	return o;
+}
+
+static ShardObs *
+shard_seen(const CpSnapshot *snap, const CpShard *s, int64 now)
+{
+	char		key[NAMEDATALEN + 16];
+	bool		found;
+	ShardObs   *o;
+	CpNode	   *leader = cp_snapshot_node(snap, s->leader);
+	const CpClaim *c;
+
+	snprintf(key, sizeof(key), "%s/%d", s->stream, s->shard);
+	o = hash_search(shard_obs, key, HASH_ENTER, &found);
+	if (!found || o->generation != s->generation ||
+		strcmp(o->leader, s->leader ? s->leader : "") != 0)
+	{
+		/* a new generation gets a full lease to be claimed in */
+		o->generation = s->generation;
+		strlcpy(o->leader, s->leader ? s->leader : "", NAMEDATALEN);
+		o->claim_rev = 0;
+		o->claim_seen_ns = now;
+		o->lease_ms = felix_lease_duration;
+		o->claim_beat = -1;
+	}
+	if (leader && (c = cp_node_claim(leader, s->stream, s->shard)) != NULL &&
+		c->generation == s->generation && s->leader_incarnation &&
+		strcmp(leader->incarnation, s->leader_incarnation) == 0 &&
+		leader->rev != o->claim_rev)
+	{
+		o->claim_rev = leader->rev;
+		o->claim_seen_ns = now;
+		o->lease_ms = c->lease_ms;
+		o->claim_beat = leader->beat;
+	}
+	return o;
+}
+
+static bool
+is_alive(const CpNode *n, int64 now)
+{
+	NodeObs    *o = hash_search(node_obs, n->name, HASH_FIND, NULL);
+
+	return o && now - o->changed_seen_ns <= (int64) felix_node_expiry * NS_PER_MS;
+}
+
+/* Keep the alive key: the nodes heard from within node_expiry. */
+static void
+keep_alive_list(const CpSnapshot *snap, int64 now)
+{
+	CpAlive		a;
+	bool		same;
+	FelixStoreCmp cmps[2];
+	FelixStoreOp op;
+	int64		rev;
+
+	/* until it has watched that long, a new holder cannot tell */
+	if (now - took_over_ns < (int64) felix_node_expiry * NS_PER_MS)
+		return;
+	memset(&a, 0, sizeof(a));
+	a.nodes = palloc0(sizeof(char *) * (snap->nnodes + 1));
+	for (int i = 0; i < snap->nnodes; i++)
+		if (is_alive(&snap->nodes[i], now))
+			a.nodes[a.n++] = snap->nodes[i].name;
+	same = snap->have_alive && snap->alive.n == a.n;
+	for (int i = 0; same && i < a.n; i++)
+		same = strcmp(snap->alive.nodes[i], a.nodes[i]) == 0;
+	if (same)
+		return;
+	cmps[0].key = CP_KEY_DUTY;
+	cmps[0].mod_revision = duty_rev;
+	cmps[1].key = CP_KEY_ALIVE;
+	cmps[1].mod_revision = snap->have_alive ? snap->alive.rev : 0;
+	op.key = CP_KEY_ALIVE;
+	op.value = cp_alive_write(&a);
+	(void) felix_store_txn(cmps, 2, &op, 1, &rev, LOG);
+}
+
+/* ---------------------------------------------------------------------
+ * Promotion
+ * ---------------------------------------------------------------------
+ */
+
+typedef struct Candidate
+{
+	const CpNode *node;
+	bool		is_leader;
+	int64		acked_end;
+} Candidate;
+
+static int64
+newest_reported_generation(const CpReports *r)
+{
+	int64		g = 0;
+
+	for (int i = 0; r && i < r->n; i++)
+		g = Max(g, r->rows[i].generation);
+	return g;
+}
+
+/* Why a follower of s does not qualify (NULL: it does). */
+static const char *
+disqualified(const CpSnapshot *snap, const CpShard *s, const CpStream *st,
+			 const ShardObs *obs, const char *follower, int64 lapse_ns, int64 now,
+			 int64 *acked_end)
+{
+	CpReports  *r = cp_snapshot_reports(snap, s->stream, s->shard);
+	int64		newest = newest_reported_generation(r);
+	CpNode	   *n = cp_snapshot_node(snap, follower);
+	const CpReport *row = NULL;
+	NodeObs    *no;
+
+	for (int i = 0; r && i < r->n; i++)
+		if (strcmp(r->rows[i].follower, follower) == 0)
+			row = &r->rows[i];
+	if (n == NULL || !is_alive(n, now))
+		return "not alive";
+	if (row == NULL)
+		return "no report";
+	if (row->generation < newest)
+		return "report of an older generation";
+	if (strcmp(row->incarnation, n->incarnation) != 0)
+		return "new data directory";
+	if (row->halted)
+		return psprintf("halted %s", row->halted);
+	if (!row->caught_up)
+		return "behind";
+	if (cp_node_unable(n, s->stream, s->shard))
+		return "cannot serve it";
+	/* alive, and heard from since the lease lapsed: one that died with its leader may look recent */
+	no = hash_search(node_obs, n->name, HASH_FIND, NULL);
+	if (no == NULL || no->changed_seen_ns <= lapse_ns)
+		return "report too old";
+	if (strcmp(st->consistency, "quorum") != 0)
+	{
+		/*
+		 * A leader-consistency leader acknowledges without reporting until its
+		 * lease ends: its report must be recent relative to its last claim.
+		 */
+		int64		window = (felix_node_expiry + felix_heartbeat_interval +
+							  felix_heartbeat_interval - 1) / felix_heartbeat_interval;
+
+		if (row->generation != s->taken_generation || obs->claim_beat < 0 ||
+			row->leader_beat + window < obs->claim_beat)
+			return "report too old";
+	}
+	*acked_end = row->acked_end;
+	return NULL;
+}
+
+static bool
+better(const Candidate *a, const Candidate *b, const CpShard *s)
+{
+	int32		sa,
+				sb;
+
+	if (b->node == NULL)
+		return true;
+	if (a->is_leader != b->is_leader)
+		return a->is_leader;
+	if (a->acked_end != b->acked_end)
+		return a->acked_end > b->acked_end;
+	sa = cp_score(a->node->name, s->stream, s->shard);
+	sb = cp_score(b->node->name, s->stream, s->shard);
+	if (sa != sb)
+		return sa > sb;
+	return strcmp(a->node->name, b->node->name) < 0;
+}
+
+static char *
+unplaced_reason(const CpSnapshot *snap, const CpShard *s, const CpStream *st,
+				const ShardObs *obs, int64 lapse_ns, int64 now)
+{
+	const char *how = s->taken_generation == s->generation ? "lost its lease" : "never took its lease";
+	char	   *main;
+	StringInfoData details;
+	char	   *full;
+
+	if (s->leader == NULL)
+		main = psprintf("no replica was reported caught up at generation " INT64_FORMAT " and no leader is known",
+						s->generation);
+	else if (s->nreplicas == 1)
+		main = psprintf("the only copy is on %s, which %s at generation " INT64_FORMAT " and is not alive",
+						s->leader, how, s->generation);
+	else
+		main = psprintf("no replica was reported caught up at generation " INT64_FORMAT ", and leader %s %s and is not alive",
+						s->generation, s->leader, how);
+	initStringInfo(&details);
+	for (int i = 0; i < s->nreplicas; i++)
+	{
+		int64		acked;
+		const char *why;
+
+		if (s->leader && strcmp(s->replicas[i], s->leader) == 0)
+			continue;
+		why = disqualified(snap, s, st, obs, s->replicas[i], lapse_ns, now, &acked);
+		appendStringInfo(&details, "%s%s: %s", details.len ? "; " : "", s->replicas[i],
+						 why ? why : "report too old");
+	}
+	full = details.len ? psprintf("%s (%s)", main, details.data) : main;
+	return strlen(full) < CP_REASON_LEN ? full : main;
+}
+
+/* One shard: promote it if its lease lapsed and someone qualifies. */
+static bool
+consider(const CpSnapshot *snap, CpShard *s, int64 now)
+{
+	CpStream   *st = cp_snapshot_stream(snap, s->stream);
+	ShardObs   *obs;
+	int64		lapse_ns;
+	CpNode	   *leader;
+	Candidate	best = {NULL, false, 0};
+	FelixStoreCmp cmps[4];
+	FelixStoreOp ops[2];
+	int			ncmps = 0;
+	int64		rev;
+
+	if (st == NULL)
+		return false;
+	obs = shard_seen(snap, s, now);
+	lapse_ns = obs->claim_seen_ns + (int64) (obs->lease_ms + felix_lease_margin) * NS_PER_MS;
+
+	/*
+	 * The safety interval.  The leader claimed this lease no later than
+	 * claim_seen_ns and stops writing lease_epsilon before its send instant
+	 * plus lease_ms, by its own clock.  Waiting until lease_ms + margin have
+	 * passed since then by ours means it has stopped before a successor can
+	 * exist.  Promoting any earlier could give the generation two writers.
+	 */
+	if (!(now > lapse_ns))
+		return false;
+
+	leader = cp_snapshot_node(snap, s->leader);
+	if (leader && is_alive(leader, now) &&
+		(s->nreplicas == 1 || (s->leader_incarnation &&
+							   strcmp(leader->incarnation, s->leader_incarnation) == 0)) &&
+		!cp_node_unable(leader, s->stream, s->shard))
+	{
+		NodeObs    *no = hash_search(node_obs, leader->name, HASH_FIND, NULL);
+
+		/* heard from again after the lapse: it holds every record of its generation */
+		if (no && no->changed_seen_ns > lapse_ns)
+		{
+			best.node = leader;
+			best.is_leader = true;
+		}
+	}
+	for (int i = 0; i < s->nreplicas && !best.is_leader; i++)
+	{
+		Candidate	c = {NULL, false, 0};
+
+		if (s->leader && strcmp(s->replicas[i], s->leader) == 0)
+			continue;
+		if (disqualified(snap, s, st, obs, s->replicas[i], lapse_ns, now, &c.acked_end) != NULL)
+			continue;
+		c.node = cp_snapshot_node(snap, s->replicas[i]);
+		if (better(&c, &best, s))
+			best = c;
+	}
+
+	cmps[ncmps].key = CP_KEY_DUTY;
+	cmps[ncmps++].mod_revision = duty_rev;
+	cmps[ncmps].key = cp_key_shard(s->stream, s->shard);
+	cmps[ncmps++].mod_revision = s->rev;
+	if (s->leader)
+	{
+		/* a claim made since we looked changes this and fails the promotion */
+		cmps[ncmps].key = cp_key_node(s->leader);
+		cmps[ncmps++].mod_revision = leader ? leader->rev : 0;
+	}
+
+	if (best.node)
+	{
+		CpShard		next = *s;
+
+		cmps[ncmps].key = cp_key_node(best.node->name);
+		cmps[ncmps++].mod_revision = best.node->rev;
+		next.generation = s->generation + 1;
+		next.leader = best.node->name;
+		next.leader_incarnation = best.node->incarnation;
+		next.unplaced_reason = NULL;
+		next.assigned_ms = cp_now_ms();
+		ops[0].key = cp_key_shard(s->stream, s->shard);
+		ops[0].value = cp_shard_write(&next);
+		ops[1].key = cp_key_leads(s->leader ? s->leader : best.node->name);
+		ops[1].value = cp_leads_value();
+		if (felix_store_txn(cmps, ncmps, ops, 2, &rev, LOG) != FELIX_STORE_OK)
+			return false;
+		ereport(LOG,
+				(errmsg("felix: stream \"%s\" shard %d: %s leads generation " INT64_FORMAT " (was %s at generation " INT64_FORMAT ")",
+						s->stream, s->shard, best.node->name, next.generation,
+						s->leader ? s->leader : "nobody", s->generation)));
+		return true;
+	}
+	else
+	{
+		/*
+		 * Nobody qualifies: the shard stays unplaced.  Handing it to a node
+		 * that does not hold the log would serve an empty shard at a newer
+		 * generation -- data loss nobody sees; unavailable is visible.
+		 */
+		char	   *reason = unplaced_reason(snap, s, st, obs, lapse_ns, now);
+		CpShard		next = *s;
+
+		if (s->unplaced_reason && strcmp(s->unplaced_reason, reason) == 0)
+			return false;
+		next.unplaced_reason = reason;
+		ops[0].key = cp_key_shard(s->stream, s->shard);
+		ops[0].value = cp_shard_write(&next);
+		if (felix_store_txn(cmps, ncmps, ops, 1, &rev, LOG) == FELIX_STORE_OK)
+			ereport(LOG,
+					(errmsg("felix: stream \"%s\" shard %d is unplaced: %s",
+							s->stream, s->shard, reason)));
+		return false;
+	}
+}
+
+int
+cp_duty_tick(const char *node, const char *boot)
+{
+	CpSnapshot	snap;
+	int64		now;
+	int			promoted = 0;
+
+	if (!cp_snapshot_read(&snap, LOG))
+		return -1;
+	if (!hold_duty(&snap, node, boot))
+		return -1;
+	if (node_obs == NULL)
+		forget_everything();
+	now = felix_monotonic_ns();
+	for (int i = 0; i < snap.nnodes; i++)
+		(void) node_seen(&snap.nodes[i], now);
+	keep_alive_list(&snap, now);
+	for (int i = 0; i < snap.nshards; i++)
+		if (consider(&snap, &snap.shards[i], now))
+			promoted++;
+	return promoted;
+}

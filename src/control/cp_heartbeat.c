@@ -1,0 +1,345 @@
+/*-------------------------------------------------------------------------
+ *
+ * cp_heartbeat.c
+ *	  A node's heartbeat at the control plane: register the node, claim the
+ *	  leases it is due, and tell it every assignment of every stream.
+ *
+ *	  The lease rule.  A node holds the lease of shard S at generation G
+ *	  from the instant s it sent a heartbeat until s + lease_ms -
+ *	  felix.lease_epsilon by its own monotonic clock, provided that
+ *	  heartbeat's transaction committed a node record claiming (S, G)
+ *	  while S's assignment named it, at its incarnation, leader of G.  The
+ *	  transaction compares the node's own record and its leads/<node> key,
+ *	  which every change of a shard's leader away from it bumps
+ *	  (cp_duty.c, cp_streams.c): so a promotion that commits first makes
+ *	  this heartbeat read again and claim nothing, and one that commits
+ *	  later compared the node record this heartbeat changed and fails.
+ *	  The duty holder promotes only after observing no new claim for
+ *	  lease_ms + lease_margin on its own clock (cp_duty.c); observing
+ *	  happens after the write, the write after s, so the old leader has
+ *	  stopped before a successor exists.
+ *
+ *	  Who may claim: the leader named by the assignment, at the incarnation
+ *	  the generation was granted to, able to serve the shard, and -- once
+ *	  the generation's lease was first taken -- only the same boot of it.
+ *	  A restarted server knows nothing of what it claimed before, so it
+ *	  does not resume a generation: its lease lapses and the duty holder
+ *	  grants the next generation (to it, if it is still the best holder of
+ *	  the log).  The first claim of a generation records the taking boot
+ *	  in the assignment, compared like the rest.
+ *
+ *	  Identity: a node known under the same incarnation with more starts,
+ *	  or as many from another boot, is an older copy of itself (55F06); a
+ *	  new incarnation voids every report about the node as a follower, a
+ *	  new boot marks them not caught up until its leaders confirm them.
+ *
+ * Locking rule: none; compare-and-set in the store.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "control/conninfo.h"
+#include "control/cp.h"
+#include "felix.h"
+#include "storage/incarnation.h"
+
+/* The most first claims one heartbeat makes (each writes an assignment). */
+#define CP_MAX_TAKES_PER_BEAT	64
+/* Attempts before giving up when other writers keep getting there first. */
+#define CP_MAX_ATTEMPTS			8
+
+void
+cp_check_node_name(const char *node)
+{
+	if (node == NULL || node[0] == '\0')
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("a node name must not be NULL or empty"),
+				 errhint("A node's name is its felix.node_name (node_<port> when that is empty).")));
+	if (strlen(node) > FELIX_MAX_NODE_NAME_LEN)
+		ereport(ERROR,
+				(errcode(ERRCODE_NAME_TOO_LONG),
+				 errmsg("node name \"%s\" is too long", node),
+				 errhint("A node name has at most %d bytes, so that felix_node_<name> is a valid role name.",
+						 FELIX_MAX_NODE_NAME_LEN)));
+}
+
+bool
+cp_is_uuid(const char *s)
+{
+	static const char form[] = "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx";
+
+	if (s == NULL || strlen(s) != sizeof(form) - 1)
+		return false;
+	for (int i = 0; form[i]; i++)
+	{
+		if (form[i] == '-' ? s[i] != '-' : !((s[i] >= '0' && s[i] <= '9') ||
+											 (s[i] >= 'a' && s[i] <= 'f')))
+			return false;
+	}
+	return true;
+}
+
+static void
+validate(const CpHeartbeatArgs *a)
+{
+	cp_check_node_name(a->node);
+	if (a->conninfo == NULL || a->incarnation == NULL || a->boot == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("node \"%s\": conninfo, incarnation, starts and boot must not be NULL", a->node),
+				 errhint("Pass the conninfo peers use to reach the node (felix.node_conninfo) and the identity of its felix data directory.")));
+	if (!cp_is_uuid(a->incarnation) || !cp_is_uuid(a->boot) || a->starts <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("node \"%s\": incarnation %s / starts " INT64_FORMAT " is not an identity felix made",
+						a->node, a->incarnation, a->starts),
+				 errhint("This is felix's internal protocol; node and control plane may run different felix versions.")));
+	if (a->lease_ms <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("node \"%s\": a lease of %d ms is not one", a->node, a->lease_ms),
+				 errhint("felix.lease_duration is at least 100 ms.")));
+}
+
+/* Reports about `node` as a follower: dropped (new incarnation) or doubted (new boot). */
+static void
+void_reports(const CpSnapshot *snap, const char *node, bool drop,
+			 FelixStoreCmp *cmps, int *ncmps, FelixStoreOp *ops, int *nops)
+{
+	for (int i = 0; i < snap->nreports; i++)
+	{
+		CpReports  *r = &snap->reports[i];
+		CpReports	out;
+		bool		changed = false;
+
+		out = *r;
+		out.n = 0;
+		for (int j = 0; j < r->n; j++)
+		{
+			CpReport	row = r->rows[j];
+
+			if (strcmp(row.follower, node) == 0)
+			{
+				if (drop)
+				{
+					changed = true;
+					continue;
+				}
+				if (row.caught_up)
+				{
+					row.caught_up = false;
+					changed = true;
+				}
+			}
+			out.rows[out.n++] = row;
+		}
+		if (!changed)
+			continue;
+		cmps[*ncmps].key = cp_key_reports(snap->report_stream[i], snap->report_shard[i]);
+		cmps[*ncmps].mod_revision = r->rev;
+		(*ncmps)++;
+		ops[*nops].key = cmps[*ncmps - 1].key;
+		ops[*nops].value = cp_reports_write(&out);
+		(*nops)++;
+	}
+}
+
+void
+cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
+{
+	char	   *masked;
+
+	validate(a);
+	masked = felix_conninfo_mask(a->conninfo);
+
+	for (int attempt = 0; attempt < CP_MAX_ATTEMPTS; attempt++)
+	{
+		CpSnapshot	snap;
+		CpNode	   *prev;
+		CpNode		me;
+		FelixStoreCmp *cmps;
+		FelixStoreOp *ops;
+		int			ncmps = 0;
+		int			nops = 0;
+		int			takes = 0;
+		bool	   *granted;
+		int64		rev;
+		FelixStoreStatus st;
+		int			room;
+
+		(void) cp_snapshot_read(&snap, ERROR);
+		prev = cp_snapshot_node(&snap, a->node);
+		room = snap.nreports + snap.nshards + 4;
+		cmps = palloc0(sizeof(FelixStoreCmp) * room);
+		ops = palloc0(sizeof(FelixStoreOp) * room);
+		granted = palloc0(sizeof(bool) * (snap.nshards + 1));
+
+		if (prev && strcmp(prev->incarnation, a->incarnation) == 0 &&
+			(a->starts < prev->starts ||
+			 (a->starts == prev->starts && strcmp(a->boot, prev->boot) != 0)))
+			ereport(ERROR,
+					(errcode(MAKE_SQLSTATE('5', '5', 'F', '0', '6')),
+					 errmsg("node \"%s\": its felix data directory is an older copy of incarnation %s (start " INT64_FORMAT " after start " INT64_FORMAT ")",
+							a->node, a->incarnation, a->starts, prev->starts),
+					 errdetail("Records acknowledged since that copy was taken may be missing from it."),
+					 errhint("The node gives its data directory a new incarnation and registers again; its copies are rebuilt from their leaders.")));
+
+		/* One address, one node: shipments meant for one must not reach another. */
+		for (int i = 0; i < snap.nnodes; i++)
+		{
+			CpNode	   *o = &snap.nodes[i];
+
+			if (strcmp(o->name, a->node) != 0 && strcmp(o->conninfo, masked) == 0 &&
+				snap.have_alive && cp_alive_has(&snap.alive, o->name))
+				ereport(ERROR,
+						(errcode(ERRCODE_DUPLICATE_OBJECT),
+						 errmsg("node \"%s\": conninfo \"%s\" is already the address of node \"%s\"",
+								a->node, masked, o->name),
+						 errdetail("Node \"%s\" registered that conninfo and is alive.", o->name),
+						 errhint("Set felix.node_conninfo on node \"%s\" to the address of that server itself.",
+								 a->node)));
+		}
+
+		memset(&me, 0, sizeof(me));
+		me.name = pstrdup(a->node);
+		me.conninfo = masked;
+		me.incarnation = pstrdup(a->incarnation);
+		me.starts = a->starts;
+		me.boot = pstrdup(a->boot);
+		me.beat = (prev && strcmp(prev->boot, a->boot) == 0) ? prev->beat + 1 : 1;
+		me.registered_ms = prev ? prev->registered_ms : cp_now_ms();
+		me.heartbeat_ms = cp_now_ms();
+		me.peers = a->peers ? pstrdup(a->peers) : (prev ? prev->peers : pstrdup("{}"));
+		if (a->unable_given)
+		{
+			me.nunable = a->nunable;
+			me.unable = a->unable;
+		}
+		else if (prev)
+		{
+			me.nunable = prev->nunable;
+			me.unable = prev->unable;
+		}
+		me.claims = palloc0(sizeof(CpClaim) * (snap.nshards + 1));
+
+		cmps[ncmps].key = cp_key_node(a->node);
+		cmps[ncmps++].mod_revision = prev ? prev->rev : 0;
+		cmps[ncmps].key = cp_key_leads(a->node);
+		cmps[ncmps++].mod_revision = cp_snapshot_leads_rev(&snap, a->node);
+
+		if (prev && strcmp(prev->incarnation, a->incarnation) != 0)
+		{
+			/* a new data directory holds nothing the old one did */
+			void_reports(&snap, a->node, true, cmps, &ncmps, ops, &nops);
+			ereport(LOG,
+					(errmsg("felix: node \"%s\" has a new felix data directory (incarnation %s replaces %s); it is an empty replica of every shard",
+							a->node, a->incarnation, prev->incarnation)));
+		}
+		else if (prev && strcmp(prev->boot, a->boot) != 0)
+		{
+			/*
+			 * Started again: what it holds is its leaders' to confirm anew (a
+			 * copy restored and started more often than the original escapes
+			 * the count above), so it is not promotable until they have.
+			 */
+			void_reports(&snap, a->node, false, cmps, &ncmps, ops, &nops);
+		}
+
+		for (int i = 0; i < snap.nshards; i++)
+		{
+			CpShard    *s = &snap.shards[i];
+			CpShard		taken;
+			CpClaim    *c;
+
+			if (s->leader == NULL || strcmp(s->leader, a->node) != 0 ||
+				cp_snapshot_stream(&snap, s->stream) == NULL)
+				continue;
+			/* only the incarnation granted, and only while it can serve it */
+			if (s->leader_incarnation == NULL ||
+				strcmp(s->leader_incarnation, a->incarnation) != 0 ||
+				cp_node_unable(&me, s->stream, s->shard))
+				continue;
+			if (s->taken_generation == s->generation)
+			{
+				/* a generation resumes only in the boot that took it */
+				if (s->taken_boot == NULL || strcmp(s->taken_boot, a->boot) != 0)
+					continue;
+				if (s->unplaced_reason != NULL)
+				{
+					taken = *s;
+					taken.unplaced_reason = NULL;
+					cmps[ncmps].key = cp_key_shard(s->stream, s->shard);
+					cmps[ncmps++].mod_revision = s->rev;
+					ops[nops].key = cmps[ncmps - 1].key;
+					ops[nops++].value = cp_shard_write(&taken);
+				}
+			}
+			else
+			{
+				/* the first claim of a fresh generation takes it */
+				if (takes >= CP_MAX_TAKES_PER_BEAT)
+					continue;
+				takes++;
+				taken = *s;
+				taken.taken_generation = s->generation;
+				taken.taken_boot = pstrdup(a->boot);
+				taken.unplaced_reason = NULL;
+				cmps[ncmps].key = cp_key_shard(s->stream, s->shard);
+				cmps[ncmps++].mod_revision = s->rev;
+				ops[nops].key = cmps[ncmps - 1].key;
+				ops[nops++].value = cp_shard_write(&taken);
+				s->taken_generation = taken.taken_generation;
+				s->taken_boot = taken.taken_boot;
+				s->unplaced_reason = NULL;
+			}
+			s->unplaced_reason = NULL;
+			c = &me.claims[me.nclaims++];
+			c->stream = s->stream;
+			c->shard = s->shard;
+			c->generation = s->generation;
+			c->lease_ms = a->lease_ms;
+			granted[i] = true;
+		}
+
+		ops[nops].key = cp_key_node(a->node);
+		ops[nops++].value = cp_node_write(&me);
+
+		st = felix_store_txn(cmps, ncmps, ops, nops, &rev, ERROR);
+		if (st == FELIX_STORE_CONFLICT)
+			continue;			/* someone wrote meanwhile: read again */
+		if (st != FELIX_STORE_OK)
+			ereport(ERROR,
+					(errcode(ERRCODE_CONNECTION_FAILURE),
+					 errmsg("node \"%s\": the control-plane store did not confirm the heartbeat", a->node),
+					 errhint("Its outcome is unknown; the next heartbeat settles it.")));
+
+		out->n = 0;
+		out->rows = palloc0(sizeof(CpAssignment) * (snap.nshards + 1));
+		out->duty_node = snap.have_duty ? snap.duty.node : NULL;
+		out->beat = me.beat;
+		for (int i = 0; i < snap.nshards; i++)
+		{
+			CpShard    *s = &snap.shards[i];
+			CpStream   *st2 = cp_snapshot_stream(&snap, s->stream);
+			CpNode	   *leader = cp_snapshot_node(&snap, s->leader);
+			CpAssignment *r;
+
+			if (st2 == NULL)
+				continue;
+			r = &out->rows[out->n++];
+			r->shard = s;
+			r->stream = st2;
+			r->leader_conninfo = leader ? leader->conninfo : NULL;
+			r->lease_granted = granted[i];
+			r->lease_ms = a->lease_ms;
+		}
+		return;
+	}
+	ereport(ERROR,
+			(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+			 errmsg("node \"%s\": the heartbeat lost to other control-plane writers %d times in a row",
+					a->node, CP_MAX_ATTEMPTS),
+			 errhint("The next heartbeat tries again.")));
+}

@@ -1,0 +1,210 @@
+/*-------------------------------------------------------------------------
+ *
+ * json.c
+ *	  JSON in and out of the control plane.  Parsing goes through jsonb_in
+ *	  inside PG_TRY: jsonb_in allocates and raises nothing else, so an
+ *	  error it raises is caught, its message kept, and the error state
+ *	  flushed -- a malformed answer from a peer never aborts the caller.
+ *	  Integers are read from JSON numbers and from strings of digits (the
+ *	  etcd gateway writes int64 fields as strings).
+ *
+ * Locking rule: none.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "control/json.h"
+#include "utils/builtins.h"
+#include "utils/fmgrprotos.h"
+#include "utils/json.h"
+#include "utils/memutils.h"
+#include "utils/numeric.h"
+
+JsonbContainer *
+felix_json_parse(const char *text, int len, char *err, Size errlen)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	Jsonb	   *jb = NULL;
+	char	   *copy = pnstrdup(text, len);
+
+	PG_TRY();
+	{
+		jb = DatumGetJsonbP(DirectFunctionCall1(jsonb_in, CStringGetDatum(copy)));
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(cxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		strlcpy(err, edata->message ? edata->message : "not JSON", errlen);
+		FreeErrorData(edata);
+		jb = NULL;
+	}
+	PG_END_TRY();
+	pfree(copy);
+	return jb ? &jb->root : NULL;
+}
+
+static JsonbValue *
+field(JsonbContainer *obj, const char *name)
+{
+	if (obj == NULL || !JsonContainerIsObject(obj))
+		return NULL;
+	return getKeyJsonValueFromContainer(obj, name, strlen(name), NULL);
+}
+
+static bool
+value_string(JsonbValue *v, char **out)
+{
+	if (v == NULL || v->type != jbvString)
+		return false;
+	*out = pnstrdup(v->val.string.val, v->val.string.len);
+	return true;
+}
+
+static bool
+value_int64(JsonbValue *v, int64 *out)
+{
+	if (v == NULL)
+		return false;
+	if (v->type == jbvNumeric)
+	{
+		char	   *s = DatumGetCString(DirectFunctionCall1(numeric_out,
+															NumericGetDatum(v->val.numeric)));
+		char	   *end;
+
+		if (s[0] == '\0' || strspn(s, "-0123456789") != strlen(s))
+			return false;
+		errno = 0;
+		*out = strtoi64(s, &end, 10);
+		return errno == 0 && *end == '\0';
+	}
+	if (v->type == jbvString)
+	{
+		char	   *s = pnstrdup(v->val.string.val, v->val.string.len);
+		char	   *end;
+
+		if (s[0] == '\0' || strspn(s, "-0123456789") != strlen(s))
+			return false;
+		errno = 0;
+		*out = strtoi64(s, &end, 10);
+		return errno == 0 && *end == '\0';
+	}
+	return false;
+}
+
+static JsonbContainer *
+value_container(JsonbValue *v, bool array)
+{
+	if (v == NULL || v->type != jbvBinary)
+		return NULL;
+	if (array ? !JsonContainerIsArray(v->val.binary.data)
+		: !JsonContainerIsObject(v->val.binary.data))
+		return NULL;
+	return v->val.binary.data;
+}
+
+bool
+felix_json_string(JsonbContainer *obj, const char *name, char **out)
+{
+	return value_string(field(obj, name), out);
+}
+
+bool
+felix_json_int64(JsonbContainer *obj, const char *name, int64 *out)
+{
+	return value_int64(field(obj, name), out);
+}
+
+bool
+felix_json_bool(JsonbContainer *obj, const char *name, bool *out)
+{
+	JsonbValue *v = field(obj, name);
+
+	if (v == NULL || v->type != jbvBool)
+		return false;
+	*out = v->val.boolean;
+	return true;
+}
+
+JsonbContainer *
+felix_json_object(JsonbContainer *obj, const char *name)
+{
+	return value_container(field(obj, name), false);
+}
+
+JsonbContainer *
+felix_json_array(JsonbContainer *obj, const char *name)
+{
+	return value_container(field(obj, name), true);
+}
+
+int
+felix_json_length(JsonbContainer *arr)
+{
+	if (arr == NULL || !JsonContainerIsArray(arr))
+		return 0;
+	return JsonContainerSize(arr);
+}
+
+static JsonbValue *
+element(JsonbContainer *arr, int i)
+{
+	if (arr == NULL || !JsonContainerIsArray(arr) || i < 0 || i >= JsonContainerSize(arr))
+		return NULL;
+	return getIthJsonbValueFromContainer(arr, i);
+}
+
+JsonbContainer *
+felix_json_elem_object(JsonbContainer *arr, int i)
+{
+	return value_container(element(arr, i), false);
+}
+
+bool
+felix_json_elem_string(JsonbContainer *arr, int i, char **out)
+{
+	return value_string(element(arr, i), out);
+}
+
+bool
+felix_json_elem_int64(JsonbContainer *arr, int i, int64 *out)
+{
+	return value_int64(element(arr, i), out);
+}
+
+static void
+put_name(StringInfo buf, const char *name)
+{
+	if (buf->len > 0 && buf->data[buf->len - 1] != '{' && buf->data[buf->len - 1] != '[')
+		appendStringInfoChar(buf, ',');
+	escape_json(buf, name);
+	appendStringInfoChar(buf, ':');
+}
+
+void
+felix_json_put_string(StringInfo buf, const char *name, const char *value)
+{
+	put_name(buf, name);
+	if (value == NULL)
+		appendStringInfoString(buf, "null");
+	else
+		escape_json(buf, value);
+}
+
+void
+felix_json_put_int64(StringInfo buf, const char *name, int64 value)
+{
+	put_name(buf, name);
+	appendStringInfo(buf, INT64_FORMAT, value);
+}
+
+void
+felix_json_put_bool(StringInfo buf, const char *name, bool value)
+{
+	put_name(buf, name);
+	appendStringInfoString(buf, value ? "true" : "false");
+}

@@ -1,0 +1,179 @@
+/*-------------------------------------------------------------------------
+ *
+ * store_table.c
+ *	  The embedded control-plane store: table felix.cp_store (key, value,
+ *	  mod_revision) in the control-plane database, revisions drawn from
+ *	  the sequence felix.cp_store_revision.  Used by the felix.cp_*
+ *	  functions running there, inside the caller's transaction, through
+ *	  SPI with fully qualified names.
+ *
+ *	  A transaction takes SHARE ROW EXCLUSIVE on the table (it conflicts
+ *	  with itself, not with reads) before it compares, and holds it to the
+ *	  end of the calling transaction: so compares and writes of concurrent
+ *	  callers serialize, revisions are drawn in commit order, and a read
+ *	  (a fresh snapshot per statement under READ COMMITTED) sees every
+ *	  transaction that committed before it began -- linearizable, as the
+ *	  lease rules need.
+ *
+ * Locking rule: the table lock above, taken only by felix_store_txn and
+ * released at commit or abort; nothing in shared memory.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "catalog/pg_type.h"
+#include "control/store.h"
+#include "executor/spi.h"
+#include "utils/builtins.h"
+
+static int64
+current_revision(void)
+{
+	bool		isnull;
+	int64		rev;
+
+	if (SPI_execute("SELECT CASE WHEN is_called THEN last_value ELSE 0 END "
+					"FROM felix.cp_store_revision", true, 1) != SPI_OK_SELECT ||
+		SPI_processed != 1)
+		elog(ERROR, "felix: could not read felix.cp_store_revision");
+	rev = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	return isnull ? 0 : rev;
+}
+
+static FelixStoreStatus
+table_range(const char *key, bool prefix, FelixKV **kvs, int *nkvs,
+			int64 *revision, int elevel)
+{
+	Oid			types[2] = {TEXTOID, TEXTOID};
+	Datum		values[2];
+	int			rc;
+	MemoryContext caller = CurrentMemoryContext;
+
+	SPI_connect();
+	values[0] = CStringGetTextDatum(key);
+	if (prefix)
+	{
+		/* the first key past the prefix, in byte ("C") order */
+		char	   *end = pstrdup(key);
+		int			len = strlen(end);
+
+		while (len > 0 && (unsigned char) end[len - 1] == 0xff)
+			end[--len] = '\0';
+		if (len > 0)
+			end[len - 1]++;
+		values[1] = CStringGetTextDatum(end);
+		rc = SPI_execute_with_args(len > 0
+								   ? "SELECT key, value, mod_revision FROM felix.cp_store "
+								   "WHERE key OPERATOR(pg_catalog.>=) $1 AND key OPERATOR(pg_catalog.<) $2 ORDER BY key"
+								   : "SELECT key, value, mod_revision FROM felix.cp_store "
+								   "WHERE key OPERATOR(pg_catalog.>=) $1 ORDER BY key",
+								   len > 0 ? 2 : 1, types, values, NULL, true, 0);
+	}
+	else
+		rc = SPI_execute_with_args("SELECT key, value, mod_revision FROM felix.cp_store "
+								   "WHERE key OPERATOR(pg_catalog.=) $1",
+								   1, types, values, NULL, true, 0);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "felix: could not read felix.cp_store");
+
+	/* copied out of SPI's memory into the caller's */
+	*nkvs = (int) SPI_processed;
+	*kvs = *nkvs > 0 ? MemoryContextAllocZero(caller, sizeof(FelixKV) * *nkvs) : NULL;
+	for (int i = 0; i < *nkvs; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		bool		isnull;
+
+		(*kvs)[i].key = MemoryContextStrdup(caller, SPI_getvalue(tup, desc, 1));
+		(*kvs)[i].value = MemoryContextStrdup(caller, SPI_getvalue(tup, desc, 2));
+		(*kvs)[i].mod_revision = DatumGetInt64(SPI_getbinval(tup, desc, 3, &isnull));
+	}
+	*revision = current_revision();
+	SPI_finish();
+	return FELIX_STORE_OK;
+}
+
+static FelixStoreStatus
+table_txn(const FelixStoreCmp *cmps, int ncmps, const FelixStoreOp *ops, int nops,
+		  int64 *revision, int elevel)
+{
+	Oid			types[3] = {TEXTOID, TEXTOID, INT8OID};
+	Datum		values[3];
+	int64		rev;
+
+	SPI_connect();
+	if (SPI_execute("LOCK TABLE felix.cp_store IN SHARE ROW EXCLUSIVE MODE", false, 0) != SPI_OK_UTILITY)
+		elog(ERROR, "felix: could not lock felix.cp_store");
+	for (int i = 0; i < ncmps; i++)
+	{
+		int64		have = 0;
+
+		values[0] = CStringGetTextDatum(cmps[i].key);
+		if (SPI_execute_with_args("SELECT mod_revision FROM felix.cp_store "
+								  "WHERE key OPERATOR(pg_catalog.=) $1",
+								  1, types, values, NULL, false, 1) != SPI_OK_SELECT)
+			elog(ERROR, "felix: could not read felix.cp_store");
+		if (SPI_processed == 1)
+		{
+			bool		isnull;
+
+			have = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+											   SPI_tuptable->tupdesc, 1, &isnull));
+		}
+		if (have != cmps[i].mod_revision)
+		{
+			*revision = current_revision();
+			SPI_finish();
+			return FELIX_STORE_CONFLICT;
+		}
+	}
+	if (nops == 0)
+	{
+		*revision = current_revision();
+		SPI_finish();
+		return FELIX_STORE_OK;
+	}
+	if (SPI_execute("SELECT pg_catalog.nextval('felix.cp_store_revision'::pg_catalog.regclass)",
+					false, 1) != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "felix: could not draw a control-plane store revision");
+	{
+		bool		isnull;
+
+		rev = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	}
+	for (int i = 0; i < nops; i++)
+	{
+		int			rc;
+
+		values[0] = CStringGetTextDatum(ops[i].key);
+		if (ops[i].value != NULL)
+		{
+			values[1] = CStringGetTextDatum(ops[i].value);
+			values[2] = Int64GetDatum(rev);
+			rc = SPI_execute_with_args("INSERT INTO felix.cp_store AS s (key, value, mod_revision) "
+									   "VALUES ($1, $2, $3) ON CONFLICT (key) DO UPDATE "
+									   "SET value = EXCLUDED.value, mod_revision = EXCLUDED.mod_revision",
+									   3, types, values, NULL, false, 0);
+			if (rc != SPI_OK_INSERT)
+				elog(ERROR, "felix: could not write felix.cp_store");
+		}
+		else
+		{
+			rc = SPI_execute_with_args("DELETE FROM felix.cp_store WHERE key OPERATOR(pg_catalog.=) $1",
+									   1, types, values, NULL, false, 0);
+			if (rc != SPI_OK_DELETE)
+				elog(ERROR, "felix: could not write felix.cp_store");
+		}
+	}
+	*revision = rev;
+	SPI_finish();
+	return FELIX_STORE_OK;
+}
+
+const FelixStoreMethods felix_store_table = {
+	"embedded",
+	table_range,
+	table_txn
+};

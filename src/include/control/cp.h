@@ -1,0 +1,133 @@
+/*-------------------------------------------------------------------------
+ *
+ * cp.h
+ *	  The control plane's rules, written once over the store (store.h) and
+ *	  its records (cpstate.h).  Each call reads the state, decides, and
+ *	  writes its decision in one compare-and-set transaction, reading again
+ *	  and deciding again when another writer got there first.  They run
+ *	  wherever the store is reachable with authority: in the control-plane
+ *	  database behind the felix.cp_* functions (embedded store, cp_sql.c),
+ *	  or in a node's own processes (etcd, cpcall.c).
+ *
+ *	  Every refusal is an ereport(ERROR) with its SQLSTATE, naming the
+ *	  stream, shard or node, and a hint.  A store that cannot be reached
+ *	  is an error too (08006).
+ *
+ *	  cp_heartbeat.c  node registration and lease claims
+ *	  cp_report.c     a leader's replica reports
+ *	  cp_duty.c       the duty holder: failure detection, promotion
+ *	  cp_streams.c    stream create/drop, transfer, replica move
+ *
+ * Locking rule: none in shared memory.  duty.c keeps its observations in
+ * the memory of the process running the duties.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef FELIX_CONTROL_CP_H
+#define FELIX_CONTROL_CP_H
+
+#include "postgres.h"
+
+#include "control/cpstate.h"
+
+/* ---- heartbeat ---- */
+
+typedef struct CpHeartbeatArgs
+{
+	const char *node;
+	const char *conninfo;		/* the node's address (masked here) */
+	const char *incarnation;
+	int64		starts;
+	const char *boot;
+	bool		unable_given;	/* false: unchanged since the last heartbeat */
+	int			nunable;
+	char	  **unable;
+	int			lease_ms;		/* the lease the node holds itself to */
+	const char *peers;			/* JSON object peer -> "" | why unreachable; NULL: unchanged */
+} CpHeartbeatArgs;
+
+/* One shard as a heartbeat tells it, with its stream's definition. */
+typedef struct CpAssignment
+{
+	const CpShard *shard;
+	const CpStream *stream;
+	const char *leader_conninfo;	/* NULL when unknown */
+	bool		lease_granted;	/* this call claimed the lease for the caller */
+	int			lease_ms;
+} CpAssignment;
+
+typedef struct CpHeartbeatResult
+{
+	int			n;
+	CpAssignment *rows;
+	const char *duty_node;		/* who runs the duties, NULL if nobody */
+	int64		beat;			/* the caller's heartbeat count, this boot */
+} CpHeartbeatResult;
+
+extern void cp_heartbeat(const CpHeartbeatArgs *args, CpHeartbeatResult *out);
+
+/* ---- reports ---- */
+
+typedef struct CpReportRow
+{
+	char	   *stream;
+	int			shard;
+	int64		generation;
+	char	   *follower;
+	char	   *incarnation;
+	int64		acked_end;
+	bool		caught_up;
+	char	   *halted;			/* NULL or a halt reason */
+	int64		position;		/* -1: none */
+} CpReportRow;
+
+/* Parse felix.cp_report's JSON array; refuses a malformed one (22023). */
+extern int	cp_report_parse(const char *leader, const char *json, CpReportRow **rows);
+
+/* Returns how many rows were written (fewer: some shard moved on). */
+extern int	cp_report(const char *leader, const CpReportRow *rows, int nrows,
+					  int64 token, const char *incarnation, int64 leader_beat);
+
+/* ---- duties ---- */
+
+/*
+ * One round of the duties for node (this boot): hold or campaign for the
+ * duty, and while holding it, detect lapsed leases and promote.  Returns
+ * the shards given a new generation, or -1 when this node does not hold
+ * the duty.
+ */
+extern int	cp_duty_tick(const char *node, const char *boot);
+
+/* ---- streams and moves ---- */
+
+typedef struct CpCreateArgs
+{
+	const char *name;
+	const char *schema;
+	int			shards;
+	int			replication_factor;
+	const char *consistency;
+	const char *payload_type;
+	const char *storage;
+	int64		retention_bytes;	/* -1: none */
+	const char *retention;		/* NULL: none */
+	const char *caller;			/* the creating node (counted alive) */
+} CpCreateArgs;
+
+/* Returns the new stream's creation id. */
+extern char *cp_create_stream(const CpCreateArgs *args);
+extern void cp_drop_stream(const char *name, const char *creation_id, bool missing_ok);
+extern int64 cp_transfer(const char *stream, int shard, int64 generation,
+						 const char *from_node, const char *to_node);
+extern char *cp_move_replica(const char *stream, int shard,
+							 const char *from_node, const char *to_node);
+extern void cp_remove_node(const char *node);
+
+/* Validation shared by the calls. */
+extern void cp_check_node_name(const char *node);
+extern bool cp_is_uuid(const char *s);
+
+/* Placement score of a node for one shard (hashtext of node/stream/shard). */
+extern int32 cp_score(const char *node, const char *stream, int shard);
+
+#endif							/* FELIX_CONTROL_CP_H */

@@ -1,0 +1,202 @@
+/*-------------------------------------------------------------------------
+ *
+ * cpstate.h
+ *	  The control plane's state as records in the store (store.h): what
+ *	  each key holds, read from and written to JSON.  One record per key:
+ *
+ *	    nodes/<name>              a node: identity, address, what it cannot
+ *	                              serve, and the leases it claims (CpNode)
+ *	    leads/<name>              bumped whenever a shard is taken from
+ *	                              leader <name>: its heartbeat compares it
+ *	    streams/<name>            a stream's definition (CpStream)
+ *	    shards/<stream>/<NNNNNN>  a shard's assignment (CpShard)
+ *	    reports/<stream>/<NNNNNN> its leader's reports on followers (CpReports)
+ *	    duty                      the node running the duties (CpDuty)
+ *	    alive                     the nodes the duty holder sees alive (CpAlive)
+ *
+ *	  Times in records are the writer's wall clock in ms since the Unix
+ *	  epoch and are shown, never compared across hosts: every decision
+ *	  that depends on elapsed time is taken on one host's monotonic clock
+ *	  (duty.c).  A record that does not parse is reported and treated as
+ *	  absent, never guessed at.
+ *
+ * Locking rule: none; pure functions over palloc'd records.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef FELIX_CONTROL_CPSTATE_H
+#define FELIX_CONTROL_CPSTATE_H
+
+#include "postgres.h"
+
+#include "control/store.h"
+#include "lib/stringinfo.h"
+
+#define CP_MAX_REPLICAS		7	/* FELIX_MAX_REPLICAS (storage/shard.h) */
+
+/* A lease a node claims at a heartbeat: this shard, at this generation. */
+typedef struct CpClaim
+{
+	char	   *stream;
+	int			shard;
+	int64		generation;
+	int			lease_ms;
+} CpClaim;
+
+typedef struct CpNode
+{
+	char	   *name;
+	char	   *conninfo;		/* address only, secrets masked */
+	char	   *incarnation;
+	int64		starts;
+	char	   *boot;
+	int			nunable;
+	char	  **unable;			/* "stream/shard" */
+	int			nclaims;
+	CpClaim    *claims;
+	int64		beat;			/* heartbeats of this boot */
+	int64		registered_ms;
+	int64		heartbeat_ms;
+	char	   *peers;			/* JSON object: peer -> "" or why unreachable */
+	int64		rev;			/* mod_revision as read (0: new) */
+} CpNode;
+
+typedef struct CpStream
+{
+	char	   *name;
+	char	   *schema;
+	char	   *creation_id;
+	int			shards;
+	int			replication_factor;
+	char	   *consistency;
+	char	   *payload_type;
+	char	   *storage;
+	int64		retention_bytes;	/* -1: none */
+	char	   *retention;		/* interval as text (ISO 8601), NULL: none */
+	int64		created_ms;
+	int64		rev;
+} CpStream;
+
+typedef struct CpShard
+{
+	char	   *stream;
+	int			shard;
+	int64		generation;
+	char	   *leader;			/* the last leader while unplaced */
+	char	   *leader_incarnation;
+	int			nreplicas;
+	char	   *replicas[CP_MAX_REPLICAS + 1];
+	char	   *joining;		/* NULL unless a replica move is under way */
+	char	   *leaving;
+	int64		taken_generation;	/* newest generation whose lease was taken */
+	char	   *taken_boot;		/* ... by this boot of its leader */
+	char	   *unplaced_reason;
+	int64		assigned_ms;
+	int64		rev;
+} CpShard;
+
+typedef struct CpReport
+{
+	char	   *follower;
+	char	   *incarnation;	/* the follower's copy it speaks of */
+	int64		generation;
+	char	   *leader;
+	int64		acked_end;
+	bool		caught_up;
+	char	   *halted;			/* NULL, or diverged | needs_bootstrap | ... */
+	int64		halted_since_ms;
+	int64		position;		/* -1: none */
+	int64		token;			/* 0: none (a hand-made report) */
+	int64		leader_beat;	/* the reporter's heartbeat count when made */
+	int64		reported_ms;
+} CpReport;
+
+typedef struct CpReports
+{
+	int			n;
+	CpReport	rows[CP_MAX_REPLICAS + 1];
+	int64		rev;
+} CpReports;
+
+typedef struct CpDuty
+{
+	char	   *node;
+	char	   *boot;
+	int64		beat;			/* refreshes since it took over */
+	int64		since_ms;
+	int64		rev;
+} CpDuty;
+
+typedef struct CpAlive
+{
+	int			n;
+	char	  **nodes;
+	int64		rev;
+} CpAlive;
+
+/* Keys. */
+extern char *cp_key_node(const char *name);
+extern char *cp_key_leads(const char *name);
+extern char *cp_key_stream(const char *name);
+extern char *cp_key_shard(const char *stream, int shard);
+extern char *cp_key_reports(const char *stream, int shard);
+#define CP_KEY_DUTY		"duty"
+#define CP_KEY_ALIVE	"alive"
+
+/* Records from a key's value (false: malformed, logged at LOG). */
+extern bool cp_node_read(const FelixKV *kv, CpNode *out);
+extern bool cp_stream_read(const FelixKV *kv, CpStream *out);
+extern bool cp_shard_read(const FelixKV *kv, CpShard *out);
+extern bool cp_reports_read(const FelixKV *kv, CpReports *out);
+extern bool cp_duty_read(const FelixKV *kv, CpDuty *out);
+extern bool cp_alive_read(const FelixKV *kv, CpAlive *out);
+
+/* ... and back (palloc'd JSON). */
+extern char *cp_node_write(const CpNode *n);
+extern char *cp_stream_write(const CpStream *s);
+extern char *cp_shard_write(const CpShard *s);
+extern char *cp_reports_write(const CpReports *r);
+extern char *cp_duty_write(const CpDuty *d);
+extern char *cp_alive_write(const CpAlive *a);
+extern const char *cp_leads_value(void);
+
+/* Helpers over records. */
+extern bool cp_shard_has_replica(const CpShard *s, const char *node);
+extern bool cp_node_unable(const CpNode *n, const char *stream, int shard);
+extern const CpClaim *cp_node_claim(const CpNode *n, const char *stream, int shard);
+extern bool cp_alive_has(const CpAlive *a, const char *node);
+extern int64 cp_now_ms(void);
+
+/* Every record under the store, read at once (one revision). */
+typedef struct CpSnapshot
+{
+	int64		revision;
+	int			nnodes;
+	CpNode	   *nodes;
+	int			nstreams;
+	CpStream   *streams;
+	int			nshards;
+	CpShard    *shards;
+	int			nreports;
+	CpReports  *reports;		/* reports[i] of (report_stream[i], report_shard[i]) */
+	char	  **report_stream;
+	int		   *report_shard;
+	bool		have_duty;
+	CpDuty		duty;
+	bool		have_alive;
+	CpAlive		alive;
+	int			nleads;
+	char	  **leads_node;
+	int64	   *leads_rev;
+} CpSnapshot;
+
+/* Read the whole state in one range; false (reported at elevel) if it failed. */
+extern bool cp_snapshot_read(CpSnapshot *snap, int elevel);
+
+extern CpNode *cp_snapshot_node(const CpSnapshot *snap, const char *name);
+extern CpStream *cp_snapshot_stream(const CpSnapshot *snap, const char *name);
+extern CpShard *cp_snapshot_shard(const CpSnapshot *snap, const char *stream, int shard);
+extern CpReports *cp_snapshot_reports(const CpSnapshot *snap, const char *stream, int shard);
+extern int64 cp_snapshot_leads_rev(const CpSnapshot *snap, const char *node);
+
+#endif							/* FELIX_CONTROL_CPSTATE_H */

@@ -1,0 +1,119 @@
+/*-------------------------------------------------------------------------
+ *
+ * store.h
+ *	  The control-plane store: the small interface every control-plane
+ *	  rule is written over (docs/control-plane.md).  Keys are text, values
+ *	  are JSON text, every change bumps a store-wide revision, and a key's
+ *	  mod_revision is the revision that last wrote it.  Two operations:
+ *
+ *	  - a linearizable read of one key or of every key under a prefix;
+ *	  - a transaction: if every compare holds (a key's mod_revision equals
+ *		the one given; 0 means the key must not exist), apply every put and
+ *		delete at one new revision, else apply nothing.
+ *
+ *	  Two stores implement it: the embedded one (store_table.c: a table in
+ *	  the control-plane database, used by the felix.cp_* functions running
+ *	  there) and etcd (store_etcd.c: the v3 JSON gateway over libcurl,
+ *	  used by a node's own processes).  Which one a process uses is fixed
+ *	  by felix.etcd_endpoints.
+ *
+ *	  Every call reports a failure at the caller's elevel (ERROR raises; a
+ *	  worker passes LOG and carries on) and returns what it knows.
+ *
+ * Locking rule: none here.  The embedded store serializes transactions
+ * with a table lock held to the end of the calling transaction; etcd
+ * serializes them itself.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef FELIX_CONTROL_STORE_H
+#define FELIX_CONTROL_STORE_H
+
+#include "postgres.h"
+
+/* One key as read. */
+typedef struct FelixKV
+{
+	char	   *key;
+	char	   *value;
+	int64		mod_revision;
+} FelixKV;
+
+/* A transaction's condition: key's mod_revision == mod_revision (0: absent). */
+typedef struct FelixStoreCmp
+{
+	const char *key;
+	int64		mod_revision;
+} FelixStoreCmp;
+
+/* A transaction's change: put value at key, or delete key (value NULL). */
+typedef struct FelixStoreOp
+{
+	const char *key;
+	const char *value;
+} FelixStoreOp;
+
+typedef enum FelixStoreStatus
+{
+	FELIX_STORE_OK,				/* read done / transaction applied */
+	FELIX_STORE_CONFLICT,		/* a compare failed: nothing applied */
+	FELIX_STORE_FAILED,			/* not done, nothing applied (reported) */
+	FELIX_STORE_UNKNOWN			/* a transaction that may or may not have
+								 * applied: read again to know (reported) */
+} FelixStoreStatus;
+
+typedef struct FelixStoreMethods
+{
+	const char *name;			/* "embedded" or "etcd" */
+	FelixStoreStatus (*range) (const char *key, bool prefix,
+							   FelixKV **kvs, int *nkvs, int64 *revision,
+							   int elevel);
+	FelixStoreStatus (*txn) (const FelixStoreCmp *cmps, int ncmps,
+							 const FelixStoreOp *ops, int nops,
+							 int64 *revision, int elevel);
+} FelixStoreMethods;
+
+extern const FelixStoreMethods felix_store_table;
+extern const FelixStoreMethods felix_store_etcd;
+
+/* True when felix.etcd_endpoints names an etcd cluster. */
+extern bool felix_store_is_etcd(void);
+
+/*
+ * Read key (or, with prefix, every key starting with it, in byte order)
+ * into a palloc'd array; *revision is the store's revision as of the read.
+ */
+extern FelixStoreStatus felix_store_range(const char *key, bool prefix,
+										  FelixKV **kvs, int *nkvs,
+										  int64 *revision, int elevel);
+
+/* Apply ops at one new revision (*revision) if every compare holds. */
+extern FelixStoreStatus felix_store_txn(const FelixStoreCmp *cmps, int ncmps,
+										const FelixStoreOp *ops, int nops,
+										int64 *revision, int elevel);
+
+/* The store this process uses (etcd, or the table in this database). */
+extern const FelixStoreMethods *felix_store(void);
+
+/*
+ * The store's health as this process last saw it, for felix_nodes: the
+ * endpoint that last answered, the etcd leader it named, and the last
+ * failure ("" when the last request succeeded).
+ */
+typedef struct FelixStoreHealth
+{
+	char		endpoint[256];
+	char		leader[64];
+	char		last_error[256];
+	int64		last_ok_ns;		/* felix_monotonic_ns of the last success */
+} FelixStoreHealth;
+
+extern const FelixStoreHealth *felix_store_health(void);
+
+/* etcd: ask the endpoint that answers who leads (fills health.leader). */
+extern bool felix_store_etcd_status(int elevel);
+
+/* At start: refuse an unusable felix.etcd_* setting (FATAL, no secrets). */
+extern void felix_store_check_settings(void);
+
+#endif							/* FELIX_CONTROL_STORE_H */
