@@ -48,6 +48,8 @@ OBJS = \
 	src/control/cp_report.o \
 	src/control/cp_duty.o \
 	src/control/cp_streams.o \
+	src/control/cp_sql.o \
+	src/control/cpcall.o \
 	src/replication/state.o \
 	src/replication/rules.o \
 	src/replication/lease.o \

@@ -148,7 +148,7 @@ SELECT felix.cp_create_stream('hx_cp');
 SELECT felix.cp_report('regress', '[]');
 \echo SQLSTATE :SQLSTATE
 -- 33
-SELECT felix.cp_tick();
+SELECT felix.cp_tick('regress', '00000000-0000-4000-8000-000000000000');
 \echo SQLSTATE :SQLSTATE
 -- 34
 SELECT felix_create_node_role('evil');
@@ -298,7 +298,7 @@ SELECT shard, seq, payload FROM hx ORDER BY shard, seq;
 SELECT seq, payload FROM hx_text;
 SELECT count(*) AS cluster_rows, bool_and(creation_id = :'hx_id') AS same_identity
   FROM felix.cluster_streams WHERE name = 'hx';
-SELECT count(*) AS assignments, bool_and(lease_granted_at IS NOT NULL) AS leased
+SELECT count(*) AS assignments, bool_and(taken_generation = generation) AS leased
   FROM felix.assignments WHERE stream = 'hx';
 SELECT stream, shard, role, state FROM felix_shards WHERE stream IN ('hx', 'hx_text') ORDER BY 1, 2;
 SELECT count(*) AS streams_named_by_the_attacker

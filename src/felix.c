@@ -55,6 +55,7 @@ int			felix_lease_margin = 200;
 int			felix_lease_epsilon = 100;
 int			felix_quorum_timeout = 5000;
 int			felix_node_expiry = 1500;
+bool		felix_control_plane_duties = true;
 char	   *felix_etcd_endpoints = NULL;
 char	   *felix_etcd_prefix = NULL;
 int			felix_etcd_timeout = 2000;
@@ -176,6 +177,12 @@ define_gucs(void)
 							NULL,
 							&felix_node_expiry, 1500, 10, 3600000,
 							PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
+	DefineCustomBoolVariable("felix.control_plane_duties",
+							 "Whether this node may run the control-plane duties (failure detection, promotion).",
+							 "Exactly one node runs them at a time, chosen through the control-plane store; "
+							 "a node with this off never takes them, and gives them up if it holds them.",
+							 &felix_control_plane_duties, true,
+							 PGC_SIGHUP, 0, NULL, NULL, NULL);
 	DefineCustomIntVariable("felix.rebuild_max_concurrent",
 							"How many halted followers this node, as their leader, rebuilds at once.",
 							"0 rebuilds nothing automatically; felix_rebuild and felix_rebuild_halted still run one at a time.",

@@ -46,6 +46,7 @@
 #include "api/catalog.h"
 #include "control/conninfo.h"
 #include "control/client.h"
+#include "control/cpcall.h"
 #include "control/halts.h"
 #include "control/nodes.h"
 #include "metrics.h"
@@ -308,7 +309,7 @@ transfer_one(const FelixStream *stream, int shard, const char *target)
 	volatile uint64 next = 0;
 	TimestampTz deadline;
 	MemoryContext cxt = CurrentMemoryContext;
-	PGconn	   *volatile cp = NULL;
+	FelixCpSession cp;
 	PGconn	   *volatile peer = NULL;
 
 	if (felix_is_this_node(target))
@@ -337,7 +338,7 @@ transfer_one(const FelixStream *stream, int shard, const char *target)
 	 * 0. the connections the hand-over needs, made before anything stops:
 	 * their setup is not part of the time writes are refused
 	 */
-	cp = felix_cp_connect(FELIX_CP_CALL_TIMEOUT_MS);
+	(void) felix_cp_open(&cp, "felix", FELIX_CP_CALL_TIMEOUT_MS, ERROR);
 	peer = peer_connect(target);
 
 	/* 1. admit nothing more; every write admitted so far has its seqs */
@@ -348,7 +349,7 @@ transfer_one(const FelixStream *stream, int shard, const char *target)
 	PG_CATCH();
 	{
 		felix_conn_close(peer);
-		felix_conn_close(cp);
+		felix_cp_close(&cp);
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
@@ -397,7 +398,7 @@ transfer_one(const FelixStream *stream, int shard, const char *target)
 
 		/* 3. stop writing at this generation, then 4. hand the next one over */
 		lease_hand_off_release(s, generation);
-		next = felix_cp_call_transfer(cp, stream->name, shard, generation, target);
+		next = felix_cp_transfer(&cp, stream->name, shard, generation, target);
 
 		/* 5. the target takes its lease now, not at its next interval */
 		wake_peer_heartbeat(peer);
@@ -406,7 +407,7 @@ transfer_one(const FelixStream *stream, int shard, const char *target)
 	{
 		MemoryContextSwitchTo(cxt);
 		felix_conn_close(peer);
-		felix_conn_close(cp);
+		felix_cp_close(&cp);
 		/* not granted: lead on (the next heartbeat renews a released lease) */
 		if (next == 0)
 			lease_hand_off_cancel(s);
@@ -415,7 +416,7 @@ transfer_one(const FelixStream *stream, int shard, const char *target)
 	}
 	PG_END_TRY();
 	felix_conn_close(peer);
-	felix_conn_close(cp);
+	felix_cp_close(&cp);
 	felix_heartbeat_wake();
 	felix_count(FELIX_CTR_PLANNED_MOVES, 1);
 	ereport(LOG,
@@ -616,7 +617,7 @@ felix_move_replica(PG_FUNCTION_ARGS)
 	to_node = text_to_cstring(PG_GETARG_TEXT_PP(3));
 	felix_check_shard(&stream, shard);
 	felix_check_stream_owner(stream.relid, stream.name, "move a replica of");
-	replicas = felix_cp_call_move_replica(stream.name, shard, from_node, to_node);
+	replicas = felix_cp_move_replica(stream.name, shard, from_node, to_node);
 	PG_RETURN_TEXT_P(cstring_to_text(psprintf("node \"%s\" joins (replica set %s); node \"%s\" leaves once \"%s\" has caught up",
 											  to_node, replicas, from_node, to_node)));
 }

@@ -46,6 +46,7 @@
 #include "api/publish.h"
 #include "api/stream.h"
 #include "control/client.h"
+#include "control/cpcall.h"
 #include "felix.h"
 #include "privilege.h"
 #include "storage/shard.h"
@@ -291,7 +292,7 @@ felix_create_stream(PG_FUNCTION_ARGS)
 	 */
 	felix_stream_lock_name(name, true);
 	felix_stream_check_name_free(name, schema);
-	creation_id = felix_cp_call_create_stream(name, schema, shards, replication_factor,
+	creation_id = felix_cp_create_stream(name, schema, shards, replication_factor,
 											  consistency, payload_type, storage,
 											  PG_ARGISNULL(6) ? -1 : PG_GETARG_INT64(6),
 											  PG_ARGISNULL(7) ? NULL :
@@ -471,7 +472,7 @@ unregister_streams(SubTransactionId from_subid)
 
 		if (n->subid < from_subid)
 			continue;
-		if (!felix_cp_call_unregister_stream(n->name, n->creation_id))
+		if (!felix_cp_unregister_stream(n->name, n->creation_id))
 			ereport(WARNING,
 					(errmsg("stream \"%s\": its creation was rolled back, but the control plane still lists it",
 							n->name),
@@ -536,7 +537,7 @@ stream_xact_callback(XactEvent event, void *arg)
 				{
 					StreamNote *n = lfirst(lc);
 
-					felix_cp_call_drop_stream(n->name, n->creation_id);
+					felix_cp_drop_stream(n->name, n->creation_id);
 				}
 			}
 			break;

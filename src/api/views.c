@@ -226,8 +226,8 @@ felix_nodes_view(PG_FUNCTION_ARGS)
 	n = felix_nodes_list(&nodes);
 	for (int i = 0; i < n; i++)
 	{
-		Datum		values[4];
-		bool		nulls[4] = {false, false, false, false};
+		Datum		values[5];
+		bool		nulls[5] = {false, false, false, false, false};
 
 		values[0] = CStringGetTextDatum(nodes[i].name);
 		/* addresses are for pg_read_all_stats, masked even then */
@@ -237,6 +237,7 @@ felix_nodes_view(PG_FUNCTION_ARGS)
 			nulls[1] = true;
 		values[2] = BoolGetDatum(nodes[i].alive);
 		values[3] = TimestampTzGetDatum(nodes[i].last_heartbeat);
+		values[4] = BoolGetDatum(nodes[i].duty);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	return (Datum) 0;

@@ -58,7 +58,6 @@
 #include "felix.h"
 #include "storage/incarnation.h"
 
-#define CP_PURPOSE		"the felix control plane"
 
 /* ---------------------------------------------------------------------
  * Waiting
@@ -385,24 +384,6 @@ felix_conn_open(const char *conninfo, const char *purpose,
 	return NULL;
 }
 
-void
-felix_cp_heartbeat_args(const char *values[FELIX_CP_HEARTBEAT_NARGS], const char *unable)
-{
-	static char incarnation[FELIX_INCARNATION_LEN];
-	static char boot_id[FELIX_INCARNATION_LEN];
-	static char starts[24];
-	uint64		boots;
-
-	felix_incarnation_boot(incarnation, &boots, boot_id);
-	snprintf(starts, sizeof(starts), UINT64_FORMAT, boots);
-	values[0] = felix_node_name_resolved();
-	values[1] = felix_conninfo_address(felix_node_conninfo_resolved());
-	values[2] = incarnation;
-	values[3] = starts;
-	values[4] = boot_id;
-	values[5] = unable;
-}
-
 /* ---------------------------------------------------------------------
  * Queries
  * ---------------------------------------------------------------------
@@ -603,7 +584,7 @@ felix_conn_set_statement_timeout(PGconn *conn, int timeout_ms, int elevel)
 }
 
 /* ---------------------------------------------------------------------
- * Backend calls to the control plane
+ * This node's own address
  * ---------------------------------------------------------------------
  */
 
@@ -648,211 +629,4 @@ felix_verify_own_conninfo(int timeout_ms, int elevel)
 	if (verdict != 0)
 		felix_set_conninfo_verified(verdict);
 	return verdict;
-}
-
-/* A connection to the control plane, its statement_timeout set; NULL
- * (reported at elevel) on failure. */
-static PGconn *
-cp_open(int timeout_ms, int elevel)
-{
-	PGconn	   *conn = felix_conn_open(felix_cp_conninfo(), CP_PURPOSE, "felix",
-									   timeout_ms, elevel);
-
-	if (conn != NULL && !felix_conn_set_statement_timeout(conn, timeout_ms, elevel))
-	{
-		felix_conn_close(conn);
-		conn = NULL;
-	}
-	return conn;
-}
-
-PGconn *
-felix_cp_connect(int timeout_ms)
-{
-	felix_require_preload();
-	return cp_open(timeout_ms, ERROR);
-}
-
-/*
- * Open, run, close; the control plane's error is raised here at elevel
- * ERROR, or logged at a lower elevel, and then the result is false.  Each
- * step has timeout_ms.  With register_first, this node heartbeats (registers) on the same connection
- * before the call: a placement counts only alive nodes, and the node
- * asking is certainly alive even when its heartbeat worker has not yet
- * registered it (just after CREATE EXTENSION or a restart).  That
- * heartbeat's answer is not applied here; a lease it renews is one this
- * node does not use until its own worker's next heartbeat renews it again,
- * so the node only ever believes in less lease than the control plane
- * granted, which is the safe side.
- */
-static bool
-cp_call(const char *fn, const char *sql, int nparams, const char *const *values,
-		bool register_first, int elevel, int timeout_ms, char **first_value)
-{
-	PGconn	   *volatile conn = NULL;
-	volatile bool ok = false;
-
-	felix_require_preload();
-	PG_TRY();
-	{
-		PGresult   *res = NULL;
-
-		conn = cp_open(timeout_ms, elevel);
-		if (conn != NULL)
-		{
-			ok = true;
-			if (register_first)
-			{
-				const char *me[FELIX_CP_HEARTBEAT_NARGS];
-
-				/* a node registers only at an address that reaches it */
-				if (felix_conninfo_verified() <= 0 &&
-					felix_verify_own_conninfo(timeout_ms, WARNING) <= 0)
-					ereport(ERROR,
-							(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-							 errmsg("node \"%s\" cannot join the cluster: felix.node_conninfo does not reach it",
-									felix_node_name_resolved()),
-							 errhint("Set felix.node_conninfo to an address of this server (the WARNING above says what it reached) and restart it.")));
-				felix_cp_heartbeat_args(me, NULL);
-				res = felix_conn_exec(conn, "felix.cp_heartbeat",
-									  "SELECT pg_catalog.count(*) FROM " FELIX_CP_HEARTBEAT_CALL,
-									  FELIX_CP_HEARTBEAT_NARGS, me, timeout_ms, elevel);
-				ok = res != NULL;
-				PQclear(res);
-			}
-			if (ok)
-			{
-				res = felix_conn_exec(conn, fn, sql, nparams, values, timeout_ms, elevel);
-				ok = res != NULL;
-				if (ok && first_value != NULL)
-				{
-					if (PQntuples(res) != 1 || PQnfields(res) != 1 || PQgetisnull(res, 0, 0))
-					{
-						PQclear(res);
-						ereport(ERROR,
-								(errcode(ERRCODE_PROTOCOL_VIOLATION),
-								 errmsg("%s on the control plane returned no value", fn),
-								 errhint("Run the same felix version on every node and on the control plane.")));
-					}
-					*first_value = pstrdup(PQgetvalue(res, 0, 0));
-				}
-				PQclear(res);
-			}
-		}
-	}
-	PG_FINALLY();
-	{
-		felix_conn_close(conn);
-	}
-	PG_END_TRY();
-	return ok;
-}
-
-char *
-felix_cp_call_create_stream(const char *name, const char *schema, int shards,
-							int replication_factor, const char *consistency,
-							const char *payload_type, const char *storage,
-							int64 retention_bytes, const char *retention)
-{
-	char		shards_s[16];
-	char		rf_s[16];
-	char		rb_s[32];
-	const char *values[9];
-	char	   *creation_id = NULL;
-
-	snprintf(shards_s, sizeof(shards_s), "%d", shards);
-	snprintf(rf_s, sizeof(rf_s), "%d", replication_factor);
-	snprintf(rb_s, sizeof(rb_s), INT64_FORMAT, retention_bytes);
-	values[0] = name;
-	values[1] = schema;
-	values[2] = shards_s;
-	values[3] = rf_s;
-	values[4] = consistency;
-	values[5] = payload_type;
-	values[6] = storage;
-	values[7] = retention_bytes < 0 ? NULL : rb_s;
-	values[8] = retention;
-	(void) cp_call("felix.cp_create_stream",
-				   "SELECT felix.cp_create_stream($1, $3::integer, $4::integer, $5, $6, $7, "
-				   "$8::bigint, $9::interval, schema => $2)",
-				   9, values, true, ERROR, FELIX_CP_CALL_TIMEOUT_MS, &creation_id);
-	if (strlen(creation_id) >= FELIX_CREATION_ID_LEN)
-		ereport(ERROR,
-				(errcode(ERRCODE_PROTOCOL_VIOLATION),
-				 errmsg("felix.cp_create_stream on the control plane returned a creation id that is not a uuid"),
-				 errhint("Run the same felix version on every node and on the control plane.")));
-	return creation_id;
-}
-
-static const char *const drop_sql =
-"SELECT felix.cp_drop_stream($1, $2::pg_catalog.uuid, true)";
-
-void
-felix_cp_call_drop_stream(const char *name, const char *creation_id)
-{
-	const char *values[2] = {name, creation_id};
-
-	(void) cp_call("felix.cp_drop_stream", drop_sql, 2, values, false, ERROR,
-				   FELIX_CP_CALL_TIMEOUT_MS, NULL);
-}
-
-uint64
-felix_cp_call_transfer(PGconn *conn, const char *stream, int shard, uint64 generation,
-					   const char *to_node)
-{
-	char		shard_s[16];
-	char		gen_s[24];
-	const char *values[5];
-	PGresult   *res;
-	uint64		next;
-
-	snprintf(shard_s, sizeof(shard_s), "%d", shard);
-	snprintf(gen_s, sizeof(gen_s), UINT64_FORMAT, generation);
-	values[0] = stream;
-	values[1] = shard_s;
-	values[2] = gen_s;
-	values[3] = felix_node_name_resolved();
-	values[4] = to_node;
-	res = felix_conn_exec(conn, "felix.cp_transfer",
-						  "SELECT felix.cp_transfer($1, $2::integer, $3::bigint, $4, $5)",
-						  5, values, FELIX_CP_CALL_TIMEOUT_MS, ERROR);
-	if (PQntuples(res) != 1 || PQnfields(res) != 1 || PQgetisnull(res, 0, 0))
-	{
-		PQclear(res);
-		ereport(ERROR,
-				(errcode(ERRCODE_PROTOCOL_VIOLATION),
-				 errmsg("felix.cp_transfer on the control plane returned no generation"),
-				 errhint("Run the same felix version on every node and on the control plane.")));
-	}
-	next = strtou64(PQgetvalue(res, 0, 0), NULL, 10);
-	PQclear(res);
-	return next;
-}
-
-char *
-felix_cp_call_move_replica(const char *stream, int shard, const char *from_node,
-						   const char *to_node)
-{
-	char		shard_s[16];
-	const char *values[4];
-	char	   *replicas = NULL;
-
-	snprintf(shard_s, sizeof(shard_s), "%d", shard);
-	values[0] = stream;
-	values[1] = shard_s;
-	values[2] = from_node;
-	values[3] = to_node;
-	(void) cp_call("felix.cp_move_replica",
-				   "SELECT pg_catalog.array_to_string(felix.cp_move_replica($1, $2::integer, $3, $4), ', ')",
-				   4, values, false, ERROR, FELIX_CP_CALL_TIMEOUT_MS, &replicas);
-	return replicas;
-}
-
-bool
-felix_cp_call_unregister_stream(const char *name, const char *creation_id)
-{
-	const char *values[2] = {name, creation_id};
-
-	return cp_call("felix.cp_drop_stream", drop_sql, 2, values, false, WARNING,
-				   FELIX_CP_ABORT_TIMEOUT_MS, NULL);
 }

@@ -86,6 +86,7 @@ typedef struct NodeObs
 	char		name[NAMEDATALEN];
 	int64		rev;
 	int64		changed_seen_ns;
+	bool		changed;		/* seen to change since first seen */
 } NodeObs;
 
 static bool holding = false;
@@ -201,9 +202,14 @@ hold_duty(const CpSnapshot *snap, const char *node, const char *boot)
 				(errmsg("felix: node \"%s\" no longer runs the control-plane duties (node \"%s\" does)",
 						node, snap->have_duty ? snap->duty.node : "(none)")));
 	}
-	if (!snap->have_duty || mine)
+	if (!snap->have_duty || mine || strcmp(snap->duty.node, node) == 0)
 	{
-		/* nobody, or us without memory of it (a new connection): start afresh */
+		/*
+		 * Nobody, or this node without memory of it: a new connection, or a
+		 * new start of this server (whose old processes are gone -- and had
+		 * one survived, the duty key it compares has changed under it).
+		 * Start afresh.
+		 */
 		take_over(snap, node, boot);
 		return holding;
 	}
@@ -231,6 +237,7 @@ node_seen(const CpNode *n, int64 now)
 
 	if (!found || o->rev != n->rev)
 	{
+		o->changed = found;
 		o->rev = n->rev;
 		o->changed_seen_ns = now;
 	}
@@ -290,14 +297,24 @@ keep_alive_list(const CpSnapshot *snap, int64 now)
 	FelixStoreOp op;
 	int64		rev;
 
-	/* until it has watched that long, a new holder cannot tell */
-	if (now - took_over_ns < (int64) felix_node_expiry * NS_PER_MS)
-		return;
+	bool		watched = now - took_over_ns >= (int64) felix_node_expiry * NS_PER_MS;
+
 	memset(&a, 0, sizeof(a));
 	a.nodes = palloc0(sizeof(char *) * (snap->nnodes + 1));
 	for (int i = 0; i < snap->nnodes; i++)
-		if (is_alive(&snap->nodes[i], now))
-			a.nodes[a.n++] = snap->nodes[i].name;
+	{
+		const CpNode *n = &snap->nodes[i];
+		NodeObs    *o = hash_search(node_obs, n->name, HASH_FIND, NULL);
+
+		/*
+		 * Until it has watched for node_expiry a new holder cannot tell a
+		 * dead node from a quiet one: it keeps the list it found, adding
+		 * only the nodes it has seen heartbeat.
+		 */
+		if (watched ? is_alive(n, now)
+			: ((o && o->changed) || (snap->have_alive && cp_alive_has(&snap->alive, n->name))))
+			a.nodes[a.n++] = n->name;
+	}
 	same = snap->have_alive && snap->alive.n == a.n;
 	for (int i = 0; same && i < a.n; i++)
 		same = strcmp(snap->alive.nodes[i], a.nodes[i]) == 0;
@@ -558,6 +575,7 @@ cp_duty_tick(const char *node, const char *boot)
 	int64		now;
 	int			promoted = 0;
 
+	felix_store_serialize();
 	if (!cp_snapshot_read(&snap, LOG))
 		return -1;
 	if (!hold_duty(&snap, node, boot))

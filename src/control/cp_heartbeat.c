@@ -47,7 +47,7 @@
 /* The most first claims one heartbeat makes (each writes an assignment). */
 #define CP_MAX_TAKES_PER_BEAT	64
 /* Attempts before giving up when other writers keep getting there first. */
-#define CP_MAX_ATTEMPTS			8
+#define CP_MAX_ATTEMPTS			32
 
 void
 cp_check_node_name(const char *node)
@@ -169,6 +169,7 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 		FelixStoreStatus st;
 		int			room;
 
+		felix_store_serialize();
 		(void) cp_snapshot_read(&snap, ERROR);
 		prev = cp_snapshot_node(&snap, a->node);
 		room = snap.nreports + snap.nshards + 4;
@@ -308,7 +309,11 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 
 		st = felix_store_txn(cmps, ncmps, ops, nops, &rev, ERROR);
 		if (st == FELIX_STORE_CONFLICT)
-			continue;			/* someone wrote meanwhile: read again */
+		{
+			/* someone wrote meanwhile: read again */
+			cp_backoff(attempt);
+			continue;
+		}
 		if (st != FELIX_STORE_OK)
 			ereport(ERROR,
 					(errcode(ERRCODE_CONNECTION_FAILURE),

@@ -31,7 +31,7 @@
 #include "control/cp.h"
 #include "control/json.h"
 
-#define CP_MAX_ATTEMPTS		8
+#define CP_MAX_ATTEMPTS		32
 
 static bool
 halt_reason_ok(const char *h)
@@ -122,7 +122,7 @@ newer_than_stored(const CpReport *stored, const char *leader, int64 generation, 
 
 int
 cp_report(const char *leader, const CpReportRow *rows, int nrows, int64 token,
-		  const char *incarnation, int64 leader_beat)
+		  const char *incarnation)
 {
 	for (int attempt = 0; attempt < CP_MAX_ATTEMPTS; attempt++)
 	{
@@ -136,7 +136,14 @@ cp_report(const char *leader, const CpReportRow *rows, int nrows, int64 token,
 		int64		rev;
 		FelixStoreStatus st;
 
+		CpNode	   *me;
+		int64		leader_beat;
+
+		felix_store_serialize();
 		(void) cp_snapshot_read(&snap, ERROR);
+		/* the reporter's heartbeat count: how recent the report is, for promotion */
+		me = cp_snapshot_node(&snap, leader);
+		leader_beat = me ? me->beat : 0;
 		cmps = palloc0(sizeof(FelixStoreCmp) * (2 * nrows + 2));
 		ops = palloc0(sizeof(FelixStoreOp) * (2 * nrows + 2));
 
@@ -277,7 +284,10 @@ cp_report(const char *leader, const CpReportRow *rows, int nrows, int64 token,
 		if (st == FELIX_STORE_OK)
 			return accepted;
 		if (st == FELIX_STORE_CONFLICT)
+		{
+			cp_backoff(attempt);
 			continue;
+		}
 		ereport(ERROR,
 				(errcode(ERRCODE_CONNECTION_FAILURE),
 				 errmsg("node \"%s\": the control-plane store did not confirm the replica reports", leader),

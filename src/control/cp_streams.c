@@ -107,6 +107,13 @@ validate_create(const CpCreateArgs *a)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("stream \"%s\": invalid storage \"%s\"", a->name, a->storage),
 				 errhint("storage must be local or object.")));
+	if (a->has_retention &&
+		(a->retention_months < 0 || a->retention_days < 0 || a->retention_usec < 0 ||
+		 (a->retention_months == 0 && a->retention_days == 0 && a->retention_usec == 0)))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("stream \"%s\": retention must be a positive interval", a->name),
+				 errhint("Leave retention NULL to keep records regardless of age.")));
 	if (a->retention_bytes == 0 || a->retention_bytes < -1)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -159,6 +166,7 @@ cp_create_stream(const CpCreateArgs *a)
 	FelixStoreStatus rc;
 
 	validate_create(a);
+	felix_store_serialize();
 	(void) cp_snapshot_read(&snap, ERROR);
 	if (cp_snapshot_stream(&snap, a->name) != NULL)
 		ereport(ERROR,
@@ -206,7 +214,10 @@ cp_create_stream(const CpCreateArgs *a)
 	st.payload_type = (char *) a->payload_type;
 	st.storage = (char *) a->storage;
 	st.retention_bytes = a->retention_bytes;
-	st.retention = (char *) a->retention;
+	st.has_retention = a->has_retention;
+	st.retention_months = a->retention_months;
+	st.retention_days = a->retention_days;
+	st.retention_usec = a->retention_usec;
 	st.created_ms = cp_now_ms();
 
 	ops = palloc0(sizeof(FelixStoreOp) * (a->shards + 1));
@@ -269,6 +280,7 @@ cp_drop_stream(const char *name, const char *creation_id, bool missing_ok)
 					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 					 errmsg("a stream name and creation id must not be NULL"),
 					 errhint("Pass the name and creation_id of the stream to drop.")));
+		felix_store_serialize();
 		(void) cp_snapshot_read(&snap, ERROR);
 		st = cp_snapshot_stream(&snap, name);
 		if (st == NULL || strcmp(st->creation_id, creation_id) != 0)
@@ -311,6 +323,7 @@ cp_drop_stream(const char *name, const char *creation_id, bool missing_ok)
 			return;
 		if (rc != FELIX_STORE_CONFLICT)
 			store_failed(psprintf("the drop of stream \"%s\"", name));
+		cp_backoff(attempt);
 	}
 	store_failed(psprintf("the drop of stream \"%s\" (it kept changing)", name));
 }
@@ -328,6 +341,7 @@ cp_transfer(const char *stream, int shard, int64 generation, const char *from_no
 	int64		rev;
 	FelixStoreStatus rc;
 
+	felix_store_serialize();
 	(void) cp_snapshot_read(&snap, ERROR);
 	s = cp_snapshot_shard(&snap, stream, shard);
 	if (s == NULL || s->generation != generation || s->leader == NULL ||
@@ -404,6 +418,7 @@ cp_move_replica(const char *stream, int shard, const char *from_node, const char
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("stream \"%s\" shard %d: from_node and to_node must not be NULL", stream, shard),
 				 errhint("Name the replica that goes and the node that replaces it.")));
+	felix_store_serialize();
 	(void) cp_snapshot_read(&snap, ERROR);
 	s = cp_snapshot_shard(&snap, stream, shard);
 	if (s == NULL)
@@ -489,6 +504,7 @@ cp_remove_node(const char *node)
 	int64		rev;
 
 	cp_check_node_name(node);
+	felix_store_serialize();
 	(void) cp_snapshot_read(&snap, ERROR);
 	n = cp_snapshot_node(&snap, node);
 	if (n == NULL)
@@ -521,4 +537,61 @@ cp_remove_node(const char *node)
 				 errmsg("node \"%s\" changed while it was being removed", node),
 				 errhint("Run felix_remove_node again.")));
 	ereport(LOG, (errmsg("felix: node \"%s\" was removed from the control plane", node)));
+}
+
+static int
+node_row_cmp(const void *a, const void *b)
+{
+	return strcmp(((const CpNodeRow *) a)->node->name, ((const CpNodeRow *) b)->node->name);
+}
+
+int
+cp_list_nodes(const CpSnapshot *snap, CpNodeRow **rows)
+{
+	*rows = palloc0(sizeof(CpNodeRow) * (snap->nnodes + 1));
+	for (int i = 0; i < snap->nnodes; i++)
+	{
+		const CpNode *n = &snap->nodes[i];
+
+		(*rows)[i].node = n;
+		(*rows)[i].alive = snap->have_alive && cp_alive_has(&snap->alive, n->name);
+		(*rows)[i].duty = snap->have_duty && strcmp(snap->duty.node, n->name) == 0;
+	}
+	qsort(*rows, snap->nnodes, sizeof(CpNodeRow), node_row_cmp);
+	return snap->nnodes;
+}
+
+int
+cp_list_halted(const CpSnapshot *snap, CpHaltRow **rows)
+{
+	int			n = 0;
+
+	*rows = palloc0(sizeof(CpHaltRow) * (snap->nreports * (CP_MAX_REPLICAS + 1) + 1));
+	for (int i = 0; i < snap->nreports; i++)
+	{
+		const CpReports *r = &snap->reports[i];
+		const CpShard *s = cp_snapshot_shard(snap, snap->report_stream[i], snap->report_shard[i]);
+
+		if (s == NULL)
+			continue;
+		for (int j = 0; j < r->n; j++)
+		{
+			const CpReport *x = &r->rows[j];
+			CpHaltRow  *h;
+
+			if (x->halted == NULL || x->generation != s->generation ||
+				s->leader == NULL || strcmp(x->leader, s->leader) != 0)
+				continue;
+			h = &(*rows)[n++];
+			h->stream = s->stream;
+			h->shard = s->shard;
+			h->node = x->follower;
+			h->generation = x->generation;
+			h->leader = x->leader;
+			h->position = x->position;
+			h->reason = x->halted;
+			h->since_ms = x->halted_since_ms;
+		}
+	}
+	return n;
 }

@@ -17,7 +17,11 @@
 
 #include <sys/time.h>
 
+#include "common/pg_prng.h"
 #include "control/cpstate.h"
+#include "miscadmin.h"
+#include "storage/latch.h"
+#include "utils/wait_event.h"
 #include "control/json.h"
 #include "utils/json.h"
 
@@ -58,6 +62,17 @@ cp_now_ms(void)
 
 	gettimeofday(&tv, NULL);
 	return (int64) tv.tv_sec * 1000 + tv.tv_usec / 1000;
+}
+
+void
+cp_backoff(int attempt)
+{
+	long		ms = 1 + (long) (pg_prng_uint32(&pg_global_prng_state) % (uint32) (2 * Min(attempt, 10) + 1));
+
+	(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, ms,
+					 PG_WAIT_EXTENSION);
+	ResetLatch(MyLatch);
+	CHECK_FOR_INTERRUPTS();
 }
 
 static JsonbContainer *
@@ -281,7 +296,22 @@ cp_stream_read(const FelixKV *kv, CpStream *s)
 	s->shards = (int) shards;
 	s->replication_factor = (int) rf;
 	s->retention_bytes = opt_int64(o, "retention_bytes", -1);
-	s->retention = opt_string(o, "retention");
+	{
+		JsonbContainer *r = felix_json_object(o, "retention");
+		int64		m,
+					d;
+
+		if (r != NULL)
+		{
+			if (!felix_json_int64(r, "months", &m) || !felix_json_int64(r, "days", &d) ||
+				!felix_json_int64(r, "usec", &s->retention_usec) ||
+				m < PG_INT32_MIN || m > PG_INT32_MAX || d < PG_INT32_MIN || d > PG_INT32_MAX)
+				return malformed(kv, "stream");
+			s->has_retention = true;
+			s->retention_months = (int32) m;
+			s->retention_days = (int32) d;
+		}
+	}
 	s->created_ms = opt_int64(o, "created_ms", 0);
 	s->rev = kv->mod_revision;
 	return true;
@@ -304,8 +334,14 @@ cp_stream_write(const CpStream *s)
 	felix_json_put_string(&b, "storage", s->storage);
 	if (s->retention_bytes >= 0)
 		felix_json_put_int64(&b, "retention_bytes", s->retention_bytes);
-	if (s->retention)
-		felix_json_put_string(&b, "retention", s->retention);
+	if (s->has_retention)
+	{
+		appendStringInfoString(&b, ",\"retention\":{");
+		felix_json_put_int64(&b, "months", s->retention_months);
+		felix_json_put_int64(&b, "days", s->retention_days);
+		felix_json_put_int64(&b, "usec", s->retention_usec);
+		appendStringInfoChar(&b, '}');
+	}
 	felix_json_put_int64(&b, "created_ms", s->created_ms);
 	appendStringInfoChar(&b, '}');
 	return b.data;

@@ -41,7 +41,9 @@ typedef struct FelixNodeEntry
 	/* from the control plane's last node list (felix_nodes_listed) */
 	bool		listed;
 	bool		alive;
-	TimestampTz last_heartbeat; /* the control plane's clock */
+	bool		duty;
+	TimestampTz last_heartbeat; /* the node's own clock, as it wrote it */
+	char		peers[FELIX_NODE_PEERS_LEN];
 } FelixNodeEntry;
 
 typedef struct FelixNodeDirectory
@@ -169,7 +171,9 @@ felix_nodes_listed(const FelixNodeInfo *nodes, int n)
 		e->last_seen = now;
 		e->listed = true;
 		e->alive = nodes[i].alive;
+		e->duty = nodes[i].duty;
 		e->last_heartbeat = nodes[i].last_heartbeat;
+		strlcpy(e->peers, nodes[i].peers, FELIX_NODE_PEERS_LEN);
 	}
 	LWLockRelease(&directory->lock);
 }
@@ -193,7 +197,9 @@ felix_nodes_list(FelixNodeInfo **out)
 		strlcpy((*out)[n].conninfo, e->conninfo, FELIX_NODE_CONNINFO_LEN);
 		strlcpy((*out)[n].incarnation, e->incarnation, FELIX_INCARNATION_LEN);
 		(*out)[n].alive = e->alive;
+		(*out)[n].duty = e->duty;
 		(*out)[n].last_heartbeat = e->last_heartbeat;
+		strlcpy((*out)[n].peers, e->peers, FELIX_NODE_PEERS_LEN);
 		n++;
 	}
 	LWLockRelease(&directory->lock);

@@ -25,6 +25,13 @@ felix_store(void)
 	return felix_store_is_etcd() ? &felix_store_etcd : &felix_store_table;
 }
 
+void
+felix_store_serialize(void)
+{
+	if (felix_store()->serialize)
+		felix_store()->serialize();
+}
+
 static void
 count(FelixStoreStatus st, int64 start_ns)
 {

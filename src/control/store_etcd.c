@@ -108,6 +108,12 @@ felix_store_check_settings(void)
 
 	if (!felix_store_is_etcd())
 		return;
+	if (felix_control_conninfo != NULL && felix_control_conninfo[0] != '\0')
+		ereport(FATAL,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("felix.control_conninfo and felix.etcd_endpoints are both set"),
+				 errdetail("A node keeps its control plane either in a felix database (felix.control_conninfo) or in etcd, not both."),
+				 errhint("Leave felix.control_conninfo empty on a node whose control plane is in etcd.")));
 	list = split_endpoints(felix_etcd_endpoints);
 	if (list == NIL)
 		ereport(FATAL,
@@ -595,7 +601,8 @@ etcd_txn(const FelixStoreCmp *cmps, int ncmps, const FelixStoreOp *ops, int nops
 const FelixStoreMethods felix_store_etcd = {
 	"etcd",
 	etcd_range,
-	etcd_txn
+	etcd_txn,
+	NULL
 };
 
 /*

@@ -13,7 +13,9 @@
  *	  callers serialize, revisions are drawn in commit order, and a read
  *	  (a fresh snapshot per statement under READ COMMITTED) sees every
  *	  transaction that committed before it began -- linearizable, as the
- *	  lease rules need.
+ *	  lease rules need.  (Reads run with read_only false for that reason:
+ *	  a read-only SPI command would reuse the calling query's snapshot,
+ *	  taken before the lock was.)
  *
  * Locking rule: the table lock above, taken only by felix_store_txn and
  * released at commit or abort; nothing in shared memory.
@@ -34,7 +36,7 @@ current_revision(void)
 	int64		rev;
 
 	if (SPI_execute("SELECT CASE WHEN is_called THEN last_value ELSE 0 END "
-					"FROM felix.cp_store_revision", true, 1) != SPI_OK_SELECT ||
+					"FROM felix.cp_store_revision", false, 1) != SPI_OK_SELECT ||
 		SPI_processed != 1)
 		elog(ERROR, "felix: could not read felix.cp_store_revision");
 	rev = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
@@ -68,12 +70,12 @@ table_range(const char *key, bool prefix, FelixKV **kvs, int *nkvs,
 								   "WHERE key OPERATOR(pg_catalog.>=) $1 AND key OPERATOR(pg_catalog.<) $2 ORDER BY key"
 								   : "SELECT key, value, mod_revision FROM felix.cp_store "
 								   "WHERE key OPERATOR(pg_catalog.>=) $1 ORDER BY key",
-								   len > 0 ? 2 : 1, types, values, NULL, true, 0);
+								   len > 0 ? 2 : 1, types, values, NULL, false, 0);
 	}
 	else
 		rc = SPI_execute_with_args("SELECT key, value, mod_revision FROM felix.cp_store "
 								   "WHERE key OPERATOR(pg_catalog.=) $1",
-								   1, types, values, NULL, true, 0);
+								   1, types, values, NULL, false, 0);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "felix: could not read felix.cp_store");
 
@@ -172,8 +174,18 @@ table_txn(const FelixStoreCmp *cmps, int ncmps, const FelixStoreOp *ops, int nop
 	return FELIX_STORE_OK;
 }
 
+static void
+table_serialize(void)
+{
+	SPI_connect();
+	if (SPI_execute("LOCK TABLE felix.cp_store IN SHARE ROW EXCLUSIVE MODE", false, 0) != SPI_OK_UTILITY)
+		elog(ERROR, "felix: could not lock felix.cp_store");
+	SPI_finish();
+}
+
 const FelixStoreMethods felix_store_table = {
 	"embedded",
 	table_range,
-	table_txn
+	table_txn,
+	table_serialize
 };

@@ -35,6 +35,7 @@ extern int	felix_lease_margin;		/* ms */
 extern int	felix_lease_epsilon;	/* ms */
 extern int	felix_quorum_timeout;	/* ms */
 extern int	felix_node_expiry;		/* ms */
+extern bool felix_control_plane_duties;	/* may run failure detection and promotion */
 
 /* ---- the etcd control-plane store (control/store_etcd.c) ---- */
 extern char *felix_etcd_endpoints;	/* "" = the embedded store */

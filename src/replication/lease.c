@@ -156,8 +156,14 @@ lease_admit(FelixShard *s)
 	if (w != WRITABLE_NOT_YET)
 		lease_refuse(s, w, generation);
 
+	/*
+	 * Long enough for a server that just started and runs the duties itself
+	 * to be granted its shards again: the duty holder waits out a lease and
+	 * margin after taking over, then a heartbeat claims the new generation.
+	 */
 	deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-										   felix_lease_duration + 2 * felix_heartbeat_interval);
+										   2 * felix_lease_duration + felix_lease_margin +
+										   2 * felix_heartbeat_interval);
 	ConditionVariablePrepareToSleep(&s->tail_cv);
 	for (;;)
 	{

@@ -61,6 +61,8 @@
 #include "api/catalog.h"
 #include "catalog/pg_type.h"
 #include "control/conninfo.h"
+#include "control/cpcall.h"
+#include "control/store.h"
 #include "felix.h"
 #include "libpq-fe.h"
 #include "metrics.h"
@@ -92,7 +94,7 @@
 #define FELIX_REPORT_GRACE_US		1000
 
 /* The reporter names itself and the incarnation it leads as. */
-static const char *const report_sql = "SELECT felix.cp_report($1, $2, $3, $4)";
+static const char *const report_sql = FELIX_CP_REPORT_SQL;
 
 /* What was last reported for one follower. */
 typedef struct Reported
@@ -522,6 +524,31 @@ consider_slot(int slot, FelixReplShard *e, StringInfo json, int *nrows,
 	pending[npending++] = ps;
 }
 
+/*
+ * etcd: the rule runs here (control/cpcall.c), so the request is made and
+ * settled before the loop goes on.  A store that does not answer holds
+ * the ship loop up to felix.etcd_timeout; the marks wait either way.
+ */
+static void
+report_now(StringInfo json, int nrows, int64 now_ns)
+{
+	int			accepted;
+
+	last_token = Max(felix_monotonic_ns(), last_token + 1);
+	in_flight = true;
+	sent_ns = now_ns;
+	sent_rows = nrows;
+	accepted = felix_cp_report(json->data, last_token, last_complaint[0] ? DEBUG1 : LOG);
+	pfree(json->data);
+	if (accepted < 0)
+		complain(psprintf("the control-plane store refused the call or did not answer (%s)",
+						  felix_cp_last_sqlstate()));
+	else if (accepted != nrows)
+		complain(psprintf("the control plane accepted %d of %d reports (the leadership of some shard moved on)",
+						  accepted, nrows));
+	finish_request(accepted == nrows, felix_monotonic_ns());
+}
+
 void
 report_tick(int64 now_ns)
 {
@@ -563,6 +590,11 @@ report_tick(int64 now_ns)
 	}
 	appendStringInfoChar(&json, ']');
 
+	if (felix_store_is_etcd())
+	{
+		report_now(&json, nrows, now_ns);
+		return;
+	}
 	if (cp.state != FELIX_ASYNC_READY)
 	{
 		/* queued reports are rebuilt from the state once connected */

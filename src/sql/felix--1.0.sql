@@ -213,330 +213,75 @@ RETURNS SETOF record
     AS 'MODULE_PATHNAME', 'felix_store_read' LANGUAGE C STRICT VOLATILE;
 REVOKE ALL ON FUNCTION felix.store_read(text) FROM PUBLIC;
 
--- Cluster members: a node is alive while its last heartbeat is younger
--- than felix.node_expiry.  incarnation identifies the node's felix data
--- directory (a new one is a new, empty replica of everything), starts
--- counts the server starts that directory has seen and boot identifies
--- the start that sent the last heartbeat (a directory restored from an
--- older copy comes back with fewer starts, or as many from another boot),
--- and unable lists the shards ('stream/shard') the node said it cannot
--- serve at its last heartbeat.
-CREATE TABLE felix.nodes (
-    name           text PRIMARY KEY CHECK (name <> ''),
-    conninfo       text NOT NULL,
-    incarnation    text NOT NULL,
-    starts         bigint NOT NULL CHECK (starts > 0),
-    boot           text NOT NULL,
-    unable         text[] NOT NULL DEFAULT '{}',
-    registered_at  timestamptz NOT NULL,
-    last_heartbeat timestamptz NOT NULL
-);
-
--- Streams as the cluster knows them; every node creates its own table and
--- felix.streams row from these.
-CREATE TABLE felix.cluster_streams (
-    name               text PRIMARY KEY CHECK (name <> ''),
-    schema             text NOT NULL CHECK (schema <> ''),
-    creation_id        uuid NOT NULL DEFAULT pg_catalog.gen_random_uuid(),
-    shards             integer NOT NULL CHECK (shards > 0),
-    replication_factor integer NOT NULL CHECK (replication_factor > 0),
-    consistency        text NOT NULL CHECK (consistency IN ('leader', 'quorum')),
-    payload_type       text NOT NULL CHECK (payload_type IN ('jsonb', 'text', 'bytea')),
-    storage            text NOT NULL CHECK (storage IN ('local', 'object')),
-    retention_bytes    bigint CHECK (retention_bytes > 0),
-    retention          interval,
-    created_at         timestamptz NOT NULL
-);
-
--- One row per shard: who leads it at which generation, its replica set
--- (fixed at placement, leader included), and the lease.  lease_granted_at
--- is NULL from the moment a generation is published until its leader's
--- first heartbeat takes the lease; lease_ms is the duration that grant
--- promised.  assigned_at is when the generation was published.
--- leader_incarnation is the incarnation the generation was granted to:
--- only that incarnation of the leader takes or renews its lease.
--- taken_generation is the newest generation whose lease was ever taken
--- (a generation never taken wrote nothing), and taken_until when the last
--- lease taken or renewed ran out, by this clock.  While a replica is being
--- moved (felix_move_replica) the replica set holds both the node joining
--- and the node leaving; a write is acknowledged only once a majority of
--- the set without the one and a majority of the set without the other
--- hold it, and the leaving node goes when the joining one is reported
--- caught up.  unplaced_reason says why a
--- lapsed shard has no successor yet; the leader column then still names
--- the last leader.
-CREATE TABLE felix.assignments (
-    stream           text NOT NULL REFERENCES felix.cluster_streams (name) ON DELETE CASCADE,
-    shard            integer NOT NULL CHECK (shard >= 0),
-    generation       bigint NOT NULL CHECK (generation >= 1),
-    leader           text,
-    leader_incarnation text,
-    replicas         text[] NOT NULL CHECK (cardinality(replicas) > 0),
-    joining          text,
-    leaving          text,
-    lease_granted_at timestamptz,
-    taken_generation bigint NOT NULL DEFAULT 0,
-    taken_until      timestamptz,
-    lease_ms         integer NOT NULL CHECK (lease_ms > 0),
-    unplaced_reason  text,
-    assigned_at      timestamptz NOT NULL,
-    PRIMARY KEY (stream, shard),
-    -- Nothing outside the replica set ever leads: it holds no copy.
-    CHECK (leader IS NULL OR leader = ANY (replicas)),
-    CHECK ((joining IS NULL) = (leaving IS NULL)),
-    CHECK (joining IS NULL OR (joining = ANY (replicas) AND leaving = ANY (replicas)))
-) WITH (fillfactor = 50);   -- every heartbeat rewrites its leader's rows: room for HOT
-CREATE INDEX assignments_leader ON felix.assignments (leader);
-
--- The leader's word on each follower: how far it has acknowledged
--- (exclusive end), whether it holds every record acknowledged to a
--- client, the follower's incarnation it shipped to, and -- when shipping
--- to it has halted -- why, since when, and at which position.  Written
--- only by felix.cp_report, and only while the reporter leads the shard at
--- that generation.  token orders one leader's reports at one generation:
--- a request that arrives after a later one (it was held up, and the
--- leader gave up on it) is not allowed to undo it.
-CREATE TABLE felix.replica_reports (
-    stream      text NOT NULL,
-    shard       integer NOT NULL,
-    generation  bigint NOT NULL,
-    leader      text NOT NULL,
-    follower    text NOT NULL,
-    follower_incarnation text NOT NULL,
-    acked_end   bigint NOT NULL CHECK (acked_end >= 0),
-    caught_up   boolean NOT NULL,
-    halted      text CHECK (halted IN ('diverged', 'needs_bootstrap', 'fenced', 'protocol')),
-    halted_since timestamptz,
-    position    bigint,
-    reported_at timestamptz NOT NULL,
-    token       bigint,
-    PRIMARY KEY (stream, shard, follower),
-    FOREIGN KEY (stream, shard) REFERENCES felix.assignments (stream, shard) ON DELETE CASCADE
-) WITH (fillfactor = 50);
-
+-- The control plane's state as tables, read from whichever store this
+-- node uses (felix.store_read): for operators and tests.  Superusers only.
+CREATE VIEW felix.nodes AS
+SELECT v->>'name' AS name, v->>'conninfo' AS conninfo, v->>'incarnation' AS incarnation,
+       (v->>'starts')::bigint AS starts, v->>'boot' AS boot,
+       ARRAY(SELECT pg_catalog.jsonb_array_elements_text(v->'unable')) AS unable,
+       (v->>'beat')::bigint AS beat, v->'claims' AS claims, v->'peers' AS peers,
+       pg_catalog.to_timestamp((v->>'registered_ms')::numeric / 1000) AS registered_at,
+       pg_catalog.to_timestamp((v->>'heartbeat_ms')::numeric / 1000) AS last_heartbeat,
+       r.mod_revision
+  FROM felix.store_read('nodes/') r, LATERAL (SELECT r.value::jsonb AS v) j;
+CREATE VIEW felix.cluster_streams AS
+SELECT v->>'name' AS name, v->>'schema' AS schema, (v->>'creation_id')::uuid AS creation_id,
+       (v->>'shards')::integer AS shards, (v->>'replication_factor')::integer AS replication_factor,
+       v->>'consistency' AS consistency, v->>'payload_type' AS payload_type,
+       v->>'storage' AS storage, (v->>'retention_bytes')::bigint AS retention_bytes,
+       pg_catalog.make_interval(months => (v->'retention'->>'months')::integer,
+                                days => (v->'retention'->>'days')::integer,
+                                secs => (v->'retention'->>'usec')::double precision / 1000000) AS retention,
+       pg_catalog.to_timestamp((v->>'created_ms')::numeric / 1000) AS created_at
+  FROM felix.store_read('streams/') r, LATERAL (SELECT r.value::jsonb AS v) j;
+CREATE VIEW felix.assignments AS
+SELECT v->>'stream' AS stream, (v->>'shard')::integer AS shard,
+       (v->>'generation')::bigint AS generation, v->>'leader' AS leader,
+       v->>'leader_incarnation' AS leader_incarnation,
+       ARRAY(SELECT pg_catalog.jsonb_array_elements_text(v->'replicas')) AS replicas,
+       v->>'joining' AS joining, v->>'leaving' AS leaving,
+       (v->>'taken_generation')::bigint AS taken_generation, v->>'taken_boot' AS taken_boot,
+       v->>'unplaced_reason' AS unplaced_reason,
+       pg_catalog.to_timestamp((v->>'assigned_ms')::numeric / 1000) AS assigned_at,
+       r.mod_revision
+  FROM felix.store_read('shards/') r, LATERAL (SELECT r.value::jsonb AS v) j;
+CREATE VIEW felix.replica_reports AS
+SELECT pg_catalog.regexp_replace(substr(r.key, 9), '/[0-9]+$', '') AS stream,
+       pg_catalog.regexp_replace(r.key, '^.*/', '')::integer AS shard,
+       e->>'follower' AS follower, (e->>'generation')::bigint AS generation,
+       e->>'leader' AS leader, e->>'incarnation' AS follower_incarnation,
+       (e->>'acked_end')::bigint AS acked_end, (e->>'caught_up')::boolean AS caught_up,
+       e->>'halted' AS halted,
+       pg_catalog.to_timestamp((e->>'halted_since_ms')::numeric / 1000) AS halted_since,
+       (e->>'position')::bigint AS position,
+       pg_catalog.to_timestamp((e->>'reported_ms')::numeric / 1000) AS reported_at,
+       (e->>'token')::bigint AS token, (e->>'leader_beat')::bigint AS leader_beat
+  FROM felix.store_read('reports/') r,
+       LATERAL pg_catalog.jsonb_array_elements(r.value::jsonb -> 'rows') e;
 REVOKE ALL ON felix.nodes, felix.cluster_streams, felix.assignments, felix.replica_reports
     FROM PUBLIC;
 
--- The control plane's timing settings, in ms.  pg_settings gives integer
--- settings in their base unit (current_setting() would say '1s'); the
--- documented defaults stand in while a setting is unknown.
-CREATE FUNCTION felix.cp_settings(
-    OUT lease_ms integer, OUT margin_ms integer,
-    OUT heartbeat_ms integer, OUT expiry_ms integer)
-    LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
-    WITH s AS (
-        SELECT s.name, CASE WHEN s.setting ~ '^[0-9]+$' THEN s.setting::integer END AS ms
-          FROM pg_catalog.pg_settings s
-         WHERE s.name IN ('felix.lease_duration', 'felix.lease_margin',
-                          'felix.heartbeat_interval', 'felix.node_expiry'))
-    SELECT coalesce((SELECT ms FROM s WHERE name = 'felix.lease_duration'), 1000),
-           coalesce((SELECT ms FROM s WHERE name = 'felix.lease_margin'), 200),
-           coalesce((SELECT ms FROM s WHERE name = 'felix.heartbeat_interval'), 200),
-           coalesce((SELECT ms FROM s WHERE name = 'felix.node_expiry'), 1500)
-$$;
-
--- Placement score of a node for one shard: deterministic, so a replica set
--- is a function of the stream, the shard and the alive nodes.
-CREATE FUNCTION felix.cp_score(node text, stream text, shard integer) RETURNS integer
-    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
-    SELECT pg_catalog.hashtext(node OPERATOR(pg_catalog.||) '/'
-                               OPERATOR(pg_catalog.||) stream OPERATOR(pg_catalog.||) '/'
-                               OPERATOR(pg_catalog.||) shard::pg_catalog.text)
-$$;
-
--- A conninfo with the value of every secret keyword (password,
--- sslpassword, any *password) replaced by ********, in keyword/value or
--- URI form.  The control plane stores a node's conninfo only so masked: a
--- node registers its address alone, and should one send a secret anyway,
--- it is not kept.
-CREATE FUNCTION felix.cp_mask_conninfo(conninfo text) RETURNS text
-    LANGUAGE sql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
-    SELECT CASE
-        WHEN conninfo ~* '^postgres(ql)?://' THEN
-            regexp_replace(
-                regexp_replace(conninfo, '^(postgres(ql)?://[^/?#@:]*:)[^/?#@]*@', '\1********@', 'i'),
-                '([?&][a-z_]*password=)[^&#]*', '\1********', 'gi')
-        ELSE
-            regexp_replace(conninfo,
-                           '(^|\s)([a-z_]*password\s*=\s*)(''(\\.|[^''\\])*''|\S+)', '\1\2********', 'gi')
-        END
-$$;
-
--- Refuse a caller that does not act for `node`: a node logs in as its own
--- role (felix.node_role) and acts only for itself; with node NULL, any
--- node's role will do.  Superusers may act for any node.
-CREATE FUNCTION felix.cp_require_node(node text, call text) RETURNS void
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    IF (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = session_user) THEN
-        RETURN;
-    END IF;
-    IF node IS NOT NULL THEN
-        IF session_user::text = felix.node_role(node) THEN
-            RETURN;
-        END IF;
-        RAISE EXCEPTION '%: role "%" may not act for node "%"', call, session_user, node
-            USING ERRCODE = 'insufficient_privilege',
-                  DETAIL = format('Node "%s" logs in as role "%s".', node, felix.node_role(node)),
-                  HINT = format('Set the user of felix.node_conninfo on node "%s" to %s (or leave it out), and create that role with felix_create_node_role(%L) on every server.',
-                                node, felix.node_role(node), node);
-    END IF;
-    IF session_user::text LIKE 'felix\_node\_%'
-       AND pg_catalog.pg_has_role(session_user, 'felix_replication', 'MEMBER') THEN
-        RETURN;
-    END IF;
-    RAISE EXCEPTION '%: role "%" is not the role of a felix node', call, session_user
-        USING ERRCODE = 'insufficient_privilege',
-              HINT = 'Only felix nodes call the control plane''s functions, each as its felix_node_<name> role.';
-END
-$$;
-
--- ---------------------------------------------------------------------
--- felix.cp_heartbeat: register the node, renew or take the leases it is
--- due, and tell it every assignment of every stream.
--- ---------------------------------------------------------------------
+-- The control plane's calls (control/cp_sql.c): the rules in C over the
+-- embedded store above, for nodes reaching this database over libpq.
+-- Each checks that its caller acts for the node it names (or is a node,
+-- for calls not about one node) and runs as the extension's owner with
+-- search_path pinned; see docs/control-plane.md.
 CREATE FUNCTION felix.cp_heartbeat(node text, conninfo text, incarnation text,
-                                   starts bigint, boot text, unable text[] DEFAULT NULL)
+                                   starts bigint, boot text, unable text[] DEFAULT NULL,
+                                   lease_ms integer DEFAULT NULL, peers jsonb DEFAULT NULL)
 RETURNS TABLE (stream text, shard integer, generation bigint, leader text,
                leader_conninfo text, replicas text[], lease_granted boolean,
                lease_ms integer, unplaced_reason text, shards integer,
                replication_factor integer, consistency text, payload_type text,
                retention_bytes bigint, retention interval, schema text, creation_id uuid,
                joining text, leaving text, leader_incarnation text)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    cfg       record;
-    a         record;
-    prev      record;
-    known     boolean;
-    t         timestamptz;
-    masked    text;
-    other     text;
-    v_unable  text[];
-    g_streams text[] := '{}';
-    g_shards  integer[] := '{}';
-BEGIN
-    PERFORM felix.check_node_name(cp_heartbeat.node);
-    -- A node registers and renews only for itself.
-    PERFORM felix.cp_require_node(cp_heartbeat.node, 'felix.cp_heartbeat');
-    IF cp_heartbeat.conninfo IS NULL OR cp_heartbeat.incarnation IS NULL
-       OR cp_heartbeat.starts IS NULL OR cp_heartbeat.boot IS NULL THEN
-        RAISE EXCEPTION 'node "%": conninfo, incarnation, starts and boot must not be NULL', cp_heartbeat.node
-            USING ERRCODE = 'null_value_not_allowed',
-                  HINT = 'Pass the conninfo peers use to reach the node (felix.node_conninfo) and the identity of its felix data directory.';
-    END IF;
-    IF cp_heartbeat.incarnation !~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
-       OR cp_heartbeat.boot !~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
-       OR cp_heartbeat.starts <= 0 THEN
-        RAISE EXCEPTION 'node "%": incarnation % / starts % is not an identity felix made',
-                cp_heartbeat.node, cp_heartbeat.incarnation, cp_heartbeat.starts
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'This is felix''s internal protocol; node and control plane may run different felix versions.';
-    END IF;
-    cfg := felix.cp_settings();
-    masked := felix.cp_mask_conninfo(cp_heartbeat.conninfo);
-
-    t := clock_timestamp();
-    SELECT n.* INTO prev FROM felix.nodes n WHERE n.name = cp_heartbeat.node FOR UPDATE;
-    known := FOUND;
-    IF known AND prev.incarnation = cp_heartbeat.incarnation
-       AND (cp_heartbeat.starts < prev.starts
-            OR (cp_heartbeat.starts = prev.starts AND cp_heartbeat.boot <> prev.boot)) THEN
-        -- The same directory has been seen started more often, or as often
-        -- by another boot: this is an older copy of it (restored from a
-        -- snapshot, say).
-        RAISE EXCEPTION 'node "%": its felix data directory is an older copy of incarnation % (start % after start %)',
-                cp_heartbeat.node, cp_heartbeat.incarnation, cp_heartbeat.starts, prev.starts
-            USING ERRCODE = '55F06',
-                  DETAIL = 'Records acknowledged since that copy was taken may be missing from it.',
-                  HINT = 'The node gives its data directory a new incarnation and registers again; its copies are rebuilt from their leaders.';
-    END IF;
-    -- One address, one node: shipments meant for one must not reach another.
-    SELECT n.name INTO other FROM felix.nodes n
-     WHERE n.name <> cp_heartbeat.node AND n.conninfo = masked
-       AND n.last_heartbeat >= t - cfg.expiry_ms * interval '1 millisecond'
-     ORDER BY n.name COLLATE "C" LIMIT 1;
-    IF FOUND THEN
-        RAISE EXCEPTION 'node "%": conninfo "%" is already the address of node "%"',
-                cp_heartbeat.node, masked, other
-            USING ERRCODE = 'duplicate_object',
-                  DETAIL = format('Node "%s" registered that conninfo and is alive.', other),
-                  HINT = format('Set felix.node_conninfo on node "%s" to the address of that server itself.', cp_heartbeat.node);
-    END IF;
-    IF known AND prev.incarnation <> cp_heartbeat.incarnation THEN
-        -- A new data directory holds nothing the old one did: what leaders
-        -- said of the old one's copies is void.
-        DELETE FROM felix.replica_reports rr WHERE rr.follower = cp_heartbeat.node;
-        RAISE LOG 'felix: node "%" has a new felix data directory (incarnation % replaces %); it is an empty replica of every shard',
-            cp_heartbeat.node, cp_heartbeat.incarnation, prev.incarnation;
-    ELSIF known AND prev.boot <> cp_heartbeat.boot THEN
-        -- Started again: what it holds is its leaders' to confirm anew (a
-        -- copy restored and started more often than the original escapes
-        -- the count above), so it is not promotable until they have.
-        UPDATE felix.replica_reports rr SET caught_up = false
-         WHERE rr.follower = cp_heartbeat.node AND rr.caught_up;
-    END IF;
-    v_unable := coalesce(cp_heartbeat.unable, CASE WHEN known THEN prev.unable END, '{}');
-    INSERT INTO felix.nodes AS n (name, conninfo, incarnation, starts, boot, unable,
-                                  registered_at, last_heartbeat)
-    VALUES (cp_heartbeat.node, masked, cp_heartbeat.incarnation, cp_heartbeat.starts,
-            cp_heartbeat.boot, v_unable, t, t)
-    ON CONFLICT ON CONSTRAINT nodes_pkey
-    DO UPDATE SET conninfo = EXCLUDED.conninfo, incarnation = EXCLUDED.incarnation,
-                  starts = EXCLUDED.starts, boot = EXCLUDED.boot, unable = EXCLUDED.unable,
-                  last_heartbeat = EXCLUDED.last_heartbeat;
-
-    -- The leases this node is due, each row locked before its clock is read.
-    FOR a IN
-        SELECT x.stream, x.shard, x.generation, x.lease_granted_at, x.lease_ms,
-               x.leader_incarnation
-          FROM felix.assignments x
-         WHERE x.leader = cp_heartbeat.node
-         ORDER BY x.stream, x.shard
-           FOR UPDATE
-    LOOP
-        t := clock_timestamp();
-        -- Only the incarnation the generation was granted to holds it, and
-        -- only while it can serve the shard: a leader whose copy failed
-        -- lets its lease lapse, and the shard fails over.
-        CONTINUE WHEN a.leader_incarnation IS DISTINCT FROM cp_heartbeat.incarnation
-                   OR (a.stream || '/' || a.shard) = ANY (v_unable);
-        -- A fresh generation's lease is taken here, by its leader's first
-        -- heartbeat.  A held lease is renewed only while it has not lapsed
-        -- by our clock: once it has, nothing extends it, the leader stops at
-        -- its own expiry and cp_tick decides who serves next.  The node
-        -- anchors the lease at the instant it sent this heartbeat, which is
-        -- before t, so its expiry falls before ours.
-        IF a.lease_granted_at IS NULL
-           OR t <= a.lease_granted_at + a.lease_ms * interval '1 millisecond' THEN
-            UPDATE felix.assignments x
-               SET lease_granted_at = t, lease_ms = cfg.lease_ms, unplaced_reason = NULL,
-                   taken_generation = a.generation,
-                   taken_until = t + cfg.lease_ms * interval '1 millisecond'
-             WHERE x.stream = a.stream AND x.shard = a.shard;
-            g_streams := g_streams || a.stream;
-            g_shards := g_shards || a.shard;
-        END IF;
-    END LOOP;
-
-    RETURN QUERY
-    SELECT x.stream, x.shard, x.generation, x.leader, n.conninfo, x.replicas,
-           EXISTS (SELECT 1 FROM unnest(g_streams, g_shards) AS g(s, h)
-                    WHERE g.s = x.stream AND g.h = x.shard),
-           x.lease_ms, x.unplaced_reason, s.shards, s.replication_factor,
-           s.consistency, s.payload_type, s.retention_bytes, s.retention,
-           s.schema, s.creation_id, x.joining, x.leaving, x.leader_incarnation
-      FROM felix.assignments x
-      JOIN felix.cluster_streams s ON s.name = x.stream
-      LEFT JOIN felix.nodes n ON n.name = x.leader
-     ORDER BY x.stream, x.shard;
-END
-$$;
-
--- ---------------------------------------------------------------------
--- felix.cp_create_stream: validate like felix_create_stream, then place
--- every shard on replication_factor alive nodes at generation 1.
--- ---------------------------------------------------------------------
+    AS 'MODULE_PATHNAME', 'felix_cp_heartbeat_sql' LANGUAGE C CALLED ON NULL INPUT VOLATILE;
+CREATE FUNCTION felix.cp_report(leader text, reports jsonb, token bigint DEFAULT NULL,
+                                incarnation text DEFAULT NULL)
+RETURNS integer
+    AS 'MODULE_PATHNAME', 'felix_cp_report_sql' LANGUAGE C CALLED ON NULL INPUT VOLATILE;
+CREATE FUNCTION felix.cp_tick(node text, boot text) RETURNS integer
+    AS 'MODULE_PATHNAME', 'felix_cp_tick_sql' LANGUAGE C CALLED ON NULL INPUT VOLATILE;
 CREATE FUNCTION felix.cp_create_stream(
     name               text,
     shards             integer  DEFAULT 1,
@@ -548,747 +293,48 @@ CREATE FUNCTION felix.cp_create_stream(
     retention          interval DEFAULT NULL,
     schema             text     DEFAULT 'public')
 RETURNS uuid
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    v_name     text := cp_create_stream.name;
-    v_id       uuid;
-    v_shards   integer := cp_create_stream.shards;
-    v_rf       integer := cp_create_stream.replication_factor;
-    cfg        record;
-    t          timestamptz;
-    max_per    integer;
-    max_slots  integer;
-    alive      text[];
-    arg_names  text[] := ARRAY['shards', 'replication_factor', 'consistency',
-                               'payload_type', 'storage', 'schema'];
-    arg_nulls  boolean[];
-    max_replicas constant integer := 7;  -- FELIX_MAX_REPLICAS (storage/shard.h)
-BEGIN
-    IF v_name IS NULL OR v_name = '' THEN
-        RAISE EXCEPTION 'a stream name must not be NULL or empty'
-            USING ERRCODE = 'null_value_not_allowed',
-                  HINT = 'Pass the stream''s name as the first argument.';
-    END IF;
-    IF octet_length(v_name) >= 64 THEN
-        RAISE EXCEPTION 'stream name "%" is too long', v_name
-            USING ERRCODE = 'name_too_long',
-                  HINT = 'A stream name has at most 63 bytes.';
-    END IF;
-    PERFORM felix.cp_require_node(NULL, 'felix.cp_create_stream');
-    arg_nulls := ARRAY[v_shards IS NULL, v_rf IS NULL, cp_create_stream.consistency IS NULL,
-                       cp_create_stream.payload_type IS NULL, cp_create_stream.storage IS NULL,
-                       cp_create_stream.schema IS NULL OR cp_create_stream.schema = ''];
-    FOR i IN 1 .. 6 LOOP
-        IF arg_nulls[i] THEN
-            RAISE EXCEPTION 'stream "%": % must not be NULL', v_name, arg_names[i]
-                USING ERRCODE = 'null_value_not_allowed',
-                      HINT = 'Leave the argument out to use its default.';
-        END IF;
-    END LOOP;
-
-    SELECT CASE WHEN s.setting ~ '^[0-9]+$' THEN s.setting::integer END INTO max_per
-      FROM pg_catalog.pg_settings s WHERE s.name = 'felix.max_shards_per_stream';
-    SELECT CASE WHEN s.setting ~ '^[0-9]+$' THEN s.setting::integer END INTO max_slots
-      FROM pg_catalog.pg_settings s WHERE s.name = 'felix.max_shards';
-    max_per := coalesce(max_per, 256);
-    max_slots := coalesce(max_slots, 1024);
-    IF v_shards <= 0 OR v_shards > max_per THEN
-        RAISE EXCEPTION 'stream "%": shards must be between 1 and %, not %', v_name, max_per, v_shards
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'The upper bound is felix.max_shards_per_stream.';
-    END IF;
-    IF v_shards > max_slots THEN
-        RAISE EXCEPTION 'stream "%": % shards exceed felix.max_shards (%)', v_name, v_shards, max_slots
-            USING ERRCODE = 'configuration_limit_exceeded',
-                  HINT = 'Raise felix.max_shards and restart the server.';
-    END IF;
-    IF v_rf <= 0 THEN
-        RAISE EXCEPTION 'stream "%": replication_factor must be at least 1, not %', v_name, v_rf
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'replication_factor counts the nodes holding each shard, the leader included.';
-    END IF;
-    IF v_rf > max_replicas THEN
-        RAISE EXCEPTION 'stream "%": replication_factor must be at most %, not %', v_name, max_replicas, v_rf
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = format('A shard has at most %s copies, the leader included.', max_replicas);
-    END IF;
-    IF cp_create_stream.consistency NOT IN ('leader', 'quorum') THEN
-        RAISE EXCEPTION 'stream "%": invalid consistency "%"', v_name, cp_create_stream.consistency
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'consistency must be leader or quorum.';
-    END IF;
-    IF cp_create_stream.payload_type NOT IN ('jsonb', 'text', 'bytea') THEN
-        RAISE EXCEPTION 'stream "%": invalid payload_type "%"', v_name, cp_create_stream.payload_type
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'payload_type must be one of jsonb, text, bytea.';
-    END IF;
-    IF cp_create_stream.storage NOT IN ('local', 'object') THEN
-        RAISE EXCEPTION 'stream "%": invalid storage "%"', v_name, cp_create_stream.storage
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'storage must be local or object.';
-    END IF;
-    IF cp_create_stream.retention_bytes <= 0 THEN
-        RAISE EXCEPTION 'stream "%": retention_bytes must be positive, not %', v_name, cp_create_stream.retention_bytes
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Leave retention_bytes NULL to keep every record.';
-    END IF;
-    IF cp_create_stream.retention <= interval '0' THEN
-        RAISE EXCEPTION 'stream "%": retention must be a positive interval', v_name
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Leave retention NULL to keep records regardless of age.';
-    END IF;
-    -- Refused, never silently downgraded.
-    IF cp_create_stream.storage = 'object' THEN
-        RAISE EXCEPTION 'stream "%": storage ''object'' is not supported yet', v_name
-            USING ERRCODE = 'feature_not_supported',
-                  DETAIL = 'This felix release keeps shards in local segment files only.',
-                  HINT = 'Create the stream with storage => ''local''.';
-    END IF;
-
-    IF EXISTS (SELECT 1 FROM felix.cluster_streams cs WHERE cs.name = v_name) THEN
-        RAISE EXCEPTION 'stream "%" already exists', v_name
-            USING ERRCODE = 'duplicate_object',
-                  HINT = format('Choose another name, or drop the stream with felix_drop_stream(%L).', v_name);
-    END IF;
-
-    cfg := felix.cp_settings();
-    t := clock_timestamp();
-    SELECT coalesce(array_agg(n.name ORDER BY n.name COLLATE "C"), '{}') INTO alive
-      FROM felix.nodes n
-     WHERE n.last_heartbeat >= t - cfg.expiry_ms * interval '1 millisecond';
-    IF cardinality(alive) < v_rf THEN
-        RAISE EXCEPTION 'stream "%": replication_factor % needs % alive nodes, but %', v_name, v_rf, v_rf,
-                CASE cardinality(alive) WHEN 0 THEN 'no node is alive'
-                                        WHEN 1 THEN 'only 1 node is alive'
-                                        ELSE format('only %s nodes are alive', cardinality(alive)) END
-            USING ERRCODE = 'insufficient_resources',
-                  DETAIL = CASE WHEN cardinality(alive) = 0
-                                THEN format('No node has heartbeated to the control plane in the last %s ms (felix.node_expiry).', cfg.expiry_ms)
-                                ELSE format('Alive nodes (heartbeat within %s ms): %s.', cfg.expiry_ms, array_to_string(alive, ', ')) END,
-                  HINT = 'Start more felix nodes that heartbeat to this control plane, or use a smaller replication_factor; felix_nodes lists the nodes.';
-    END IF;
-
-    INSERT INTO felix.cluster_streams AS cs
-           (name, schema, shards, replication_factor, consistency, payload_type, storage,
-            retention_bytes, retention, created_at)
-    VALUES (v_name, cp_create_stream.schema, v_shards, v_rf, cp_create_stream.consistency,
-            cp_create_stream.payload_type, cp_create_stream.storage,
-            cp_create_stream.retention_bytes, cp_create_stream.retention, t)
-    ON CONFLICT ON CONSTRAINT cluster_streams_pkey DO NOTHING
-    RETURNING cs.creation_id INTO v_id;
-    IF NOT FOUND THEN
-        -- Created concurrently since the check above.
-        RAISE EXCEPTION 'stream "%" already exists', v_name
-            USING ERRCODE = 'duplicate_object',
-                  HINT = format('Choose another name, or drop the stream with felix_drop_stream(%L).', v_name);
-    END IF;
-
-    -- Replica set: the replication_factor alive nodes scoring highest for
-    -- this shard (ties by name); the first of them leads generation 1.
-    INSERT INTO felix.assignments AS x
-           (stream, shard, generation, leader, leader_incarnation, replicas,
-            lease_granted_at, lease_ms, unplaced_reason, assigned_at)
-    SELECT v_name, h.shard, 1, p.replicas[1],
-           (SELECT n.incarnation FROM felix.nodes n WHERE n.name = p.replicas[1]),
-           p.replicas, NULL, cfg.lease_ms, NULL, t
-      FROM generate_series(0, v_shards - 1) AS h(shard)
-     CROSS JOIN LATERAL (
-            SELECT array_agg(q.node ORDER BY q.score DESC, q.node COLLATE "C") AS replicas
-              FROM (SELECT u.node, felix.cp_score(u.node, v_name, h.shard) AS score
-                      FROM unnest(alive) AS u(node)
-                     ORDER BY 2 DESC, u.node COLLATE "C"
-                     LIMIT v_rf) AS q) AS p;
-    RETURN v_id;
-END
-$$;
-
--- ---------------------------------------------------------------------
--- felix.cp_drop_stream: forget a stream, its assignments and reports --
--- only the stream registered under that name with that creation id, so a
--- node dropping something else of the same name (an older incarnation, a
--- table made by hand) forgets nothing.  missing_ok: a node dropping a
--- stream the control plane never knew (or already forgot) is not an error.
--- ---------------------------------------------------------------------
+    AS 'MODULE_PATHNAME', 'felix_cp_create_stream_sql' LANGUAGE C CALLED ON NULL INPUT VOLATILE;
 CREATE FUNCTION felix.cp_drop_stream(name text, creation_id uuid, missing_ok boolean DEFAULT false)
 RETURNS void
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    PERFORM felix.cp_require_node(NULL, 'felix.cp_drop_stream');
-    IF cp_drop_stream.name IS NULL OR cp_drop_stream.creation_id IS NULL THEN
-        RAISE EXCEPTION 'a stream name and creation id must not be NULL'
-            USING ERRCODE = 'null_value_not_allowed',
-                  HINT = 'Pass the name and creation_id of the stream to drop; felix.cluster_streams lists them.';
-    END IF;
-    -- Same lock order as every other cp_* function.
-    PERFORM 1 FROM felix.assignments x
-      WHERE x.stream = cp_drop_stream.name ORDER BY x.stream, x.shard FOR UPDATE;
-    DELETE FROM felix.cluster_streams cs
-     WHERE cs.name = cp_drop_stream.name AND cs.creation_id = cp_drop_stream.creation_id;
-    IF NOT FOUND AND NOT cp_drop_stream.missing_ok THEN
-        RAISE EXCEPTION 'stream "%" does not exist at the control plane with that creation id',
-                cp_drop_stream.name
-            USING ERRCODE = 'undefined_table',
-                  DETAIL = format('No stream "%s" was registered with creation id %s.',
-                                  cp_drop_stream.name, cp_drop_stream.creation_id),
-                  HINT = 'The control plane knows no such stream; felix.cluster_streams lists the ones it knows.';
-    END IF;
-END
-$$;
-
--- ---------------------------------------------------------------------
--- felix.cp_report: a leader's reports on its followers, accepted only
--- while it leads the shard at the reported generation.  Committed like any
--- other control-plane change (synchronous_commit as configured, on by
--- default): a report that released acknowledgements must survive a crash
--- of the control plane, or an older report left behind could name a
--- follower that lacks them.
---
--- token: the leader's ordering of its requests (strictly increasing for
--- one leader at one generation; NULL for a hand-made report).  A row is
--- written only if it is newer than the stored one from the same leader
--- and generation, and the return value counts the rows written: a
--- request that lost to a later one says so, and the leader does not take
--- it as landed.
--- ---------------------------------------------------------------------
-CREATE FUNCTION felix.cp_report(leader text, reports jsonb, token bigint DEFAULT NULL,
-                                incarnation text DEFAULT NULL)
-RETURNS integer
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    r          record;
-    a          record;
-    t          timestamptz;
-    bad        jsonb;
-    accepted   integer := 0;
-    cur_stream text;
-    cur_shard  integer;
-    have_a     boolean := false;
-    named      text[];
-    written    integer;
-BEGIN
-    IF cp_report.leader IS NULL OR cp_report.leader = '' THEN
-        RAISE EXCEPTION 'a reporting node name must not be NULL or empty'
-            USING ERRCODE = 'null_value_not_allowed',
-                  HINT = 'Pass the name of the node that leads the reported shards.';
-    END IF;
-    -- Only a node speaks for its own leaderships.
-    PERFORM felix.cp_require_node(cp_report.leader, 'felix.cp_report');
-    IF cp_report.reports IS NULL OR jsonb_typeof(cp_report.reports) <> 'array' THEN
-        RAISE EXCEPTION 'node "%": reports must be a JSON array', cp_report.leader
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Pass [{"stream": ..., "shard": ..., "generation": ..., "follower": ..., "incarnation": ..., "acked_end": ..., "caught_up": ..., "halted": ..., "position": ...}, ...].';
-    END IF;
-    -- A malformed element refuses the whole call: nothing of it lands.
-    SELECT e.v INTO bad
-      FROM jsonb_array_elements(cp_report.reports) AS e(v)
-     WHERE jsonb_typeof(e.v) IS DISTINCT FROM 'object'
-        OR jsonb_typeof(e.v -> 'stream') IS DISTINCT FROM 'string'
-        OR jsonb_typeof(e.v -> 'follower') IS DISTINCT FROM 'string'
-        OR jsonb_typeof(e.v -> 'incarnation') IS DISTINCT FROM 'string'
-        OR (e.v ->> 'incarnation') !~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
-        OR jsonb_typeof(e.v -> 'caught_up') IS DISTINCT FROM 'boolean'
-        OR (e.v ? 'halted' AND (jsonb_typeof(e.v -> 'halted') IS DISTINCT FROM 'string'
-                                OR (e.v ->> 'halted') NOT IN ('diverged', 'needs_bootstrap', 'fenced', 'protocol')
-                                OR (e.v ->> 'caught_up')::boolean))
-        OR (e.v ? 'position' AND (jsonb_typeof(e.v -> 'position') IS DISTINCT FROM 'number'
-                                  OR (e.v ->> 'position') !~ '^[0-9]{1,18}$'))
-        OR jsonb_typeof(e.v -> 'shard') IS DISTINCT FROM 'number'
-        OR jsonb_typeof(e.v -> 'generation') IS DISTINCT FROM 'number'
-        OR jsonb_typeof(e.v -> 'acked_end') IS DISTINCT FROM 'number'
-        OR (e.v ->> 'shard') !~ '^[0-9]{1,9}$'
-        OR (e.v ->> 'generation') !~ '^[0-9]{1,18}$'
-        OR (e.v ->> 'acked_end') !~ '^[0-9]{1,18}$'
-     LIMIT 1;
-    IF FOUND THEN
-        RAISE EXCEPTION 'node "%": malformed replica report %', cp_report.leader, bad
-            USING ERRCODE = 'invalid_parameter_value',
-                  DETAIL = 'A report is an object with string stream, follower and incarnation (a uuid), non-negative integer shard, generation and acked_end, boolean caught_up, and optionally halted (diverged, needs_bootstrap, fenced or protocol; never with caught_up) and an integer position.',
-                  HINT = 'This is felix''s internal protocol; leader and control plane may run different felix versions.';
-    END IF;
-
-    -- Shard by shard in lock order; within a shard the last word on a
-    -- follower wins.
-    FOR r IN
-        SELECT e.v ->> 'stream' AS stream, (e.v ->> 'shard')::integer AS shard,
-               (e.v ->> 'generation')::bigint AS generation, e.v ->> 'follower' AS follower,
-               (e.v ->> 'acked_end')::bigint AS acked_end, (e.v ->> 'caught_up')::boolean AS caught_up,
-               e.v ->> 'incarnation' AS incarnation, e.v ->> 'halted' AS halted,
-               (e.v ->> 'position')::bigint AS position
-          FROM jsonb_array_elements(cp_report.reports) WITH ORDINALITY AS e(v, ord)
-         ORDER BY 1, 2, e.ord
-    LOOP
-        IF cur_stream IS DISTINCT FROM r.stream OR cur_shard IS DISTINCT FROM r.shard THEN
-            IF named IS NOT NULL THEN
-                PERFORM felix.cp_report_unnamed(cur_stream, cur_shard, cp_report.leader,
-                                                 cp_report.token, named);
-            END IF;
-            cur_stream := r.stream;
-            cur_shard := r.shard;
-            named := NULL;
-            -- Shared lock: reports of one shard land together, but never
-            -- while a tick or a heartbeat is changing its assignment.
-            SELECT x.generation, x.leader, x.leader_incarnation, x.replicas INTO a
-              FROM felix.assignments x
-             WHERE x.stream = r.stream AND x.shard = r.shard
-               FOR SHARE;
-            have_a := FOUND;
-        END IF;
-        -- Compare-and-set: the reporter must lead this shard at exactly the
-        -- reported generation, as the incarnation it was granted to (a
-        -- leader whose data directory was replaced holds nothing it
-        -- reported on), so a superseded leader's report never lands.  A
-        -- follower outside the replica set is not recorded.
-        CONTINUE WHEN NOT have_a OR a.leader IS DISTINCT FROM cp_report.leader
-                   OR a.leader_incarnation IS DISTINCT FROM coalesce(cp_report.incarnation,
-                                                                     a.leader_incarnation)
-                   OR a.generation <> r.generation
-                   OR NOT (r.follower = ANY (a.replicas)) OR r.follower = cp_report.leader;
-        t := clock_timestamp();
-        INSERT INTO felix.replica_reports AS rr
-               (stream, shard, generation, leader, follower, follower_incarnation, acked_end,
-                caught_up, halted, halted_since, position, reported_at, token)
-        VALUES (r.stream, r.shard, r.generation, cp_report.leader, r.follower, r.incarnation,
-                r.acked_end, r.caught_up, r.halted, CASE WHEN r.halted IS NOT NULL THEN t END,
-                r.position, t, cp_report.token)
-        ON CONFLICT ON CONSTRAINT replica_reports_pkey
-        DO UPDATE SET generation = EXCLUDED.generation, leader = EXCLUDED.leader,
-                      follower_incarnation = EXCLUDED.follower_incarnation,
-                      acked_end = EXCLUDED.acked_end, caught_up = EXCLUDED.caught_up,
-                      halted = EXCLUDED.halted,
-                      -- a halt is as old as the first report of it
-                      halted_since = CASE WHEN EXCLUDED.halted IS NULL THEN NULL
-                                          WHEN rr.halted IS NOT DISTINCT FROM EXCLUDED.halted
-                                               AND rr.generation = EXCLUDED.generation
-                                          THEN rr.halted_since
-                                          ELSE EXCLUDED.halted_since END,
-                      position = EXCLUDED.position,
-                      reported_at = EXCLUDED.reported_at, token = EXCLUDED.token
-         WHERE rr.generation <> EXCLUDED.generation OR rr.leader <> EXCLUDED.leader
-            OR rr.token IS NULL OR EXCLUDED.token IS NULL OR rr.token < EXCLUDED.token;
-        GET DIAGNOSTICS written = ROW_COUNT;
-        named := coalesce(named, '{}') || r.follower;
-        accepted := accepted + written;
-    END LOOP;
-    IF named IS NOT NULL THEN
-        PERFORM felix.cp_report_unnamed(cur_stream, cur_shard, cp_report.leader,
-                                         cp_report.token, named);
-    END IF;
-    -- A replica move completes once its leader reports the joining node
-    -- caught up: the leaving node goes, and with it what was said of it.
-    FOR r IN
-        SELECT x.stream, x.shard, x.leaving, x.joining
-          FROM felix.assignments x
-          JOIN felix.replica_reports rr
-            ON rr.stream = x.stream AND rr.shard = x.shard AND rr.follower = x.joining
-         WHERE x.joining IS NOT NULL AND x.leader = cp_report.leader
-           AND rr.leader = cp_report.leader AND rr.generation = x.generation
-           AND rr.caught_up AND rr.halted IS NULL
-         ORDER BY x.stream, x.shard
-    LOOP
-        UPDATE felix.assignments x
-           SET replicas = array_remove(x.replicas, r.leaving), joining = NULL, leaving = NULL
-         WHERE x.stream = r.stream AND x.shard = r.shard AND x.joining = r.joining;
-        DELETE FROM felix.replica_reports rr
-         WHERE rr.stream = r.stream AND rr.shard = r.shard AND rr.follower = r.leaving;
-        RAISE LOG 'felix: stream "%" shard %: node "%" replaced node "%" in the replica set',
-            r.stream, r.shard, r.joining, r.leaving;
-    END LOOP;
-    RETURN accepted;
-END
-$$;
-
--- A leader's accepted reports on a shard describe its whole replica set:
--- a follower it left out (a halted one, say) is no longer caught up,
--- whatever an earlier report said -- unless that report is newer than
--- this one.
-CREATE FUNCTION felix.cp_report_unnamed(stream text, shard integer, leader text,
-                                        token bigint, named text[]) RETURNS void
-    LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
-    UPDATE felix.replica_reports rr
-       SET caught_up = false
-     WHERE rr.stream = cp_report_unnamed.stream AND rr.shard = cp_report_unnamed.shard
-       AND rr.caught_up AND NOT (rr.follower = ANY (cp_report_unnamed.named))
-       AND (rr.leader <> cp_report_unnamed.leader OR rr.token IS NULL
-            OR cp_report_unnamed.token IS NULL OR rr.token < cp_report_unnamed.token)
-$$;
-
--- ---------------------------------------------------------------------
--- felix.cp_tick: failure detection and promotion.  Returns how many shards
--- were given a new generation.
--- ---------------------------------------------------------------------
-CREATE FUNCTION felix.cp_tick() RETURNS integer
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    cfg          record;
-    k            record;
-    a            record;
-    cand         record;
-    t            timestamptz;
-    margin       interval;
-    expiry       interval;
-    window_      interval;
-    promotable   timestamptz;   -- when a successor could first be granted
-    leader_alive boolean;
-    main         text;
-    details      text;
-    reason       text;
-    promoted     integer := 0;
-BEGIN
-    PERFORM felix.cp_require_node(NULL, 'felix.cp_tick');
-    cfg := felix.cp_settings();
-    margin := cfg.margin_ms * interval '1 millisecond';
-    expiry := cfg.expiry_ms * interval '1 millisecond';
-    window_ := (cfg.expiry_ms + cfg.heartbeat_ms) * interval '1 millisecond';
-
-    -- Unlocked pass to find the shards worth locking; each is re-read and
-    -- decided under its row lock.
-    FOR k IN
-        SELECT x.stream, x.shard
-          FROM felix.assignments x
-         WHERE x.lease_granted_at IS NULL
-            OR x.lease_granted_at + x.lease_ms * interval '1 millisecond' + margin < clock_timestamp()
-         ORDER BY x.stream, x.shard
-    LOOP
-        SELECT x.* INTO a FROM felix.assignments x
-         WHERE x.stream = k.stream AND x.shard = k.shard
-           FOR UPDATE;
-        CONTINUE WHEN NOT FOUND;          -- dropped meanwhile
-        t := clock_timestamp();
-        -- A leader whose lease lapsed counts as alive again only once it has
-        -- heartbeated after the lapse: a dead leader's last heartbeat can be
-        -- younger than node_expiry when the lease lapses.
-        -- Only the incarnation it was granted to, and only if it can serve
-        -- the shard: a new data directory holds nothing of it.
-        leader_alive := EXISTS (SELECT 1 FROM felix.nodes n
-                                 WHERE n.name = a.leader AND n.last_heartbeat >= t - expiry
-                                   -- (a single copy has no better place to be)
-                                   AND (n.incarnation = a.leader_incarnation
-                                        OR cardinality(a.replicas) = 1)
-                                   AND NOT ((a.stream || '/' || a.shard) = ANY (n.unable))
-                                   AND (a.lease_granted_at IS NULL
-                                        OR n.last_heartbeat > a.lease_granted_at
-                                                              + a.lease_ms * interval '1 millisecond'));
-
-        IF a.lease_granted_at IS NOT NULL THEN
-            promotable := a.lease_granted_at + a.lease_ms * interval '1 millisecond' + margin;
-            -- The safety interval.  The leader anchored this lease no later
-            -- than lease_granted_at (it counts from when it sent the
-            -- heartbeat) and stops writing lease_epsilon before that anchor
-            -- plus lease_ms, by its own monotonic clock.  Waiting until
-            -- lease_ms + margin have passed since the grant by our clock
-            -- means it has stopped before a successor can exist, as long as
-            -- the two clocks' drift over one lease stays inside the margin.
-            -- Promoting any earlier could give the generation two writers.
-            CONTINUE WHEN NOT (t > promotable);
-        ELSE
-            -- Published but never taken: no node ever held this generation's
-            -- lease.  Give its leader a lease's worth of time to show up;
-            -- while it is alive it will take the lease itself.
-            promotable := t;
-            CONTINUE WHEN leader_alive
-                       OR NOT (t > a.assigned_at + a.lease_ms * interval '1 millisecond' + margin);
-        END IF;
-
-        -- Candidates, best first.  The last leader, alive again (the same
-        -- incarnation, able to serve), holds every record of its
-        -- generation, so it counts as furthest ahead.  Any other must be in
-        -- the replica set, alive at the incarnation the report names, able
-        -- to serve, and reported caught up (bound zero) in the newest
-        -- generation whose leader's reports landed:
-        --  - quorum: nothing is acknowledged before the report naming who
-        --    holds it has landed, so the newest landed report is true of
-        --    every acknowledged record however old it is, and a generation
-        --    whose leader never reported (never took its lease, or died
-        --    first) acknowledged nothing;
-        --  - leader: a leader acknowledges without reporting until its lease
-        --    lapses, so the report must come from the last generation that
-        --    took its lease and have been made no more than node_expiry +
-        --    heartbeat_interval before that lease ran out; otherwise the
-        --    shard waits for its last leader to come back.  The defaults
-        --    keep the window (1.7 s) longer than a lease, so a report made
-        --    at the last renewal of a leader that died qualifies.
-        -- A halted follower is never reported caught up.  Furthest ahead
-        -- first; score only breaks ties.
-        SELECT c.node, c.is_leader, c.acked_end INTO cand
-          FROM (SELECT a.leader AS node, true AS is_leader, NULL::bigint AS acked_end
-                 WHERE leader_alive
-                UNION ALL
-                SELECT rr.follower, false, rr.acked_end
-                  FROM felix.replica_reports rr
-                  JOIN felix.nodes n ON n.name = rr.follower
-                  JOIN felix.cluster_streams cs ON cs.name = rr.stream
-                 WHERE rr.stream = a.stream AND rr.shard = a.shard
-                   AND rr.generation = (SELECT max(r2.generation) FROM felix.replica_reports r2
-                                         WHERE r2.stream = a.stream AND r2.shard = a.shard)
-                   AND rr.caught_up AND rr.halted IS NULL
-                   AND (cs.consistency = 'quorum'
-                        OR (rr.generation = a.taken_generation
-                            AND rr.reported_at > a.taken_until - window_))
-                   AND rr.follower = ANY (a.replicas)
-                   AND n.incarnation = rr.follower_incarnation
-                   AND NOT ((a.stream || '/' || a.shard) = ANY (n.unable))
-                   -- alive, and seen after the lease lapsed: a follower that
-                   -- died with its leader may still look recent here
-                   AND n.last_heartbeat >= t - expiry
-                   AND (a.lease_granted_at IS NULL
-                        OR n.last_heartbeat > a.lease_granted_at
-                                              + a.lease_ms * interval '1 millisecond')) AS c
-         ORDER BY c.is_leader DESC, c.acked_end DESC,
-                  felix.cp_score(c.node, a.stream, a.shard) DESC, c.node COLLATE "C"
-         LIMIT 1;
-
-        IF FOUND THEN
-            -- A new generation is a new lease: its leader takes it at its
-            -- next heartbeat.
-            UPDATE felix.assignments x
-               SET generation = a.generation + 1, leader = cand.node,
-                   leader_incarnation = (SELECT n.incarnation FROM felix.nodes n
-                                          WHERE n.name = cand.node),
-                   lease_granted_at = NULL, lease_ms = cfg.lease_ms,
-                   unplaced_reason = NULL, assigned_at = t
-             WHERE x.stream = a.stream AND x.shard = a.shard
-               AND x.generation = a.generation;
-            promoted := promoted + 1;
-            RAISE LOG 'felix: stream "%" shard %: % leads generation % (was % at generation %)',
-                a.stream, a.shard, cand.node, a.generation + 1, a.leader, a.generation;
-            CONTINUE;
-        END IF;
-
-        -- Nobody qualifies: the shard stays unplaced.  Handing it to a node
-        -- that does not hold the log would serve an empty shard at a newer
-        -- generation, which is data loss nobody sees; unavailable is visible.
-        IF a.leader IS NULL THEN
-            main := format('no replica was reported caught up at generation %s and no leader is known',
-                           a.generation);
-        ELSIF a.replicas = ARRAY[a.leader] THEN
-            main := format('the only copy is on %s, which %s at generation %s and is not alive',
-                           a.leader,
-                           CASE WHEN a.lease_granted_at IS NULL THEN 'never took its lease'
-                                ELSE 'lost its lease' END,
-                           a.generation);
-        ELSE
-            main := format('no replica was reported caught up at generation %s, and leader %s %s and is not alive',
-                           a.generation, a.leader,
-                           CASE WHEN a.lease_granted_at IS NULL THEN 'never took its lease'
-                                ELSE 'lost its lease' END);
-        END IF;
-        SELECT string_agg(format('%s: %s', f.node,
-                   CASE WHEN n.name IS NULL OR n.last_heartbeat < t - expiry THEN 'not alive'
-                        WHEN rr.follower IS NULL THEN 'no report'
-                        WHEN rr.generation < (SELECT max(r2.generation) FROM felix.replica_reports r2
-                                               WHERE r2.stream = a.stream AND r2.shard = a.shard)
-                        THEN 'report of an older generation'
-                        WHEN rr.follower_incarnation <> n.incarnation THEN 'new data directory'
-                        WHEN rr.halted IS NOT NULL THEN 'halted ' || rr.halted
-                        WHEN NOT rr.caught_up THEN 'behind'
-                        WHEN (a.stream || '/' || a.shard) = ANY (n.unable) THEN 'cannot serve it'
-                        ELSE 'report too old' END),
-                   '; ' ORDER BY f.node COLLATE "C")
-          INTO details
-          FROM unnest(a.replicas) AS f(node)
-          LEFT JOIN felix.nodes n ON n.name = f.node
-          LEFT JOIN felix.replica_reports rr
-                 ON rr.stream = a.stream AND rr.shard = a.shard AND rr.follower = f.node
-         WHERE f.node IS DISTINCT FROM a.leader;
-        reason := main;
-        -- Keep it short enough for a node's shard slot (FELIX_REASON_LEN).
-        IF details IS NOT NULL AND octet_length(main || ' (' || details || ')') < 160 THEN
-            reason := main || ' (' || details || ')';
-        END IF;
-        IF a.unplaced_reason IS DISTINCT FROM reason THEN
-            UPDATE felix.assignments x
-               SET unplaced_reason = reason
-             WHERE x.stream = a.stream AND x.shard = a.shard
-               AND x.generation = a.generation;
-            RAISE LOG 'felix: stream "%" shard % is unplaced: %', a.stream, a.shard, reason;
-        END IF;
-    END LOOP;
-    RETURN promoted;
-END
-$$;
-
--- ---------------------------------------------------------------------
--- felix.cp_transfer: a planned leadership move.  The leader of
--- `generation` has stopped writing (it released its lease, having waited
--- until `to_node` held every record it wrote), so the next generation is
--- granted to to_node at once -- no lease to wait out.  Returns it.
--- ---------------------------------------------------------------------
+    AS 'MODULE_PATHNAME', 'felix_cp_drop_stream_sql' LANGUAGE C CALLED ON NULL INPUT VOLATILE;
 CREATE FUNCTION felix.cp_transfer(stream text, shard integer, generation bigint,
                                   from_node text, to_node text)
 RETURNS bigint
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    a   record;
-    n   record;
-    cfg record := felix.cp_settings();
-    t   timestamptz := clock_timestamp();
-BEGIN
-    -- Only the leader hands its own leadership over.
-    PERFORM felix.cp_require_node(cp_transfer.from_node, 'felix.cp_transfer');
-    SELECT x.* INTO a FROM felix.assignments x
-     WHERE x.stream = cp_transfer.stream AND x.shard = cp_transfer.shard FOR UPDATE;
-    IF NOT FOUND OR a.generation <> cp_transfer.generation
-       OR a.leader IS DISTINCT FROM cp_transfer.from_node THEN
-        RAISE EXCEPTION 'stream "%" shard %: node "%" does not lead generation %',
-                cp_transfer.stream, cp_transfer.shard, cp_transfer.from_node, cp_transfer.generation
-            USING ERRCODE = '55F02',
-                  HINT = 'The shard moved on meanwhile; felix_shards shows its leader.';
-    END IF;
-    SELECT x.* INTO n FROM felix.nodes x WHERE x.name = cp_transfer.to_node;
-    IF NOT (cp_transfer.to_node = ANY (a.replicas)) OR cp_transfer.to_node = cp_transfer.from_node
-       OR NOT FOUND OR n.last_heartbeat < t - cfg.expiry_ms * interval '1 millisecond'
-       OR (a.stream || '/' || a.shard) = ANY (n.unable) THEN
-        RAISE EXCEPTION 'stream "%" shard %: node "%" cannot take the shard over',
-                cp_transfer.stream, cp_transfer.shard, cp_transfer.to_node
-            USING ERRCODE = 'object_not_in_prerequisite_state',
-                  DETAIL = 'It must be another alive member of the replica set that can serve the shard.',
-                  HINT = format('The replica set is %s; felix_nodes shows which nodes are alive.',
-                                array_to_string(a.replicas, ', '));
-    END IF;
-    UPDATE felix.assignments x
-       SET generation = a.generation + 1, leader = cp_transfer.to_node,
-           leader_incarnation = n.incarnation, lease_granted_at = NULL,
-           lease_ms = cfg.lease_ms, unplaced_reason = NULL, assigned_at = t
-     WHERE x.stream = a.stream AND x.shard = a.shard;
-    RAISE LOG 'felix: stream "%" shard %: "%" hands generation % to "%"',
-        a.stream, a.shard, a.leader, a.generation + 1, cp_transfer.to_node;
-    RETURN a.generation + 1;
-END
-$$;
-
--- ---------------------------------------------------------------------
--- felix.cp_move_replica: begin replacing from_node by to_node in a
--- shard's replica set.  to_node joins at once (its leader ships it the
--- log); from_node leaves when the leader reports to_node caught up
--- (cp_report).  The leader itself is not moved: transfer it first.
--- ---------------------------------------------------------------------
+    AS 'MODULE_PATHNAME', 'felix_cp_transfer_sql' LANGUAGE C CALLED ON NULL INPUT VOLATILE;
 CREATE FUNCTION felix.cp_move_replica(stream text, shard integer, from_node text, to_node text)
-RETURNS text[]
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    a   record;
-    cfg record := felix.cp_settings();
-    t   timestamptz := clock_timestamp();
-BEGIN
-    PERFORM felix.cp_require_node(NULL, 'felix.cp_move_replica');
-    IF cp_move_replica.from_node IS NULL OR cp_move_replica.to_node IS NULL THEN
-        RAISE EXCEPTION 'stream "%" shard %: from_node and to_node must not be NULL',
-                cp_move_replica.stream, cp_move_replica.shard
-            USING ERRCODE = 'null_value_not_allowed',
-                  HINT = 'Name the replica that goes and the node that replaces it.';
-    END IF;
-    SELECT x.* INTO a FROM felix.assignments x
-     WHERE x.stream = cp_move_replica.stream AND x.shard = cp_move_replica.shard FOR UPDATE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'stream "%" has no shard %', cp_move_replica.stream, cp_move_replica.shard
-            USING ERRCODE = 'undefined_object',
-                  HINT = 'felix_shards lists the shards and their replica sets.';
-    END IF;
-    IF a.joining IS NOT NULL THEN
-        RAISE EXCEPTION 'stream "%" shard %: node "%" is already replacing node "%"',
-                a.stream, a.shard, a.joining, a.leaving
-            USING ERRCODE = 'object_not_in_prerequisite_state',
-                  HINT = 'Wait until that move completes (felix_shards shows the replica set).';
-    END IF;
-    IF NOT (cp_move_replica.from_node = ANY (a.replicas)) THEN
-        RAISE EXCEPTION 'stream "%" shard %: node "%" is not one of its replicas (%)',
-                a.stream, a.shard, cp_move_replica.from_node, array_to_string(a.replicas, ', ')
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Name a member of the replica set as from_node.';
-    END IF;
-    IF cp_move_replica.to_node = ANY (a.replicas) THEN
-        RAISE EXCEPTION 'stream "%" shard %: node "%" is already one of its replicas',
-                a.stream, a.shard, cp_move_replica.to_node
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Name a node outside the replica set as to_node.';
-    END IF;
-    IF a.leader IS NOT DISTINCT FROM cp_move_replica.from_node THEN
-        RAISE EXCEPTION 'stream "%" shard %: node "%" leads it and cannot be moved',
-                a.stream, a.shard, cp_move_replica.from_node
-            USING ERRCODE = 'object_not_in_prerequisite_state',
-                  HINT = format('Move the leadership first: SELECT felix_transfer_leadership(%L, %s, <node>) on node "%s".',
-                                a.stream, a.shard, a.leader);
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM felix.nodes n WHERE n.name = cp_move_replica.to_node
-                      AND n.last_heartbeat >= t - cfg.expiry_ms * interval '1 millisecond') THEN
-        RAISE EXCEPTION 'stream "%" shard %: node "%" is not alive', a.stream, a.shard,
-                cp_move_replica.to_node
-            USING ERRCODE = 'object_not_in_prerequisite_state',
-                  HINT = 'felix_nodes lists the nodes and whether they are alive.';
-    END IF;
-    IF cardinality(a.replicas) >= 7 THEN  -- FELIX_MAX_REPLICAS (storage/shard.h)
-        RAISE EXCEPTION 'stream "%" shard %: a replica set cannot grow past 7 nodes', a.stream, a.shard
-            USING ERRCODE = 'configuration_limit_exceeded',
-                  HINT = 'Remove a replica some other way first.';
-    END IF;
-    UPDATE felix.assignments x
-       SET replicas = x.replicas || cp_move_replica.to_node,
-           joining = cp_move_replica.to_node, leaving = cp_move_replica.from_node
-     WHERE x.stream = a.stream AND x.shard = a.shard;
-    RAISE LOG 'felix: stream "%" shard %: node "%" joins to replace node "%"',
-        a.stream, a.shard, cp_move_replica.to_node, cp_move_replica.from_node;
-    RETURN a.replicas || cp_move_replica.to_node;
-END
-$$;
-
--- ---------------------------------------------------------------------
--- felix.cp_nodes: the cluster's nodes as the control plane sees them
--- (felix_nodes on every node shows this).
--- ---------------------------------------------------------------------
+RETURNS text
+    AS 'MODULE_PATHNAME', 'felix_cp_move_replica_sql' LANGUAGE C CALLED ON NULL INPUT VOLATILE;
+CREATE FUNCTION felix.cp_remove_node(node text) RETURNS void
+    AS 'MODULE_PATHNAME', 'felix_cp_remove_node_sql' LANGUAGE C CALLED ON NULL INPUT VOLATILE;
 CREATE FUNCTION felix.cp_nodes()
 RETURNS TABLE (name text, conninfo text, alive boolean, last_heartbeat timestamptz,
-               incarnation text)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    expiry interval := (felix.cp_settings()).expiry_ms * interval '1 millisecond';
-BEGIN
-    PERFORM felix.cp_require_node(NULL, 'felix.cp_nodes');
-    RETURN QUERY
-    SELECT n.name, felix.cp_mask_conninfo(n.conninfo),
-           n.last_heartbeat >= clock_timestamp() - expiry, n.last_heartbeat, n.incarnation
-      FROM felix.nodes n
-     ORDER BY n.name COLLATE "C";
-END
-$$;
-
--- ---------------------------------------------------------------------
--- felix.cp_halted: the followers whose shard's current leader reported
--- them halted (felix_halted on every node shows this).
--- ---------------------------------------------------------------------
+               incarnation text, duty boolean, peers jsonb)
+    AS 'MODULE_PATHNAME', 'felix_cp_nodes_sql' LANGUAGE C STRICT VOLATILE;
 CREATE FUNCTION felix.cp_halted()
 RETURNS TABLE (stream text, shard integer, node text, generation bigint, leader text,
                halted_at_seq bigint, reason text, since timestamptz)
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    PERFORM felix.cp_require_node(NULL, 'felix.cp_halted');
-    RETURN QUERY
-    SELECT rr.stream, rr.shard, rr.follower, rr.generation, rr.leader,
-           rr.position, rr.halted, rr.halted_since
-      FROM felix.replica_reports rr
-      JOIN felix.assignments x ON x.stream = rr.stream AND x.shard = rr.shard
-     WHERE rr.halted IS NOT NULL
-       AND rr.generation = x.generation AND rr.leader = x.leader
-     ORDER BY rr.stream COLLATE "C", rr.shard, rr.follower COLLATE "C";
-END
-$$;
+    AS 'MODULE_PATHNAME', 'felix_cp_halted_sql' LANGUAGE C STRICT VOLATILE;
+
+-- Placement score of a node for one shard: deterministic, so a replica set
+-- is a function of the stream, the shard and the alive nodes.
+CREATE FUNCTION felix.cp_score(node text, stream text, shard integer) RETURNS integer
+    AS 'MODULE_PATHNAME', 'felix_cp_score_sql' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
 -- Internal: the cp_* entry points are for felix_replication (and
--- superusers) only; the helpers for the entry points only.
-REVOKE ALL ON FUNCTION felix.cp_settings(), felix.cp_score(text, text, integer),
-    felix.cp_mask_conninfo(text), felix.cp_report_unnamed(text, integer, text, bigint, text[]),
-    felix.cp_require_node(text, text), felix.cp_heartbeat(text, text, text, bigint, text, text[]),
+-- superusers) only.
+REVOKE ALL ON FUNCTION felix.cp_heartbeat(text, text, text, bigint, text, text[], integer, jsonb),
     felix.cp_create_stream(text, integer, integer, text, text, text, bigint, interval, text),
     felix.cp_drop_stream(text, uuid, boolean), felix.cp_report(text, jsonb, bigint, text),
-    felix.cp_tick(), felix.cp_nodes(), felix.cp_halted(),
+    felix.cp_tick(text, text), felix.cp_nodes(), felix.cp_halted(),
     felix.cp_transfer(text, integer, bigint, text, text),
-    felix.cp_move_replica(text, integer, text, text)
+    felix.cp_move_replica(text, integer, text, text), felix.cp_remove_node(text)
     FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION felix.cp_heartbeat(text, text, text, bigint, text, text[]),
+GRANT EXECUTE ON FUNCTION felix.cp_heartbeat(text, text, text, bigint, text, text[], integer, jsonb),
     felix.cp_create_stream(text, integer, integer, text, text, text, bigint, interval, text),
     felix.cp_drop_stream(text, uuid, boolean), felix.cp_report(text, jsonb, bigint, text),
-    felix.cp_tick(), felix.cp_nodes(), felix.cp_halted(),
+    felix.cp_tick(text, text), felix.cp_nodes(), felix.cp_halted(),
     felix.cp_transfer(text, integer, bigint, text, text),
-    felix.cp_move_replica(text, integer, text, text)
+    felix.cp_move_replica(text, integer, text, text), felix.cp_remove_node(text)
     TO felix_replication;
 -- END control plane
 
@@ -1336,7 +382,8 @@ CREATE VIEW felix_metrics AS SELECT * FROM felix.metrics();
 -- nothing).  The conninfo -- an address, any secret in it masked -- is
 -- shown only to members of pg_read_all_stats.
 CREATE FUNCTION felix.nodes_view(
-    OUT name text, OUT conninfo text, OUT alive boolean, OUT last_heartbeat timestamptz)
+    OUT name text, OUT conninfo text, OUT alive boolean, OUT last_heartbeat timestamptz,
+    OUT duty boolean)
 RETURNS SETOF record
     AS 'MODULE_PATHNAME', 'felix_nodes_view' LANGUAGE C STRICT VOLATILE;
 

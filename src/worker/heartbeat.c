@@ -64,6 +64,7 @@
 #include "commands/extension.h"
 #include "common/hashfn.h"
 #include "control/client.h"
+#include "control/cpcall.h"
 #include "control/conninfo.h"
 #include "control/halts.h"
 #include "control/nodes.h"
@@ -104,51 +105,18 @@ PGDLLEXPORT void felix_heartbeat_worker_main(Datum arg);
 /* A stream's creation may fail quietly for this long (a race, see below). */
 #define HB_CREATE_GRACE_NS	(INT64CONST(2) * 1000000000)
 
-/*
- * The heartbeat: every assignment, with its stream's definition.  The
- * retention interval travels as its three fields, so neither side's
- * IntervalStyle matters.
- */
-#define HB_SQL \
-	"SELECT stream, shard, generation, leader, leader_conninfo, replicas, " \
-	"lease_granted, lease_ms, unplaced_reason, shards, replication_factor, " \
-	"consistency, payload_type, retention_bytes, " \
-	"((extract(year FROM retention) OPERATOR(pg_catalog.*) 12) " \
-	"  OPERATOR(pg_catalog.+) extract(month FROM retention))::integer, " \
-	"extract(day FROM retention)::integer, " \
-	"((((extract(hour FROM retention) OPERATOR(pg_catalog.*) 3600) " \
-	"    OPERATOR(pg_catalog.+) (extract(minute FROM retention) OPERATOR(pg_catalog.*) 60)) " \
-	"   OPERATOR(pg_catalog.*) 1000000) " \
-	"  OPERATOR(pg_catalog.+) extract(microseconds FROM retention))::bigint, " \
-	"schema, creation_id, joining, leaving, leader_incarnation " \
-	"FROM " FELIX_CP_HEARTBEAT_CALL
-#define HB_NCOLS	22
-
-/* One assignment as the control plane returned it. */
+/* One assignment as the control plane returned it, and what became of it here. */
 typedef struct HbRow
 {
-	char		stream[NAMEDATALEN];
-	int			shard;
-	FelixAssignment a;
-	char	   *leader_conninfo;	/* untruncated, for the node directory */
-	int			shards;
-	int			replication_factor;
-	char		consistency[NAMEDATALEN];
-	char		payload_type[NAMEDATALEN];
-	int64		retention_bytes;	/* 0: no limit */
-	bool		has_retention;
-	Interval	retention;
-	char		schema[NAMEDATALEN];
-	char		creation_id[FELIX_CREATION_ID_LEN];
-	char	   *bad;			/* why the row is unusable, or NULL */
+	FelixCpShard c;
 	bool		missing;		/* the stream has no table here yet */
 	bool		created;		/* ... and this cycle created it */
 	bool		applied;		/* the assignment reached the local shard */
 } HbRow;
 
 /* The worker's state; all of it is process-local. */
-static PGconn *cp_conn = NULL;
-static int	cp_conn_timeout = 0;	/* its statement_timeout, ms */
+static FelixCpSession cp_session;
+static bool cp_open = false;
 static MemoryContext cycle_cxt = NULL;
 static int64 last_failure_log_ns = 0;	/* 0: next failure logs */
 static int	failed_in_a_row = 0;
@@ -274,306 +242,33 @@ row_error_cleared(const char *stream, int shard)
  * ---------------------------------------------------------------------
  */
 
-/*
- * A usable connection to the control plane, or false (logged).  Its
- * statement_timeout is the heartbeat's deadline, so a call abandoned here
- * (a stalled control plane) is cancelled there too instead of piling up
- * one stuck session per heartbeat.
- */
 static bool
 cp_connect(void)
 {
 	int			elevel;
-	int			timeout = Max(2 * felix_heartbeat_interval, 1000);
 
-	if (felix_conn_usable(cp_conn) && cp_conn_timeout == 2 * felix_heartbeat_interval)
+	if (cp_open && felix_cp_usable(&cp_session))
 		return true;
-	if (!felix_conn_usable(cp_conn))
-	{
-		felix_conn_close(cp_conn);
-		cp_conn = NULL;
-		elevel = failure_elevel();
-		cp_conn = felix_conn_open(felix_cp_conninfo(), HB_PURPOSE, HB_APPNAME,
-								  timeout, elevel);
-		if (cp_conn == NULL)
-		{
-			failure_reported(elevel);
-			return false;
-		}
-	}
-
+	if (cp_open)
+		felix_cp_close(&cp_session);
 	elevel = failure_elevel();
-	if (!felix_conn_set_statement_timeout(cp_conn, 2 * felix_heartbeat_interval, elevel))
-	{
+	cp_open = felix_cp_open(&cp_session, HB_APPNAME,
+							Max(2 * felix_heartbeat_interval, 1000), elevel);
+	if (!cp_open)
 		failure_reported(elevel);
-		felix_conn_close(cp_conn);
-		cp_conn = NULL;
-		return false;
-	}
-	cp_conn_timeout = 2 * felix_heartbeat_interval;
-	return true;
+	return cp_open;
 }
 
-/* Run one call with a deadline of two heartbeat intervals; NULL: failed. */
-static PGresult *
-cp_exec(const char *fn, const char *sql, int nparams, const char *const *values)
-{
-	int			elevel = failure_elevel();
-	PGresult   *res;
-
-	res = felix_conn_exec(cp_conn, fn, sql, nparams, values,
-						  2 * felix_heartbeat_interval, elevel);
-	if (res == NULL)
-	{
-		failure_reported(elevel);
-		if (!felix_conn_usable(cp_conn))
-		{
-			felix_conn_close(cp_conn);
-			cp_conn = NULL;
-		}
-	}
-	return res;
-}
-
-/* ---------------------------------------------------------------------
- * Reading the heartbeat's rows
- * ---------------------------------------------------------------------
- */
-static bool
-parse_int64(const char *s, int64 *out)
-{
-	char	   *end;
-	long long	v;
-
-	errno = 0;
-	v = strtoll(s, &end, 10);
-	if (errno != 0 || end == s || *end != '\0')
-		return false;
-	*out = (int64) v;
-	return true;
-}
-
-static bool
-parse_int32(const char *s, int *out)
-{
-	int64		v;
-
-	if (!parse_int64(s, &v) || v < PG_INT32_MIN || v > PG_INT32_MAX)
-		return false;
-	*out = (int) v;
-	return true;
-}
-
-/* Copy a name; false when it does not fit a NAMEDATALEN buffer. */
-static bool
-copy_name(char *dst, const char *src)
-{
-	return strlcpy(dst, src, NAMEDATALEN) < NAMEDATALEN;
-}
-
-/*
- * Read a one-dimensional text[] in its text form ({a,"b c",NULL}) into
- * a->replicas.  NULL elements are skipped.  Returns why not, or NULL.
- */
-static const char *
-parse_replicas(const char *p, FelixAssignment *a)
-{
-	a->nreplicas = 0;
-	if (*p != '{')
-		return "replicas is not an array";
-	p++;
-	while (*p != '\0' && *p != '}')
-	{
-		char		name[NAMEDATALEN];
-		int			len = 0;
-		bool		quoted = (*p == '"');
-
-		if (quoted)
-		{
-			for (p++; *p != '\0' && *p != '"'; p++)
-			{
-				if (*p == '\\' && p[1] != '\0')
-					p++;
-				if (len >= NAMEDATALEN - 1)
-					return "a replica's name is too long";
-				name[len++] = *p;
-			}
-			if (*p != '"')
-				return "replicas is not a well-formed array";
-			p++;
-		}
-		else
-		{
-			for (; *p != '\0' && *p != ',' && *p != '}'; p++)
-			{
-				if (len >= NAMEDATALEN - 1)
-					return "a replica's name is too long";
-				name[len++] = *p;
-			}
-		}
-		name[len] = '\0';
-		if (quoted || strcmp(name, "NULL") != 0)
-		{
-			if (a->nreplicas >= FELIX_MAX_REPLICAS)
-				return psprintf("more than %d replicas", FELIX_MAX_REPLICAS);
-			strlcpy(a->replicas[a->nreplicas++], name, NAMEDATALEN);
-		}
-		if (*p == ',')
-			p++;
-	}
-	if (*p != '}')
-		return "replicas is not a well-formed array";
-	return NULL;
-}
-
-/* Column c of row i, or NULL when SQL NULL. */
-static const char *
-col(PGresult *res, int i, int c)
-{
-	return PQgetisnull(res, i, c) ? NULL : PQgetvalue(res, i, c);
-}
-
-/* Turn one result row into an HbRow; problems go to r->bad. */
+/* After a failed call: log it (rate-limited) and drop a broken session. */
 static void
-read_row(PGresult *res, int i, int64 t_send, HbRow *r)
+cp_failed(int elevel)
 {
-	const char *v;
-	int64		i64;
-	int			months = 0,
-				days = 0;
-	int64		usec = 0;
-
-	memset(r, 0, sizeof(HbRow));
-	r->shard = -1;
-	r->a.sent_at_ns = t_send;
-
-	v = col(res, i, 0);
-	if (v == NULL || !copy_name(r->stream, v))
+	failure_reported(elevel);
+	if (cp_open && !felix_cp_usable(&cp_session))
 	{
-		r->bad = "the stream name is missing or too long";
-		if (v != NULL)
-			strlcpy(r->stream, v, NAMEDATALEN);
-		return;
+		felix_cp_close(&cp_session);
+		cp_open = false;
 	}
-	if ((v = col(res, i, 1)) == NULL || !parse_int32(v, &r->shard))
-	{
-		r->bad = "the shard number is missing";
-		return;
-	}
-	if ((v = col(res, i, 2)) == NULL || !parse_int64(v, &i64) || i64 < 1)
-	{
-		r->bad = "the generation is missing or not positive";
-		return;
-	}
-	r->a.generation = (uint64) i64;
-	if ((v = col(res, i, 3)) != NULL && !copy_name(r->a.leader, v))
-	{
-		r->bad = "the leader's name is too long";
-		return;
-	}
-	v = col(res, i, 4);
-	r->leader_conninfo = pstrdup(v ? v : "");
-	strlcpy(r->a.leader_conninfo, r->leader_conninfo, FELIX_CONNINFO_LEN);
-	if ((v = col(res, i, 5)) != NULL && (r->bad = (char *) parse_replicas(v, &r->a)) != NULL)
-		return;
-	v = col(res, i, 6);
-	r->a.lease_granted = (v != NULL && v[0] == 't');
-	if ((v = col(res, i, 7)) != NULL && !parse_int64(v, &r->a.lease_ms))
-	{
-		r->bad = "lease_ms is not a number";
-		return;
-	}
-	if (r->a.lease_granted && r->a.lease_ms <= 0)
-	{
-		r->bad = "a lease was granted without a positive duration";
-		return;
-	}
-	v = col(res, i, 8);
-	strlcpy(r->a.unplaced_reason, v ? v : "", FELIX_REASON_LEN);
-	if ((v = col(res, i, 9)) == NULL || !parse_int32(v, &r->shards) || r->shards < 1)
-	{
-		r->bad = "the stream's shard count is missing";
-		return;
-	}
-	if ((v = col(res, i, 10)) == NULL || !parse_int32(v, &r->replication_factor) ||
-		r->replication_factor < 1)
-	{
-		r->bad = "the stream's replication_factor is missing";
-		return;
-	}
-	if ((v = col(res, i, 11)) == NULL || !copy_name(r->consistency, v))
-	{
-		r->bad = "the stream's consistency is missing";
-		return;
-	}
-	if ((v = col(res, i, 12)) == NULL || !copy_name(r->payload_type, v))
-	{
-		r->bad = "the stream's payload_type is missing";
-		return;
-	}
-	if ((v = col(res, i, 13)) != NULL && !parse_int64(v, &r->retention_bytes))
-	{
-		r->bad = "retention_bytes is not a number";
-		return;
-	}
-	if (col(res, i, 14) != NULL)
-	{
-		if (!parse_int32(col(res, i, 14), &months) ||
-			(v = col(res, i, 15)) == NULL || !parse_int32(v, &days) ||
-			(v = col(res, i, 16)) == NULL || !parse_int64(v, &usec))
-		{
-			r->bad = "retention is not an interval";
-			return;
-		}
-		r->has_retention = true;
-		r->retention.month = months;
-		r->retention.day = days;
-		r->retention.time = usec;
-	}
-	if ((v = col(res, i, 17)) == NULL || !copy_name(r->schema, v))
-	{
-		r->bad = "the stream's schema is missing";
-		return;
-	}
-	if ((v = col(res, i, 18)) == NULL || strlen(v) >= FELIX_CREATION_ID_LEN)
-	{
-		r->bad = "the stream's creation id is missing";
-		return;
-	}
-	strlcpy(r->creation_id, v, FELIX_CREATION_ID_LEN);
-	if (((v = col(res, i, 19)) != NULL && !copy_name(r->a.joining, v)) ||
-		((v = col(res, i, 20)) != NULL && !copy_name(r->a.leaving, v)) ||
-		((r->a.joining[0] == '\0') != (r->a.leaving[0] == '\0')))
-	{
-		r->bad = "a replica move names only one of the joining and leaving nodes";
-		return;
-	}
-	if ((v = col(res, i, 21)) != NULL)
-		strlcpy(r->a.leader_incarnation, v, FELIX_INCARNATION_LEN);
-}
-
-/*
- * Copy the rows out of the result (so it can be freed before anything can
- * raise) and note each shard's leader in the node directory.
- */
-static HbRow *
-read_rows(PGresult *res, int64 t_send, int *nrows)
-{
-	int			n = PQntuples(res);
-	HbRow	   *rows = palloc0(sizeof(HbRow) * Max(n, 1));
-
-	for (int i = 0; i < n; i++)
-	{
-		HbRow	   *r = &rows[i];
-
-		read_row(res, i, t_send, r);
-		if (r->bad != NULL)
-			continue;
-		if (r->a.leader[0] != '\0' && r->leader_conninfo[0] != '\0')
-			felix_node_note(r->a.leader, r->leader_conninfo);
-	}
-	*nrows = n;
-	return rows;
 }
 
 /* ---------------------------------------------------------------------
@@ -585,14 +280,14 @@ read_rows(PGresult *res, int64 t_send, int *nrows)
 static FelixConsistency
 row_consistency(const HbRow *r)
 {
-	if (strcmp(r->consistency, "leader") == 0)
+	if (strcmp(r->c.consistency, "leader") == 0)
 		return FELIX_CONSISTENCY_LEADER;
-	if (strcmp(r->consistency, "quorum") == 0)
+	if (strcmp(r->c.consistency, "quorum") == 0)
 		return FELIX_CONSISTENCY_QUORUM;
 	ereport(ERROR,
 			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 			 errmsg("stream \"%s\": the control plane sent consistency \"%s\", which this node does not recognise",
-					r->stream, r->consistency),
+					r->c.stream, r->c.consistency),
 			 errdetail("The stream is not served here rather than served at a weaker guarantee."),
 			 errhint("Run the same felix version on every node and on the control plane.")));
 	return FELIX_CONSISTENCY_LEADER;	/* keep compiler quiet */
@@ -601,11 +296,11 @@ row_consistency(const HbRow *r)
 static void
 refuse_bad_row(const HbRow *r)
 {
-	if (r->bad != NULL)
+	if (r->c.bad != NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_PROTOCOL_VIOLATION),
 				 errmsg("stream \"%s\" shard %d: unusable assignment from the control plane: %s",
-						r->stream, r->shard, r->bad),
+						r->c.stream, r->c.shard, r->c.bad),
 				 errhint("Run the same felix version on every node and on the control plane.")));
 }
 
@@ -621,47 +316,47 @@ apply_row_guts(void *arg)
 
 	refuse_bad_row(r);
 	consistency = row_consistency(r);
-	found = felix_stream_by_name(r->stream);
+	found = felix_stream_by_name(r->c.stream);
 	stream = *found;
 
-	if (strcmp(stream.creation_id, r->creation_id) != 0)
+	if (strcmp(stream.creation_id, r->c.creation_id) != 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("stream \"%s\" here is not the stream the control plane knows by that name",
-						r->stream),
+						r->c.stream),
 				 errdetail("Its creation id is %s here and %s at the control plane: the stream was dropped and created again elsewhere.",
-						   stream.creation_id, r->creation_id),
+						   stream.creation_id, r->c.creation_id),
 				 errhint("Drop the local stream \"%s\" (felix_drop_stream) to let this node "
-						 "create the cluster's stream of that name.", r->stream)));
-	if (stream.shards != r->shards ||
-		stream.replication_factor != r->replication_factor ||
+						 "create the cluster's stream of that name.", r->c.stream)));
+	if (stream.shards != r->c.shards ||
+		stream.replication_factor != r->c.replication_factor ||
 		stream.consistency != consistency)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("stream \"%s\" here differs from the control plane's: "
 						"%d shards, replication_factor %d, consistency %s here; "
 						"%d, %d, %s there",
-						r->stream, stream.shards, stream.replication_factor,
+						r->c.stream, stream.shards, stream.replication_factor,
 						stream.consistency == FELIX_CONSISTENCY_QUORUM ? "quorum" : "leader",
-						r->shards, r->replication_factor, r->consistency),
+						r->c.shards, r->c.replication_factor, r->c.consistency),
 				 errdetail("The local stream was not created through the control plane."),
 				 errhint("Drop the local stream \"%s\" (felix_drop_stream) to let this node "
 						 "recreate it as the cluster defines it, or rename one of the two.",
-						 r->stream)));
+						 r->c.stream)));
 
 	/* Never wait for a user's lock: the next heartbeat comes soon. */
 	if (!ConditionalLockRelationOid(stream.relid, AccessShareLock))
 	{
 		ereport(DEBUG1,
 				(errmsg_internal("felix heartbeat: stream \"%s\" is locked; shard %d skipped this time",
-								 r->stream, r->shard)));
+								 r->c.stream, r->c.shard)));
 		return;
 	}
 	if (!SearchSysCacheExists1(RELOID, ObjectIdGetDatum(stream.relid)))
 		return;					/* dropped meanwhile */
 
-	s = felix_stream_shard(&stream, r->shard);
-	lease_apply_assignment(s, &r->a);
+	s = felix_stream_shard(&stream, r->c.shard);
+	lease_apply_assignment(s, &r->c.a);
 	r->applied = true;
 }
 
@@ -673,41 +368,53 @@ apply_row_guts(void *arg)
  * send time, exactly as the worker anchors its own; the worker's later
  * renewals only ever extend it.
  */
+/* Note each shard's leader and its address in the node directory. */
 static void
-apply_stream_guts(PGconn *conn, const char *stream)
+note_leaders(HbRow *rows, int nrows)
 {
-	const char *me[FELIX_CP_HEARTBEAT_NARGS];
-	PGresult   *res;
-	HbRow	   *rows;
-	int			nrows;
-	int64		t_send;
-
-	felix_cp_heartbeat_args(me, NULL);
-	(void) felix_conn_set_statement_timeout(conn, FELIX_CP_CALL_TIMEOUT_MS, ERROR);
-	t_send = felix_monotonic_ns();
-	res = felix_conn_exec(conn, "felix.cp_heartbeat", HB_SQL, FELIX_CP_HEARTBEAT_NARGS, me,
-						  FELIX_CP_CALL_TIMEOUT_MS, ERROR);
-	rows = read_rows(res, t_send, &nrows);
-	PQclear(res);
 	for (int i = 0; i < nrows; i++)
-		if (strcmp(rows[i].stream, stream) == 0)
-			apply_row_guts(&rows[i]);
+	{
+		HbRow	   *r = &rows[i];
+
+		if (r->c.bad == NULL && r->c.a.leader[0] != '\0' && r->c.leader_conninfo[0] != '\0')
+			felix_node_note(r->c.a.leader, r->c.leader_conninfo);
+	}
+}
+
+/* The heartbeat's shards as rows to apply. */
+static HbRow *
+wrap_rows(FelixCpShard *shards, int n)
+{
+	HbRow	   *rows = palloc0(sizeof(HbRow) * Max(n, 1));
+
+	for (int i = 0; i < n; i++)
+		rows[i].c = shards[i];
+	return rows;
 }
 
 void
 felix_heartbeat_apply_stream(const char *stream)
 {
-	PGconn	   *conn = felix_conn_open(felix_cp_conninfo(),
-									   "the felix control plane", "felix",
-									   FELIX_CP_CALL_TIMEOUT_MS, ERROR);
+	FelixCpSession s;
 
+	(void) felix_cp_open(&s, "felix", FELIX_CP_CALL_TIMEOUT_MS, ERROR);
 	PG_TRY();
 	{
-		apply_stream_guts(conn, stream);
+		FelixCpShard *shards;
+		int			n;
+		int64		t_send;
+		HbRow	   *rows;
+
+		(void) felix_cp_heartbeat(&s, NULL, 0, NULL, &t_send, &shards, &n, ERROR);
+		rows = wrap_rows(shards, n);
+		note_leaders(rows, n);
+		for (int i = 0; i < n; i++)
+			if (strcmp(rows[i].c.stream, stream) == 0)
+				apply_row_guts(&rows[i]);
 	}
 	PG_FINALLY();
 	{
-		felix_conn_close(conn);
+		felix_cp_close(&s);
 	}
 	PG_END_TRY();
 }
@@ -762,20 +469,20 @@ create_stream_guts(void *arg)
 	 * since the rows were fetched means they may be stale (the next
 	 * heartbeat's rows will say).
 	 */
-	if (!felix_stream_lock_name(r->stream, false))
+	if (!felix_stream_lock_name(r->c.stream, false))
 		return;
 	if (shard_streams_forgotten() != drops_before_rows ||
-		name_in(local_stream_names(), r->stream))
+		name_in(local_stream_names(), r->c.stream))
 		return;
 	refuse_bad_row(r);
 	(void) row_consistency(r);
-	(void) felix_stream_create_local(r->stream, r->schema, r->creation_id, r->shards,
-									 r->replication_factor, r->consistency,
-									 r->payload_type, r->retention_bytes,
-									 r->has_retention ? &r->retention : NULL);
+	(void) felix_stream_create_local(r->c.stream, r->c.schema, r->c.creation_id, r->c.shards,
+									 r->c.replication_factor, r->c.consistency,
+									 r->c.payload_type, r->c.retention_bytes,
+									 r->c.has_retention ? &r->c.retention : NULL);
 	ereport(LOG,
 			(errmsg("felix heartbeat: created stream \"%s\" (%d shards, replication_factor %d, %s) as the control plane defines it",
-					r->stream, r->shards, r->replication_factor, r->consistency)));
+					r->c.stream, r->c.shards, r->c.replication_factor, r->c.consistency)));
 }
 
 /*
@@ -789,11 +496,11 @@ run_isolated(void (*fn) (void *), HbRow *r, int key_shard, const char *what)
 
 	if (edata != NULL)
 	{
-		report_row_error(r->stream, key_shard, edata, what);
+		report_row_error(r->c.stream, key_shard, edata, what);
 		FreeErrorData(edata);
 		return false;
 	}
-	row_error_cleared(r->stream, key_shard);
+	row_error_cleared(r->c.stream, key_shard);
 	return true;
 }
 
@@ -835,15 +542,15 @@ apply_rows(HbRow *rows, int nrows)
 			HbRow	   *r = &rows[i];
 
 			CHECK_FOR_INTERRUPTS();
-			if (r->bad == NULL && !name_in(local, r->stream))
+			if (r->c.bad == NULL && !name_in(local, r->c.stream))
 			{
 				r->missing = true;
 				nmissing++;
 				continue;
 			}
-			(void) run_isolated(apply_row_guts, r, r->shard,
+			(void) run_isolated(apply_row_guts, r, r->c.shard,
 								psprintf("applying the control plane's assignment of stream \"%s\" shard %d",
-										 r->stream, r->shard));
+										 r->c.stream, r->c.shard));
 		}
 	}
 	end_work();
@@ -873,17 +580,17 @@ apply_rows(HbRow *rows, int nrows)
 				continue;
 			CHECK_FOR_INTERRUPTS();
 			memset(key, 0, sizeof(key));
-			strlcpy(key, r->stream, NAMEDATALEN);
+			strlcpy(key, r->c.stream, NAMEDATALEN);
 			(void) hash_search(tried, key, HASH_ENTER, &found);
 			if (found)
 				continue;
 			if (run_isolated(create_stream_guts, r, -1,
 							 psprintf("creating stream \"%s\" as the control plane defines it",
-									  r->stream)))
+									  r->c.stream)))
 			{
 				ncreated++;
 				for (int k = i; k < nrows; k++)
-					if (rows[k].missing && strcmp(rows[k].stream, r->stream) == 0)
+					if (rows[k].missing && strcmp(rows[k].c.stream, r->c.stream) == 0)
 						rows[k].created = true;
 			}
 		}
@@ -901,9 +608,9 @@ apply_rows(HbRow *rows, int nrows)
 		if (!r->created)
 			continue;
 		CHECK_FOR_INTERRUPTS();
-		(void) run_isolated(apply_row_guts, r, r->shard,
+		(void) run_isolated(apply_row_guts, r, r->c.shard,
 							psprintf("applying the control plane's assignment of stream \"%s\" shard %d",
-									 r->stream, r->shard));
+									 r->c.stream, r->c.shard));
 	}
 	end_work();
 }
@@ -933,60 +640,23 @@ local_extension_ready(void)
 	return ready;
 }
 
-/* Microseconds since the Unix epoch to TimestampTz. */
-static TimestampTz
-unix_usec_to_timestamptz(int64 usec)
-{
-	return (TimestampTz) (usec -
-						  ((int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * USECS_PER_DAY));
-}
-
 /*
- * Re-read the control plane's node list (felix.cp_nodes(), the one view of
- * felix.nodes a node may read) into the node directory, with each node's
- * liveness: the felix_nodes view shows it from there.  Every heartbeat, so
- * the view is never more than one interval behind the control plane.
+ * Re-read the control plane's node list into the node directory, with
+ * each node's liveness and who runs the duties: the felix_nodes view
+ * shows it from there.  Every heartbeat, so the view is never more than
+ * one interval behind the control plane.
  */
 static void
 refresh_directory(void)
 {
-	/* Epoch microseconds: independent of either side's DateStyle. */
-	PGresult   *res = cp_exec("felix.cp_nodes",
-							  "SELECT name, conninfo, alive, "
-							  "(extract(epoch FROM last_heartbeat) OPERATOR(pg_catalog.*) 1000000)::bigint, "
-							  "incarnation FROM felix.cp_nodes()",
-							  0, NULL);
 	FelixNodeInfo *nodes;
-	int			n = 0;
+	int			n;
+	int			elevel = failure_elevel();
 
-	if (res == NULL)
-		return;
-	if (PQnfields(res) != 5)
-	{
-		PQclear(res);
-		return;
-	}
-	nodes = palloc0(sizeof(FelixNodeInfo) * Max(PQntuples(res), 1));
-	for (int i = 0; i < PQntuples(res) && n < FELIX_MAX_NODES; i++)
-	{
-		const char *name = col(res, i, 0);
-		const char *conninfo = col(res, i, 1);
-		const char *alive = col(res, i, 2);
-		const char *usec = col(res, i, 3);
-		int64		us;
-
-		if (name == NULL || conninfo == NULL || alive == NULL || usec == NULL ||
-			!copy_name(nodes[n].name, name) || !parse_int64(usec, &us))
-			continue;
-		strlcpy(nodes[n].conninfo, conninfo, FELIX_NODE_CONNINFO_LEN);
-		if (col(res, i, 4) != NULL)
-			strlcpy(nodes[n].incarnation, col(res, i, 4), FELIX_INCARNATION_LEN);
-		nodes[n].alive = alive[0] == 't';
-		nodes[n].last_heartbeat = unix_usec_to_timestamptz(us);
-		n++;
-	}
-	PQclear(res);
-	felix_nodes_listed(nodes, n);
+	if (felix_cp_nodes(&cp_session, &nodes, &n, elevel))
+		felix_nodes_listed(nodes, n);
+	else
+		cp_failed(elevel);
 }
 
 /*
@@ -1006,9 +676,9 @@ note_served(HbRow *rows, int nrows)
 		UnservedEntry *e;
 		bool		found;
 
-		if (r->bad != NULL || (r->missing && !r->created))
+		if (r->c.bad != NULL || (r->missing && !r->created))
 			continue;
-		row_error_key(&key, r->stream, r->shard);
+		row_error_key(&key, r->c.stream, r->c.shard);
 		if (r->applied)
 		{
 			(void) hash_search(unserved, &key, HASH_REMOVE, NULL);
@@ -1021,44 +691,30 @@ note_served(HbRow *rows, int nrows)
 }
 
 /*
- * The shards this node cannot serve, as a text[] literal of "stream/shard"
+ * The shards this node cannot serve ("stream/shard")
  * for felix.cp_heartbeat: those whose assignment has failed to reach the
  * local shard (damaged, the table locked, ...) for a whole lease.  The
  * control plane renews no lease of theirs here and counts this node out
  * of their promotions, so a shard this node leads but cannot serve fails
  * over instead of holding a lease nobody can use.
  */
-static char *
-unable_list(void)
+static char **
+unable_list(int *n)
 {
 	HASH_SEQ_STATUS seq;
 	UnservedEntry *e;
-	StringInfoData buf;
 	int64		now = felix_monotonic_ns();
-	bool		first = true;
+	char	  **out = palloc0(sizeof(char *) * (hash_get_num_entries(unserved) + 1));
 
-	initStringInfo(&buf);
-	appendStringInfoChar(&buf, '{');
+	*n = 0;
 	hash_seq_init(&seq, unserved);
 	while ((e = hash_seq_search(&seq)) != NULL)
 	{
-		char	   *elem;
-
 		if (now - e->since_ns < (int64) felix_lease_duration * 1000000)
 			continue;
-		elem = psprintf("%s/%d", e->key.stream, e->key.shard);
-		appendStringInfoString(&buf, first ? "\"" : ",\"");
-		for (const char *c = elem; *c; c++)
-		{
-			if (*c == '"' || *c == '\\')
-				appendStringInfoChar(&buf, '\\');
-			appendStringInfoChar(&buf, *c);
-		}
-		appendStringInfoChar(&buf, '"');
-		first = false;
+		out[(*n)++] = psprintf("%s/%d", e->key.stream, e->key.shard);
 	}
-	appendStringInfoChar(&buf, '}');
-	return buf.data;
+	return out;
 }
 
 /*
@@ -1089,43 +745,14 @@ own_conninfo_ok(void)
 static void
 refresh_halts(void)
 {
-	PGresult   *res = cp_exec("felix.cp_halted",
-							  "SELECT stream, shard, node, generation, leader, halted_at_seq, reason, "
-							  "(extract(epoch FROM since) OPERATOR(pg_catalog.*) 1000000)::bigint "
-							  "FROM felix.cp_halted()",
-							  0, NULL);
 	FelixHaltInfo *halts;
-	int			n = 0;
+	int			n;
+	int			elevel = failure_elevel();
 
-	if (res == NULL)
-		return;
-	if (PQnfields(res) != 8)
-	{
-		PQclear(res);
-		return;
-	}
-	halts = palloc0(sizeof(FelixHaltInfo) * FELIX_MAX_HALTS);
-	for (int i = 0; i < PQntuples(res) && n < FELIX_MAX_HALTS; i++)
-	{
-		FelixHaltInfo *h = &halts[n];
-		int64		v;
-
-		if (col(res, i, 0) == NULL || col(res, i, 2) == NULL || col(res, i, 4) == NULL ||
-			col(res, i, 6) == NULL || !copy_name(h->stream, col(res, i, 0)) ||
-			!copy_name(h->node, col(res, i, 2)) || !copy_name(h->leader, col(res, i, 4)) ||
-			col(res, i, 1) == NULL || !parse_int32(col(res, i, 1), &h->shard) ||
-			col(res, i, 3) == NULL || !parse_int64(col(res, i, 3), &v))
-			continue;
-		h->generation = (uint64) v;
-		h->has_position = col(res, i, 5) != NULL && parse_int64(col(res, i, 5), &v);
-		h->position = h->has_position ? (uint64) v : 0;
-		strlcpy(h->reason, col(res, i, 6), FELIX_HALT_REASON_LEN);
-		h->since = col(res, i, 7) != NULL && parse_int64(col(res, i, 7), &v) ?
-			unix_usec_to_timestamptz(v) : 0;
-		n++;
-	}
-	PQclear(res);
-	felix_halts_listed(halts, n);
+	if (felix_cp_halted(&cp_session, &halts, &n, elevel))
+		felix_halts_listed(halts, n);
+	else
+		cp_failed(elevel);
 }
 
 static void
@@ -1134,18 +761,21 @@ heartbeat_once(void)
 	const char *me = felix_node_name_resolved();
 	/* only where this node is: its credentials never leave it */
 	const char *my_conninfo = felix_conninfo_address(felix_node_conninfo_resolved());
-	const char *params[FELIX_CP_HEARTBEAT_NARGS];
 	int64		t_send;
-	PGresult   *res;
+	FelixCpShard *shards;
 	HbRow	   *rows;
 	int			nrows;
+	int			nunable;
+	char	  **unable;
+	int			elevel;
+	int			promoted;
 
 	if (!local_extension_ready())
 		return;
 	if (!own_conninfo_ok())
 		return;
 	felix_node_note(me, my_conninfo);
-	felix_cp_heartbeat_args(params, unable_list());
+	unable = unable_list(&nunable);
 
 	if (!cp_connect())
 	{
@@ -1155,41 +785,31 @@ heartbeat_once(void)
 	}
 
 	/*
-	 * The lease is anchored here, before the request leaves: at or before
-	 * the control plane's grant time t, so this node stops no later than
-	 * t + L - epsilon by its own clock whatever the round trip costs.
+	 * The lease is anchored at t_send, read just before the request leaves
+	 * (felix_cp_heartbeat): before the claim is written, so this node stops
+	 * no later than the duty holder's wait allows, whatever the round trip
+	 * costs.
 	 */
 	pgstat_report_activity(STATE_RUNNING, "felix: heartbeat");
 	drops_before_rows = shard_streams_forgotten();
-	t_send = felix_monotonic_ns();
 	felix_count(FELIX_CTR_HEARTBEATS_SENT, 1);
-	res = cp_exec("felix.cp_heartbeat", HB_SQL, FELIX_CP_HEARTBEAT_NARGS, params);
-	pgstat_report_activity(STATE_IDLE, NULL);
-	if (res == NULL && strcmp(felix_conn_last_sqlstate(), "55F06") == 0)
+	elevel = failure_elevel();
+	if (!felix_cp_heartbeat(&cp_session, unable, nunable, NULL, &t_send,
+							&shards, &nrows, elevel))
 	{
-		/* an older copy of this data directory: it becomes a new one */
-		felix_incarnation_renew();
-		shard_mark_stale_copies();
-	}
-	if (res != NULL && PQnfields(res) != HB_NCOLS)
-	{
-		int			elevel = failure_elevel();
-
-		ereport(elevel,
-				(errcode(ERRCODE_PROTOCOL_VIOLATION),
-				 errmsg("felix.cp_heartbeat() on the control plane returned %d columns, expected %d",
-						PQnfields(res), HB_NCOLS),
-				 errhint("Run the same felix version on every node and on the control plane.")));
-		failure_reported(elevel);
-		PQclear(res);
-		res = NULL;
-	}
-	if (res == NULL)
-	{
+		pgstat_report_activity(STATE_IDLE, NULL);
+		if (strcmp(felix_cp_last_sqlstate(), "55F06") == 0)
+		{
+			/* an older copy of this data directory: it becomes a new one */
+			felix_incarnation_renew();
+			shard_mark_stale_copies();
+		}
+		cp_failed(elevel);
 		felix_count(FELIX_CTR_HEARTBEATS_FAILED, 1);
 		failed_in_a_row++;
 		return;
 	}
+	pgstat_report_activity(STATE_IDLE, NULL);
 	if (failed_in_a_row > 0)
 		ereport(LOG,
 				(errmsg("felix heartbeat: the control plane answers again after %d failed heartbeat%s",
@@ -1197,32 +817,33 @@ heartbeat_once(void)
 	failed_in_a_row = 0;
 	last_failure_log_ns = 0;
 
-	rows = read_rows(res, t_send, &nrows);
-	PQclear(res);
-
+	rows = wrap_rows(shards, nrows);
+	note_leaders(rows, nrows);
 	apply_rows(rows, nrows);
 	note_served(rows, nrows);
 
-	if (felix_cp_embedded())
+	/*
+	 * The duties, if this node holds them or may take them over.  A node
+	 * with felix.control_plane_duties off does not take part: if it held
+	 * them, its refreshes stop and another node takes over.
+	 */
+	if (felix_control_plane_duties)
 	{
-		pgstat_report_activity(STATE_RUNNING, "felix: control plane tick");
-		res = cp_exec("felix.cp_tick", "SELECT felix.cp_tick()", 0, NULL);
+		pgstat_report_activity(STATE_RUNNING, "felix: control-plane duties");
+		elevel = failure_elevel();
+		promoted = felix_cp_duty_tick(&cp_session, elevel);
 		pgstat_report_activity(STATE_IDLE, NULL);
-		if (res != NULL)
-		{
-			if (PQntuples(res) == 1 && !PQgetisnull(res, 0, 0) &&
-				strcmp(PQgetvalue(res, 0, 0), "0") != 0)
-				ereport(LOG,
-						(errmsg("felix control plane: %s promotion%s in this tick",
-								PQgetvalue(res, 0, 0),
-								strcmp(PQgetvalue(res, 0, 0), "1") == 0 ? "" : "s")));
-			PQclear(res);
-		}
+		if (promoted > 0)
+			ereport(LOG,
+					(errmsg("felix control plane: %d promotion%s in this tick",
+							promoted, promoted == 1 ? "" : "s")));
+		if (!felix_cp_usable(&cp_session))
+			cp_failed(elevel);
 	}
 
-	if (cp_conn != NULL)
+	if (cp_open)
 		refresh_directory();
-	if (cp_conn != NULL)
+	if (cp_open)
 		refresh_halts();
 }
 

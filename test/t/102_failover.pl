@@ -132,7 +132,7 @@ if (defined $new)
 	is($row->{generation}, $g + 1, "$nname leads at generation G+1 = " . ($g + 1));
 	is($row->{role}, 'leader', "felix_shards on $nname says leader");
 	note("$nname at G+1: next_seq $row->{next_seq}, hwm '$row->{hwm}'");
-	my $cp = $c->cp->safe_psql('postgres',
+	my $cp = $c->state_query(
 		"SELECT generation || ' ' || leader FROM felix.assignments WHERE stream = '$stream' AND shard = 0");
 	is($cp, ($g + 1) . " $nname", 'the control plane agrees');
 	is($c->metric_of($new, 'promotions'), 1, "$nname counted one promotion");

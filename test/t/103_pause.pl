@@ -68,7 +68,7 @@ my $quiet = FelixCluster::poll(20, sub {
 	my $t_ack = time;
 	my $end = $c->shard_row($leader, $sl, 0)->{next_seq};
 	my $ok = FelixCluster::poll(0.25, sub {
-		$c->cp->safe_psql('postgres',
+		$c->state_query(
 			"SELECT count(*) FROM felix.replica_reports WHERE stream = '$sl' AND shard = 0 AND caught_up AND acked_end >= $end"
 		) == 2;
 	}, 0.01);
@@ -92,7 +92,7 @@ for my $s ($sq, $sl)
 	ok(defined $who && $who != $leader, "$s: G+1 granted to another node while $lname is paused");
 	next unless defined $who;
 	$new{$s} = $who;
-	my ($gen, $at, $leader_now) = split /\|/, $c->cp->safe_psql('postgres',
+	my ($gen, $at, $leader_now) = split /\|/, $c->state_query(
 		"SELECT generation, extract(epoch FROM assigned_at), leader FROM felix.assignments WHERE stream = '$s' AND shard = 0");
 	$grant{$s} = $at;
 	note(sprintf("%s: generation %d granted to %s %.3f s after SIGSTOP", $s, $gen, $leader_now, $at - $t_stop));

@@ -26,7 +26,7 @@ $c->create_stream(1, $stream, replication_factor => 2, consistency => 'quorum');
 my ($leader, $g) = $c->wait_leader($stream, 0);
 is($leader->{felix_name}, $set[0], "$set[0] leads at generation $g");
 my $follower = $c->node($set[1]);
-is($c->cp->safe_psql('postgres',
+is($c->state_query(
 	"SELECT replicas::text FROM felix.assignments WHERE stream = '$stream' AND shard = 0"),
 	"{$set[0],$set[1]}", 'the replica set excludes node1 and node4');
 
@@ -45,7 +45,7 @@ note('killed both replicas');
 # The control plane notices the lapsed lease and finds nobody to promote.
 my $reason = '';
 my $took = FelixCluster::poll(15, sub {
-	$reason = $c->cp->safe_psql('postgres',
+	$reason = $c->state_query(
 		"SELECT coalesce(unplaced_reason, '') FROM felix.assignments WHERE stream = '$stream' AND shard = 0");
 	return $reason ne '';
 }, 0.1);
@@ -54,7 +54,7 @@ note(sprintf('unplaced %.2f s after the kill: %s', time - $t_kill, $reason));
 
 # Watch for a while longer: the generation never moves, nobody leads.
 usleep(3_000_000);
-my $cp = $c->cp->safe_psql('postgres',
+my $cp = $c->state_query(
 	"SELECT generation || ' ' || leader FROM felix.assignments WHERE stream = '$stream' AND shard = 0");
 is($cp, "$g $set[0]", "the control plane keeps generation $g and names the last leader");
 for my $k (1, 4)

@@ -54,7 +54,7 @@ sub next_seq_on
 sub cp_caught_up
 {
 	my ($node) = @_;
-	return $c->cp->safe_psql('postgres',
+	return $c->state_query(
 		"SELECT caught_up FROM felix.replica_reports WHERE stream = '$stream' AND shard = 0 "
 		  . "AND follower = '$node->{felix_name}'");
 }

@@ -85,7 +85,7 @@ for my $node ($c->nodes)
 # (the secret is spelled in two halves so that this statement's own log
 # line does not hold it)
 my ($s1, $s2) = (substr($secret, 0, 5), substr($secret, 5));
-is($c->cp->safe_psql('postgres',
+is($c->state_query(
 		"SELECT count(*) FROM felix.nodes WHERE strpos(conninfo, '$s1' || '$s2') > 0 "
 		  . "OR conninfo ~ '(pass|user|sslkey|sslcert)'"),
 	'0', 'the control plane stores no credential of any node, nor its password file');

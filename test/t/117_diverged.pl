@@ -243,7 +243,7 @@ is($f->safe_psql('postgres', "SELECT count(*) FROM \"$sb\" WHERE payload = 'phan
 # Not caught up, out of every quorum.
 for my $s (@streams)
 {
-	is($n1->safe_psql('postgres',
+	is($c->state_query(
 			"SELECT caught_up || ' ' || coalesce(halted, '-') FROM felix.replica_reports "
 			  . "WHERE stream = '$s' AND shard = 0 AND follower = '$fname'"),
 		'false diverged', "$s: the control plane has $fname halted diverged, not caught up");

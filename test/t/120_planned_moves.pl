@@ -128,7 +128,7 @@ like($c->cp->safe_psql('postgres',
 		"SELECT felix_move_replica('$stream', 0, '$dead->{felix_name}', '$outsider->{felix_name}')"),
 	qr/node "$outsider->{felix_name}" joins/, 'felix_move_replica starts the move');
 my $moved = FelixCluster::poll(60, sub {
-	$c->cp->safe_psql('postgres',
+	$c->state_query(
 		"SELECT NOT ('$dead->{felix_name}' = ANY (replicas)) AND '$outsider->{felix_name}' = ANY (replicas) "
 		  . "AND joining IS NULL FROM felix.assignments WHERE stream = '$stream' AND shard = 0") eq 't' }, 0.2);
 ok(defined $moved, "$dead->{felix_name} left the replica set once $outsider->{felix_name} caught up")
@@ -143,7 +143,7 @@ ok(defined FelixCluster::poll(10, sub { ($c->metric_of($lead, 'planned_moves') /
 # ---------------------------------------------------------------------
 # The end: every acknowledged record everywhere; identical batches
 # ---------------------------------------------------------------------
-my @replicas = map { $c->node($_) } split /,/, $c->cp->safe_psql('postgres',
+my @replicas = map { $c->node($_) } split /,/, $c->state_query(
 	"SELECT array_to_string(replicas, ',') FROM felix.assignments WHERE stream = '$stream' AND shard = 0");
 my $want = $c->records($lead, $stream, 0);
 for my $r (@replicas)

@@ -70,7 +70,7 @@ is($leader->safe_psql('postgres', "SELECT state FROM felix_shards WHERE stream =
 my $promoted = eval { ($c->wait_leader($s1, 0, min_generation => $g + 1, timeout => 30))[0] };
 ok(defined $promoted && $promoted != $leader,
 	'a follower leads the shard at a newer generation') or $c->diag_shard($s1, 0);
-like($c->cp->safe_psql('postgres', "SELECT array_to_string(unable, ',') FROM felix.nodes WHERE name = '$lname'"),
+like($c->state_query("SELECT array_to_string(unable, ',') FROM felix.nodes WHERE name = '$lname'"),
 	qr/(^|,)\Q$s1\E\/0(,|$)/, "the control plane knows $lname cannot serve it (felix.nodes.unable)");
 if (defined $promoted)
 {
@@ -78,7 +78,7 @@ if (defined $promoted)
 	like($c->records($promoted, $s1, 0), qr/^399\|\|a-400-/m,
 		'every record acknowledged before the damage is there');
 }
-is($c->cp->safe_psql('postgres',
+is($c->state_query(
 		"SELECT leader <> '$lname' FROM felix.assignments WHERE stream = '$s1' AND shard = 0"),
 	't', "$lname is not granted the shard while it cannot serve it");
 

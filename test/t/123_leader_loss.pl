@@ -64,7 +64,7 @@ ok(defined FelixCluster::poll(30, sub { !grep { next_seq($_) ne '100' } @followe
 	'both followers hold the first 100 records');
 # a report after they got them: the followers are caught up at the control plane
 ok(defined FelixCluster::poll(10, sub {
-	$c->cp->safe_psql('postgres',
+	$c->state_query(
 		"SELECT count(*) FROM felix.replica_reports WHERE stream = '$stream' AND shard = 0 "
 		  . "AND caught_up AND acked_end >= 100") eq '2' }, 0.05),
 	'the control plane has a report calling both followers caught up at 100');

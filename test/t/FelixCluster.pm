@@ -1,8 +1,11 @@
 # FelixCluster: a felix cluster of N PostgreSQL nodes on this machine for
 # the replication TAP tests (test/t/1xx_*.pl).
 #
-# node1 hosts the control plane (felix.control_conninfo = '', the embedded
-# default); nodes 2..N point felix.control_conninfo at node1.  Every node
+# The control-plane store is FELIX_STORE (or new's store option): with
+# "embedded" (the default) node1 hosts the control plane
+# (felix.control_conninfo = '') and nodes 2..N point felix.control_conninfo
+# at node1; with "etcd" an etcd member runs beside each node (FelixEtcd)
+# and every node lists them all in felix.etcd_endpoints.  Every node
 # is named nodeK, is reached over its Unix socket, and logs in to its peers
 # and the control plane as its own role, felix_node_nodeK, created on every
 # server (its conninfo carries a password the trusting test servers never
@@ -24,6 +27,7 @@ use warnings;
 use FindBin;
 use lib $FindBin::RealBin;
 use FelixTest;
+use FelixEtcd;
 
 use IPC::Run;
 use PostgreSQL::Test::Cluster;
@@ -45,13 +49,19 @@ sub new
 	my ($class, %opt) = @_;
 	my $n      = $opt{nodes} // 3;
 	my $prefix = $opt{prefix} // 'node';
+	my $store  = $opt{store} // $ENV{FELIX_STORE} // 'embedded';
 	my $self   = bless {
 		n       => $n,
 		nodes   => [],
 		by_name => {},
 		state   => {},    # name -> up | down | paused
+		store   => $store,
 	}, $class;
 	push @clusters, $self;
+	die "unknown FELIX_STORE $store (embedded or etcd)"
+	  unless $store eq 'embedded' || $store eq 'etcd';
+	$self->{etcd} = FelixEtcd->new(members => $n) if $store eq 'etcd';
+	$self->{etcd_prefix} = "/felix/$prefix/";
 
 	my @pg;
 	for my $k (1 .. $n)
@@ -71,8 +81,11 @@ sub new
 				felix_base_conf(),
 				"felix.node_name = '$name'",
 				"felix.node_conninfo = '" . felix_node_conninfo($node, $name) . "'",
-				"felix.control_conninfo = '"
-				  . ($k == 1 ? '' : $cp_conninfo) . "'",
+				$self->{etcd}
+				? ("felix.etcd_endpoints = '" . $self->{etcd}->endpoints . "'",
+					"felix.etcd_prefix = '$self->{etcd_prefix}'")
+				: ("felix.control_conninfo = '"
+					  . ($k == 1 ? '' : $cp_conninfo) . "'"),
 				"max_connections = 40",
 				"log_min_messages = info",
 				@{ $opt{conf} // [] },
@@ -118,6 +131,8 @@ sub node
 sub nodes { my ($self) = @_; return @{ $self->{nodes} }; }
 sub name_of { my ($self, $k) = @_; return $self->node($k)->{felix_name}; }
 sub cp { my ($self) = @_; return $self->{nodes}[0]; }
+sub store { my ($self) = @_; return $self->{store}; }
+sub etcd { my ($self) = @_; return $self->{etcd}; }
 
 # Nodes that can answer queries (not stopped, not paused).
 sub up_nodes
@@ -331,19 +346,66 @@ sub diag_shard
 			  . "FROM felix_replication WHERE stream = '$stream' AND shard = $shard", 5);
 		diag("$node->{felix_name} felix_replication: $rep") if defined $rep && $rep ne '';
 	}
-	if ($self->{state}{node1} eq 'up')
+	if (my $sn = $self->state_node)
 	{
 		diag('control plane assignment: '
-			  . ($self->try_psql(1,
-				"SELECT format('g%s leader %s replicas %s lease_granted_at %s assigned_at %s unplaced %s', generation, leader, replicas, lease_granted_at, assigned_at, unplaced_reason) "
+			  . ($self->try_psql($sn,
+				"SELECT format('g%s leader %s replicas %s taken g%s by boot %s assigned_at %s unplaced %s', generation, leader, replicas, taken_generation, taken_boot, assigned_at, unplaced_reason) "
 				  . "FROM felix.assignments WHERE stream = '$stream' AND shard = $shard", 5) // 'no answer'));
 		diag('control plane reports: '
-			  . ($self->try_psql(1,
-				"SELECT string_agg(format('%s by %s g%s acked_end %s caught_up %s at %s', follower, leader, generation, acked_end, caught_up, reported_at), '; ') "
+			  . ($self->try_psql($sn,
+				"SELECT string_agg(format('%s by %s g%s acked_end %s caught_up %s at %s (beat %s)', follower, leader, generation, acked_end, caught_up, reported_at, leader_beat), '; ') "
 				  . "FROM felix.replica_reports WHERE stream = '$stream' AND shard = $shard", 5) // 'no answer'));
-		diag('control plane now: ' . ($self->try_psql(1, 'SELECT clock_timestamp()', 5) // ''));
+		diag('control plane nodes: '
+			  . ($self->try_psql($sn,
+				"SELECT string_agg(format('%s beat %s claims %s', name, beat, claims), '; ') FROM felix.nodes", 5) // 'no answer'));
+		diag('duties: ' . ($self->try_psql($sn, "SELECT string_agg(name, ',') FROM felix_nodes WHERE duty", 5) // ''));
 	}
 	return;
+}
+
+# A node that can read the control plane's state (felix.assignments and
+# the other views over the store): node1, which hosts the embedded store,
+# or with etcd any node that is up.  undef if none.
+sub state_node
+{
+	my ($self) = @_;
+	if ($self->{store} eq 'embedded')
+	{
+		return $self->{state}{node1} eq 'up' ? $self->cp : undef;
+	}
+	my @up = $self->up_nodes;
+	return $up[0];
+}
+
+# Rewrite one key of the control-plane store by hand (a test forging
+# state): the new value is $expr, a SQL expression over v (the key's
+# value as jsonb), computed on state_node.
+sub store_edit
+{
+	my ($self, $key, $expr) = @_;
+	my $new = $self->state_query(
+		"SELECT ($expr)::text FROM (SELECT value::jsonb AS v FROM felix.store_read('$key') WHERE key = '$key') s");
+	die "store key $key not found" if $new eq '';
+	if ($self->{store} eq 'embedded')
+	{
+		$self->cp->safe_psql('postgres',
+			"UPDATE felix.cp_store SET value = \$felix\$$new\$felix\$, "
+			  . "mod_revision = nextval('felix.cp_store_revision') WHERE key = '$key'");
+	}
+	else
+	{
+		$self->{etcd}->put($self->{etcd_prefix} . $key, $new);
+	}
+	return;
+}
+
+# One value from the control plane's state views (on state_node).
+sub state_query
+{
+	my ($self, $sql) = @_;
+	my $sn = $self->state_node // die 'no node can read the control plane now';
+	return $sn->safe_psql('postgres', $sql);
 }
 
 # Wait until felix_replication on the leader shows every follower of

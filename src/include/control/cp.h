@@ -86,7 +86,7 @@ extern int	cp_report_parse(const char *leader, const char *json, CpReportRow **r
 
 /* Returns how many rows were written (fewer: some shard moved on). */
 extern int	cp_report(const char *leader, const CpReportRow *rows, int nrows,
-					  int64 token, const char *incarnation, int64 leader_beat);
+					  int64 token, const char *incarnation);
 
 /* ---- duties ---- */
 
@@ -110,7 +110,10 @@ typedef struct CpCreateArgs
 	const char *payload_type;
 	const char *storage;
 	int64		retention_bytes;	/* -1: none */
-	const char *retention;		/* NULL: none */
+	bool		has_retention;
+	int32		retention_months;
+	int32		retention_days;
+	int64		retention_usec;
 	const char *caller;			/* the creating node (counted alive) */
 } CpCreateArgs;
 
@@ -122,6 +125,32 @@ extern int64 cp_transfer(const char *stream, int shard, int64 generation,
 extern char *cp_move_replica(const char *stream, int shard,
 							 const char *from_node, const char *to_node);
 extern void cp_remove_node(const char *node);
+
+/* ---- listings (of a snapshot) ---- */
+
+typedef struct CpNodeRow
+{
+	const CpNode *node;
+	bool		alive;			/* in the duty holder's alive list */
+	bool		duty;			/* runs the duties */
+} CpNodeRow;
+
+typedef struct CpHaltRow
+{
+	const char *stream;
+	int			shard;
+	const char *node;			/* the halted follower */
+	int64		generation;
+	const char *leader;
+	int64		position;		/* -1: none */
+	const char *reason;
+	int64		since_ms;
+} CpHaltRow;
+
+/* Every node, by name. */
+extern int	cp_list_nodes(const CpSnapshot *snap, CpNodeRow **rows);
+/* Every follower its shard's current leader reports halted at the current generation. */
+extern int	cp_list_halted(const CpSnapshot *snap, CpHaltRow **rows);
 
 /* Validation shared by the calls. */
 extern void cp_check_node_name(const char *node);

@@ -72,7 +72,10 @@ typedef struct CpStream
 	char	   *payload_type;
 	char	   *storage;
 	int64		retention_bytes;	/* -1: none */
-	char	   *retention;		/* interval as text (ISO 8601), NULL: none */
+	bool		has_retention;	/* an age limit: months, days, microseconds */
+	int32		retention_months;
+	int32		retention_days;
+	int64		retention_usec;
 	int64		created_ms;
 	int64		rev;
 } CpStream;
@@ -166,6 +169,8 @@ extern bool cp_node_unable(const CpNode *n, const char *stream, int shard);
 extern const CpClaim *cp_node_claim(const CpNode *n, const char *stream, int shard);
 extern bool cp_alive_has(const CpAlive *a, const char *node);
 extern int64 cp_now_ms(void);
+/* After a lost compare-and-set (etcd): wait a few random ms, interruptibly. */
+extern void cp_backoff(int attempt);
 
 /* Every record under the store, read at once (one revision). */
 typedef struct CpSnapshot

@@ -23,6 +23,7 @@
 /* Most nodes the directory remembers; the least recently seen is evicted. */
 #define FELIX_MAX_NODES		128
 #define FELIX_NODE_CONNINFO_LEN	1024
+#define FELIX_NODE_PEERS_LEN	512
 
 /* One node as the control plane's node list describes it. */
 typedef struct FelixNodeInfo
@@ -31,7 +32,9 @@ typedef struct FelixNodeInfo
 	char		conninfo[FELIX_NODE_CONNINFO_LEN];	/* address, secrets masked */
 	char		incarnation[FELIX_INCARNATION_LEN];	/* "" when unknown */
 	bool		alive;
+	bool		duty;			/* runs the control-plane duties */
 	TimestampTz last_heartbeat;
+	char		peers[FELIX_NODE_PEERS_LEN];	/* JSON: peer -> "" or why unreachable */
 } FelixNodeInfo;
 
 /*

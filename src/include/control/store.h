@@ -71,6 +71,7 @@ typedef struct FelixStoreMethods
 	FelixStoreStatus (*txn) (const FelixStoreCmp *cmps, int ncmps,
 							 const FelixStoreOp *ops, int nops,
 							 int64 *revision, int elevel);
+	void		(*serialize) (void);
 } FelixStoreMethods;
 
 extern const FelixStoreMethods felix_store_table;
@@ -91,6 +92,14 @@ extern FelixStoreStatus felix_store_range(const char *key, bool prefix,
 extern FelixStoreStatus felix_store_txn(const FelixStoreCmp *cmps, int ncmps,
 										const FelixStoreOp *ops, int nops,
 										int64 *revision, int elevel);
+
+/*
+ * Called by a rule before it reads what it will decide on: the embedded
+ * store takes its transaction lock now, so the rule's compares cannot
+ * fail (callers of one database queue instead of retrying); etcd does
+ * nothing, and a rule that loses a compare reads again.
+ */
+extern void felix_store_serialize(void);
 
 /* The store this process uses (etcd, or the table in this database). */
 extern const FelixStoreMethods *felix_store(void);

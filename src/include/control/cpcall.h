@@ -1,0 +1,119 @@
+/*-------------------------------------------------------------------------
+ *
+ * cpcall.h
+ *	  Every call a node makes to the control plane, typed: the heartbeat
+ *	  worker's (heartbeat, duties, node and halt lists), a backend's (create,
+ *	  drop, transfer, move, remove a node) and the ship worker's (replica
+ *	  reports).  With the embedded store each is a libpq call of a
+ *	  felix.cp_* function on the control-plane database (client.c); with
+ *	  etcd the same rule (cp.h) runs right here over the etcd store.
+ *	  Either way a failure is reported at the caller's elevel with the
+ *	  rule's SQLSTATE, message, detail and hint.  See cpcall.c.
+ *
+ * Locking rule: none; a session is private to the process that opened it.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef FELIX_CONTROL_CPCALL_H
+#define FELIX_CONTROL_CPCALL_H
+
+#include "postgres.h"
+
+#include "api/catalog.h"
+#include "control/halts.h"
+#include "control/nodes.h"
+#include "datatype/timestamp.h"
+#include "libpq-fe.h"
+#include "replication/lease.h"
+
+/* Deadline for a backend's call to the control plane (connect + query). */
+#define FELIX_CP_CALL_TIMEOUT_MS	10000
+#define FELIX_CP_ABORT_TIMEOUT_MS	2000
+
+/* A way to the control plane: a libpq connection (embedded) or none (etcd). */
+typedef struct FelixCpSession
+{
+	PGconn	   *conn;
+	int			timeout_ms;		/* per call */
+} FelixCpSession;
+
+/* Open; false (reported at elevel) when the control plane cannot be reached. */
+extern bool felix_cp_open(FelixCpSession *s, const char *application_name,
+						  int timeout_ms, int elevel);
+extern void felix_cp_close(FelixCpSession *s);
+/* Can it take another call (or must it be opened again)? */
+extern bool felix_cp_usable(FelixCpSession *s);
+
+/* The SQLSTATE of the last failed call in this process ("" if none). */
+extern const char *felix_cp_last_sqlstate(void);
+
+/* One shard as the heartbeat told it. */
+typedef struct FelixCpShard
+{
+	char		stream[NAMEDATALEN];
+	int			shard;
+	FelixAssignment a;
+	char	   *leader_conninfo;	/* untruncated, for the node directory */
+	int			shards;
+	int			replication_factor;
+	char		consistency[NAMEDATALEN];
+	char		payload_type[NAMEDATALEN];
+	int64		retention_bytes;	/* 0: no limit */
+	bool		has_retention;
+	Interval	retention;
+	char		schema[NAMEDATALEN];
+	char		creation_id[FELIX_CREATION_ID_LEN];
+	char	   *bad;			/* why the row is unusable, or NULL */
+} FelixCpShard;
+
+/*
+ * Heartbeat for this node: register it, claim its leases (anchored at
+ * *t_send, read just before the call leaves), and learn every shard.
+ * unable: the shards it cannot serve ("stream/shard"), NULL: unchanged.
+ * peers: JSON object of what it sees of its peers, NULL: unchanged.
+ */
+extern bool felix_cp_heartbeat(FelixCpSession *s, char **unable, int nunable,
+							   const char *peers, int64 *t_send,
+							   FelixCpShard **rows, int *nrows, int elevel);
+
+/* One round of the duties; -1 when this node does not hold them (or failed). */
+extern int	felix_cp_duty_tick(FelixCpSession *s, int elevel);
+
+/* The cluster's nodes and halted followers, for the caches the views read. */
+extern bool felix_cp_nodes(FelixCpSession *s, FelixNodeInfo **nodes, int *n, int elevel);
+extern bool felix_cp_halted(FelixCpSession *s, FelixHaltInfo **halts, int *n, int elevel);
+
+/*
+ * Replica reports (reports: felix.cp_report's JSON array), synchronously:
+ * how many rows landed, -1 on failure (reported at elevel).  The ship
+ * worker uses this with etcd; with the embedded store it sends the same
+ * call without waiting (replication/report.c).
+ */
+extern int	felix_cp_report(const char *reports, int64 token, int elevel);
+#define FELIX_CP_REPORT_SQL	"SELECT felix.cp_report($1, $2, $3, $4)"
+
+/*
+ * Backend calls (each on a session of its own, ERROR on failure).
+ * Creating first registers this node (a heartbeat), so a stream can be
+ * created before the heartbeat worker's first beat; it returns the
+ * stream's creation id.  A drop forgets only the stream registered under
+ * that name with that creation id.
+ */
+extern char *felix_cp_create_stream(const char *name, const char *schema,
+									int shards, int replication_factor,
+									const char *consistency,
+									const char *payload_type,
+									const char *storage,
+									int64 retention_bytes,
+									const char *retention);
+extern void felix_cp_drop_stream(const char *name, const char *creation_id);
+/* As a transaction aborts: never raises; false (a WARNING) on failure. */
+extern bool felix_cp_unregister_stream(const char *name, const char *creation_id);
+/* On an open session: this node hands `generation` + 1 to to_node. */
+extern uint64 felix_cp_transfer(FelixCpSession *s, const char *stream, int shard,
+								uint64 generation, const char *to_node);
+extern char *felix_cp_move_replica(const char *stream, int shard,
+								   const char *from_node, const char *to_node);
+extern void felix_cp_remove_node(const char *node);
+
+#endif							/* FELIX_CONTROL_CPCALL_H */

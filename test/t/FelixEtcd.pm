@@ -1,0 +1,178 @@
+# FelixEtcd: an etcd cluster of N members on loopback ports for the TAP
+# tests, each with its own data directory under the test's temp dir;
+# never the system service.  Members can be killed (-9), stopped
+# (SIGSTOP) and started again on their data directory.  Every member is
+# killed when the test process ends.
+package FelixEtcd;
+
+use strict;
+use warnings;
+
+use HTTP::Tiny;
+use MIME::Base64;
+use IPC::Run;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(usleep time);
+
+my @all;    # every cluster made in this process, for END
+
+# FelixEtcd->new(members => 3): starts them and waits for a leader.
+sub new
+{
+	my ($class, %opt) = @_;
+	my $n    = $opt{members} // 3;
+	my $self = bless {
+		n       => $n,
+		token   => 'felix-' . $$ . '-' . int(rand(1e9)),
+		members => [],
+	}, $class;
+	push @all, $self;
+	my $base = PostgreSQL::Test::Utils::tempdir('etcd');
+	for my $k (1 .. $n)
+	{
+		push @{ $self->{members} },
+		  {
+			name   => "e$k",
+			client => PostgreSQL::Test::Cluster::get_free_port(),
+			peer   => PostgreSQL::Test::Cluster::get_free_port(),
+			dir    => "$base/e$k",
+			log    => "$PostgreSQL::Test::Utils::log_path/etcd_e${k}_$self->{token}.log",
+		  };
+	}
+	$self->{initial} = join(',',
+		map { "$_->{name}=http://127.0.0.1:$_->{peer}" } @{ $self->{members} });
+	$self->start_member($_, 'new') for 1 .. $n;
+	$self->wait_ready(30);
+	return $self;
+}
+
+sub member { my ($self, $k) = @_; return $self->{members}[ $k - 1 ]; }
+
+# Client URLs of every member, comma-separated (felix.etcd_endpoints).
+sub endpoints
+{
+	my ($self) = @_;
+	return join(',', map { "http://127.0.0.1:$_->{client}" } @{ $self->{members} });
+}
+
+sub start_member
+{
+	my ($self, $k, $state) = @_;
+	my $m = $self->member($k);
+	$state //= -d "$m->{dir}/member" ? 'existing' : 'new';
+	my @cmd = (
+		'etcd', '--name', $m->{name},
+		'--data-dir', $m->{dir},
+		'--listen-client-urls', "http://127.0.0.1:$m->{client}",
+		'--advertise-client-urls', "http://127.0.0.1:$m->{client}",
+		'--listen-peer-urls', "http://127.0.0.1:$m->{peer}",
+		'--initial-advertise-peer-urls', "http://127.0.0.1:$m->{peer}",
+		'--initial-cluster', $self->{initial},
+		'--initial-cluster-state', $state,
+		'--initial-cluster-token', $self->{token},
+		# a stream's creation writes all its shards in one transaction
+		'--max-txn-ops', '4096',
+		'--log-level', 'warn');
+	$m->{h} = IPC::Run::start(\@cmd, '<', \undef, '>>', $m->{log}, '2>>', $m->{log});
+	$m->{pid} = $m->{h}->{KIDS}[0]{PID};
+	$m->{up} = 1;
+	return;
+}
+
+# kill -9 of member $k.
+sub kill_member
+{
+	my ($self, $k) = @_;
+	my $m = $self->member($k);
+	return unless $m->{up};
+	kill 'CONT', $m->{pid};
+	kill 'KILL', $m->{pid};
+	eval { $m->{h}->finish };
+	$m->{up} = 0;
+	return;
+}
+
+sub pause_member  { my ($self, $k) = @_; kill 'STOP', $self->member($k)->{pid}; return; }
+sub resume_member { my ($self, $k) = @_; kill 'CONT', $self->member($k)->{pid}; return; }
+
+# One request to member $k's JSON gateway; the decoded-enough answer text.
+sub _post
+{
+	my ($self, $k, $path, $body) = @_;
+	my $m = $self->member($k);
+	my $r = HTTP::Tiny->new(timeout => 2)
+	  ->post("http://127.0.0.1:$m->{client}$path", { content => $body });
+	return $r->{success} ? $r->{content} : '';
+}
+
+# Put key = value through any member that is up.
+sub put
+{
+	my ($self, $key, $value) = @_;
+	my $body = '{"key":"' . MIME::Base64::encode_base64($key, '')
+	  . '","value":"' . MIME::Base64::encode_base64($value, '') . '"}';
+	for my $k (1 .. $self->{n})
+	{
+		next unless $self->member($k)->{up};
+		return 1 if $self->_post($k, '/v3/kv/put', $body) =~ /"header"/;
+	}
+	die "etcd: could not put $key";
+}
+
+# The name of the member that leads, as member $k (or any up member) sees it; undef if none.
+sub leader
+{
+	my ($self) = @_;
+	for my $k (1 .. $self->{n})
+	{
+		next unless $self->member($k)->{up};
+		my $st = $self->_post($k, '/v3/maintenance/status', '{}');
+		my ($leader) = $st =~ /"leader":"(\d+)"/;
+		my ($me)     = $st =~ /"member_id":"(\d+)"/;
+		next unless defined $leader && defined $me;
+		return "e$k" if $leader eq $me;
+		my $list = $self->_post($k, '/v3/cluster/member/list', '{}');
+		while ($list =~ /\{"ID":"(\d+)","name":"(e\d+)"/g)
+		{
+			return $2 if $1 eq $leader;
+		}
+	}
+	return undef;
+}
+
+# Wait until some member reports a leader.
+sub wait_ready
+{
+	my ($self, $secs) = @_;
+	my $t0 = time;
+	while (time - $t0 < ($secs // 30))
+	{
+		return 1 if defined $self->leader;
+		usleep(100_000);
+	}
+	die "etcd: no leader after ${secs}s";
+}
+
+sub stop_all
+{
+	my ($self) = @_;
+	$self->kill_member($_) for 1 .. $self->{n};
+	return;
+}
+
+END
+{
+	for my $c (@all)
+	{
+		for my $m (@{ $c->{members} })
+		{
+			next unless $m->{up} && $m->{pid};
+			kill 'CONT', $m->{pid};
+			kill 'KILL', $m->{pid};
+		}
+	}
+}
+
+1;
