@@ -16,6 +16,7 @@ FELIX_PACKAGES=(
 	libpq-dev
 	libipc-run-perl
 	postgresql-15-cron
+	etcd-server
 	build-essential
 )
 

@@ -621,3 +621,31 @@ felix_move_replica(PG_FUNCTION_ARGS)
 	PG_RETURN_TEXT_P(cstring_to_text(psprintf("node \"%s\" joins (replica set %s); node \"%s\" leaves once \"%s\" has caught up",
 											  to_node, replicas, from_node, to_node)));
 }
+
+/*
+ * felix_remove_node(node): forget a node for good (a dead machine that will
+ * not return).  Superusers only; the control plane refuses while the node
+ * is alive or still holds a replica (move its replicas first).
+ */
+PG_FUNCTION_INFO_V1(felix_remove_node);
+Datum
+felix_remove_node(PG_FUNCTION_ARGS)
+{
+	char	   *node;
+
+	felix_require_preload();
+	felix_require_superuser("felix_remove_node");
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("felix_remove_node: node must not be NULL"),
+				 errhint("Name the node to forget; felix_nodes lists them.")));
+	node = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	if (felix_is_this_node(node))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("node \"%s\" is this node", node),
+				 errhint("Run felix_remove_node on another node of the cluster, once this one is stopped for good.")));
+	felix_cp_remove_node(node);
+	PG_RETURN_TEXT_P(cstring_to_text(psprintf("node \"%s\" removed", node)));
+}

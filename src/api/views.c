@@ -29,12 +29,15 @@
 
 #include "api/catalog.h"
 #include "control/conninfo.h"
+#include "control/json.h"
 #include "control/nodes.h"
 #include "felix.h"
 #include "metrics.h"
 #include "privilege.h"
+#include "replication/lease.h"
 #include "replication/state.h"
 #include "storage/shard.h"
+#include "worker/heartbeat.h"
 
 static const char *
 phase_name(FelixShardPhase phase)
@@ -212,6 +215,31 @@ felix_metrics(PG_FUNCTION_ARGS)
 	return (Datum) 0;
 }
 
+/*
+ * Why peers cannot reach node `name`, from what every other node reported
+ * of its probes ("node2: <why>; ..."), or NULL if none says so.
+ */
+static char *
+unreachable_reason(const FelixNodeInfo *nodes, int n, const char *name)
+{
+	StringInfoData b;
+
+	initStringInfo(&b);
+	for (int j = 0; j < n; j++)
+	{
+		char		err[64];
+		JsonbContainer *peers;
+		char	   *why = NULL;
+
+		if (strcmp(nodes[j].name, name) == 0 || !nodes[j].alive)
+			continue;
+		peers = felix_json_parse(nodes[j].peers, strlen(nodes[j].peers), err, sizeof(err));
+		if (peers && felix_json_string(peers, name, &why) && why[0] != '\0')
+			appendStringInfo(&b, "%s%s: %s", b.len ? "; " : "", nodes[j].name, why);
+	}
+	return b.len ? b.data : NULL;
+}
+
 PG_FUNCTION_INFO_V1(felix_nodes_view);
 Datum
 felix_nodes_view(PG_FUNCTION_ARGS)
@@ -220,15 +248,19 @@ felix_nodes_view(PG_FUNCTION_ARGS)
 	FelixNodeInfo *nodes;
 	int			n;
 	bool		all = felix_sees_all_streams();
+	FelixStoreView store;
 
 	felix_require_preload();
 	InitMaterializedSRF(fcinfo, 0);
 	n = felix_nodes_list(&nodes);
+	felix_heartbeat_store_view(&store);
 	for (int i = 0; i < n; i++)
 	{
-		Datum		values[5];
-		bool		nulls[5] = {false, false, false, false, false};
+		Datum		values[9];
+		bool		nulls[9];
+		char	   *why = nodes[i].alive ? unreachable_reason(nodes, n, nodes[i].name) : NULL;
 
+		memset(nulls, 0, sizeof(nulls));
 		values[0] = CStringGetTextDatum(nodes[i].name);
 		/* addresses are for pg_read_all_stats, masked even then */
 		if (all)
@@ -238,6 +270,19 @@ felix_nodes_view(PG_FUNCTION_ARGS)
 		values[2] = BoolGetDatum(nodes[i].alive);
 		values[3] = TimestampTzGetDatum(nodes[i].last_heartbeat);
 		values[4] = BoolGetDatum(nodes[i].duty);
+		/* alive, but its peers cannot log in to it: not serving as a replica */
+		values[5] = CStringGetTextDatum(!nodes[i].alive ? "dead" : why ? "unreachable" : "alive");
+		nulls[6] = why == NULL;
+		values[6] = why ? CStringGetTextDatum(why) : (Datum) 0;
+		/* this node's own view of the control-plane store */
+		if (felix_is_this_node(nodes[i].name) && store.store[0] != '\0' && all)
+		{
+			values[7] = CStringGetTextDatum(store.store);
+			nulls[8] = store.error[0] == '\0';
+			values[8] = CStringGetTextDatum(store.error);
+		}
+		else
+			nulls[7] = nulls[8] = true;
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	return (Datum) 0;

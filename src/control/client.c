@@ -134,17 +134,47 @@ felix_conn_usable(PGconn *conn)
 		PQtransactionStatus(conn) == PQTRANS_IDLE;
 }
 
+/* The last failure this process reported (a connection or a call), for
+ * the views: its message without any secret (libpq never repeats a
+ * password, and conninfos are masked). */
+static char last_error[256];
+
+const char *
+felix_conn_last_error(void)
+{
+	return last_error;
+}
+
+/*
+ * What to do about a failed connection, from libpq's reason: a password
+ * that is missing or refused is named as such, since that is the usual
+ * cause on a cluster being set up (docs/operations.md, "Joining").
+ */
+static const char *
+connect_hint(const char *why, const char *conninfo)
+{
+	if (strstr(why, "no password supplied") != NULL)
+		return "The server asks for a password and this node has none for it: put the password of this node's role in the password file its conninfo names (passfile=...), or let pg_hba.conf trust the connection.  scripts/felix-node-credentials sets both up.";
+	if (strstr(why, "password authentication failed") != NULL)
+		return "The server refused the password: the role's password there differs from the one in this node's password file.  Set it on every server (scripts/felix-node-credentials does).";
+	if (strstr(why, "role \"") != NULL && strstr(why, "does not exist") != NULL)
+		return "The role this node logs in as does not exist on that server: run SELECT felix_create_node_role('<node>') there for every node of the cluster.";
+	if (strstr(why, "no pg_hba.conf entry") != NULL)
+		return "That server's pg_hba.conf has no line for this node's role and address: add one (see docs/operations.md).";
+	return "Check that the server this conninfo names is running and that its pg_hba.conf lets this node connect as the conninfo's user.";
+}
+
 /* Report a failed connection attempt at elevel; conn is already closed. */
 static void
 report_connect_failure(int elevel, const char *purpose, const char *conninfo,
 					   const char *why)
 {
+	snprintf(last_error, sizeof(last_error), "could not connect to %s: %s", purpose, why);
 	ereport(elevel,
 			(errcode(ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION),
-			 errmsg("could not connect to %s", purpose),
-			 errdetail_internal("%s (conninfo \"%s\")", why, felix_conninfo_mask(conninfo)),
-			 errhint("Check that the server this conninfo names is running and that its "
-					 "pg_hba.conf lets this node connect as the conninfo's user.")));
+			 errmsg("could not connect to %s: %s", purpose, why),
+			 errdetail_internal("conninfo \"%s\"", felix_conninfo_mask(conninfo)),
+			 errhint("%s", connect_hint(why, conninfo))));
 }
 
 /*
@@ -395,6 +425,7 @@ report_conn_failure(int elevel, PGconn *conn, const char *call, const char *what
 {
 	char	   *msg = pchomp(PQerrorMessage(conn));
 
+	snprintf(last_error, sizeof(last_error), "%s: %s", call, what);
 	ereport(elevel,
 			(errcode(ERRCODE_CONNECTION_FAILURE),
 			 errmsg("remote call to %s failed: %s", call, what),
@@ -432,6 +463,8 @@ report_remote_error(int elevel, PGresult *res, PGconn *conn, const char *call)
 	char	   *context = f_context ? pstrdup(f_context) : NULL;
 
 	strlcpy(last_sqlstate, f_sqlstate ? f_sqlstate : "", sizeof(last_sqlstate));
+	snprintf(last_error, sizeof(last_error), "%s: %s", call,
+			 f_primary ? f_primary : "error");
 	if (f_sqlstate && strlen(f_sqlstate) == 5)
 		code = MAKE_SQLSTATE(f_sqlstate[0], f_sqlstate[1], f_sqlstate[2],
 							 f_sqlstate[3], f_sqlstate[4]);

@@ -38,11 +38,18 @@
 #define CP_PURPOSE	"the felix control plane"
 
 static char last_sqlstate[6];
+static char last_error[256];
 
 const char *
 felix_cp_last_sqlstate(void)
 {
 	return felix_store_is_etcd() ? last_sqlstate : felix_conn_last_sqlstate();
+}
+
+const char *
+felix_cp_last_error(void)
+{
+	return felix_store_is_etcd() ? last_error : felix_conn_last_error();
 }
 
 /* ---------------------------------------------------------------------
@@ -121,6 +128,7 @@ local(void (*fn) (void *), void *arg, int elevel)
 		e = CopyErrorData();
 		FlushErrorState();
 		strlcpy(last_sqlstate, unpack_sql_state(e->sqlerrcode), sizeof(last_sqlstate));
+		strlcpy(last_error, e->message ? e->message : "", sizeof(last_error));
 		e->elevel = elevel;
 		ThrowErrorData(e);
 		ok = false;

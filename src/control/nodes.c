@@ -25,7 +25,10 @@
  */
 #include "postgres.h"
 
+#include "control/conninfo.h"
 #include "control/nodes.h"
+#include "lib/stringinfo.h"
+#include "utils/json.h"
 #include "felix.h"
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
@@ -44,12 +47,16 @@ typedef struct FelixNodeEntry
 	bool		duty;
 	TimestampTz last_heartbeat; /* the node's own clock, as it wrote it */
 	char		peers[FELIX_NODE_PEERS_LEN];
+	/* this node's probe of it */
+	bool		probed;
+	char		probe_error[256];	/* "" when the probe succeeded */
 } FelixNodeEntry;
 
 typedef struct FelixNodeDirectory
 {
 	int			tranche_id;
 	LWLock		lock;
+	int			next_probe;		/* round-robin cursor */
 	FelixNodeEntry entries[FELIX_MAX_NODES];	/* (lock) */
 } FelixNodeDirectory;
 
@@ -242,4 +249,76 @@ bool
 felix_node_incarnation_of(const char *name, char *buf)
 {
 	return directory_lookup(name, NULL, 0, buf) && buf[0] != '\0';
+}
+
+void
+felix_node_probed(const char *name, bool ok, const char *why)
+{
+	int			i;
+
+	if (!directory_attach())
+		return;
+	LWLockAcquire(&directory->lock, LW_EXCLUSIVE);
+	i = directory_find(name);
+	if (i >= 0)
+	{
+		FelixNodeEntry *e = &directory->entries[i];
+
+		e->probed = true;
+		strlcpy(e->probe_error, ok ? "" : (why ? why : "unreachable"), sizeof(e->probe_error));
+	}
+	LWLockRelease(&directory->lock);
+}
+
+char *
+felix_nodes_probes_json(void)
+{
+	StringInfoData b;
+
+	initStringInfo(&b);
+	appendStringInfoChar(&b, '{');
+	if (directory_attach())
+	{
+		LWLockAcquire(&directory->lock, LW_SHARED);
+		for (int i = 0; i < FELIX_MAX_NODES; i++)
+		{
+			FelixNodeEntry *e = &directory->entries[i];
+
+			if (!e->used || !e->listed || !e->probed)
+				continue;
+			if (b.len > 1)
+				appendStringInfoChar(&b, ',');
+			escape_json(&b, e->name);
+			appendStringInfoChar(&b, ':');
+			escape_json(&b, e->probe_error);
+		}
+		LWLockRelease(&directory->lock);
+	}
+	appendStringInfoChar(&b, '}');
+	return b.data;
+}
+
+bool
+felix_nodes_next_probe(char *name, char *conninfo, Size len)
+{
+	bool		found = false;
+
+	if (!directory_attach())
+		return false;
+	LWLockAcquire(&directory->lock, LW_EXCLUSIVE);
+	for (int k = 0; k < FELIX_MAX_NODES && !found; k++)
+	{
+		int			i = (directory->next_probe + k) % FELIX_MAX_NODES;
+		FelixNodeEntry *e = &directory->entries[i];
+
+		if (!e->used || !e->listed || e->conninfo[0] == '\0' ||
+			strcmp(e->name, felix_node_name_resolved()) == 0)
+			continue;
+		strlcpy(name, e->name, NAMEDATALEN);
+		strlcpy(conninfo, e->conninfo, len);
+		directory->next_probe = (i + 1) % FELIX_MAX_NODES;
+		found = true;
+	}
+	LWLockRelease(&directory->lock);
+	return found;
 }

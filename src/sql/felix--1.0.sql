@@ -379,11 +379,15 @@ CREATE VIEW felix_metrics AS SELECT * FROM felix.metrics();
 
 -- The cluster's nodes as the control plane last described them to this
 -- node's heartbeat (read from shared memory: reading the view connects to
--- nothing).  The conninfo -- an address, any secret in it masked -- is
+-- nothing): alive (heartbeating), whether it runs the control-plane
+-- duties, and its state -- alive, unreachable (its peers cannot log in
+-- to it; reason says why, from each peer) or dead.  On this node's own
+-- row, the control-plane store as its heartbeat last saw it.  The
+-- conninfo -- an address, any secret in it masked -- and the store are
 -- shown only to members of pg_read_all_stats.
 CREATE FUNCTION felix.nodes_view(
     OUT name text, OUT conninfo text, OUT alive boolean, OUT last_heartbeat timestamptz,
-    OUT duty boolean)
+    OUT duty boolean, OUT state text, OUT reason text, OUT store text, OUT store_error text)
 RETURNS SETOF record
     AS 'MODULE_PATHNAME', 'felix_nodes_view' LANGUAGE C STRICT VOLATILE;
 
@@ -473,6 +477,12 @@ CREATE FUNCTION felix_drain_node(node text) RETURNS integer
 CREATE FUNCTION felix_move_replica(stream text, shard integer, from_node text, to_node text)
 RETURNS text
     AS 'MODULE_PATHNAME', 'felix_move_replica' LANGUAGE C CALLED ON NULL INPUT VOLATILE;
+
+-- Forget a node for good (a dead machine that will not return): refused
+-- while it is alive or still holds a replica.  Superusers only.
+CREATE FUNCTION felix_remove_node(node text) RETURNS text
+    AS 'MODULE_PATHNAME', 'felix_remove_node' LANGUAGE C CALLED ON NULL INPUT VOLATILE;
+REVOKE ALL ON FUNCTION felix_remove_node(text) FROM PUBLIC;
 
 -- Heartbeat now (a node taking over a shard is told so by the one handing
 -- it over).

@@ -65,6 +65,8 @@
 #include "common/hashfn.h"
 #include "control/client.h"
 #include "control/cpcall.h"
+#include "control/store.h"
+#include "storage/spin.h"
 #include "control/conninfo.h"
 #include "control/halts.h"
 #include "control/nodes.h"
@@ -755,9 +757,12 @@ refresh_halts(void)
 		cp_failed(elevel);
 }
 
+static void note_store(bool ok, int64 beat_no);
+
 static void
 heartbeat_once(void)
 {
+	static int64 beats = 0;
 	const char *me = felix_node_name_resolved();
 	/* only where this node is: its credentials never leave it */
 	const char *my_conninfo = felix_conninfo_address(felix_node_conninfo_resolved());
@@ -777,10 +782,12 @@ heartbeat_once(void)
 	felix_node_note(me, my_conninfo);
 	unable = unable_list(&nunable);
 
+	beats++;
 	if (!cp_connect())
 	{
 		felix_count(FELIX_CTR_HEARTBEATS_FAILED, 1);
 		failed_in_a_row++;
+		note_store(false, beats);
 		return;
 	}
 
@@ -794,10 +801,11 @@ heartbeat_once(void)
 	drops_before_rows = shard_streams_forgotten();
 	felix_count(FELIX_CTR_HEARTBEATS_SENT, 1);
 	elevel = failure_elevel();
-	if (!felix_cp_heartbeat(&cp_session, unable, nunable, NULL, &t_send,
+	if (!felix_cp_heartbeat(&cp_session, unable, nunable, felix_nodes_probes_json(), &t_send,
 							&shards, &nrows, elevel))
 	{
 		pgstat_report_activity(STATE_IDLE, NULL);
+		note_store(false, beats);
 		if (strcmp(felix_cp_last_sqlstate(), "55F06") == 0)
 		{
 			/* an older copy of this data directory: it becomes a new one */
@@ -810,6 +818,7 @@ heartbeat_once(void)
 		return;
 	}
 	pgstat_report_activity(STATE_IDLE, NULL);
+	note_store(true, beats);
 	if (failed_in_a_row > 0)
 		ereport(LOG,
 				(errmsg("felix heartbeat: the control plane answers again after %d failed heartbeat%s",
@@ -852,10 +861,15 @@ heartbeat_once(void)
  * ---------------------------------------------------------------------
  */
 
-/* The worker's latch, while it runs (shared memory). */
+/*
+ * The worker's latch, while it runs, and the control-plane store as it
+ * last saw it (felix_nodes shows this on the row of this node).
+ */
 typedef struct FelixHeartbeatShared
 {
 	Latch	   *volatile latch;
+	slock_t		mutex;			/* protects the store fields */
+	FelixStoreView store;
 } FelixHeartbeatShared;
 
 static FelixHeartbeatShared *hb_shared = NULL;
@@ -873,7 +887,58 @@ felix_heartbeat_shmem_init(void)
 
 	hb_shared = ShmemInitStruct("felix heartbeat", sizeof(FelixHeartbeatShared), &found);
 	if (!found)
+	{
 		hb_shared->latch = NULL;
+		SpinLockInit(&hb_shared->mutex);
+		memset(&hb_shared->store, 0, sizeof(FelixStoreView));
+	}
+}
+
+void
+felix_heartbeat_store_view(FelixStoreView *out)
+{
+	memset(out, 0, sizeof(*out));
+	if (hb_shared == NULL)
+		return;
+	SpinLockAcquire(&hb_shared->mutex);
+	*out = hb_shared->store;
+	SpinLockRelease(&hb_shared->mutex);
+}
+
+/*
+ * What this node's last call to the control plane saw of its store: the
+ * endpoint that answered, the etcd leader (asked every 25 beats), the last
+ * failure.
+ */
+static void
+note_store(bool ok, int64 beat_no)
+{
+	FelixStoreView v;
+
+	memset(&v, 0, sizeof(v));
+	if (felix_store_is_etcd())
+	{
+		const FelixStoreHealth *h;
+
+		if (beat_no % 25 == 0)
+			(void) felix_store_etcd_status(DEBUG1);
+		h = felix_store_health();
+		snprintf(v.store, sizeof(v.store), "etcd %s%s%s", h->endpoint,
+				 h->leader[0] ? ", leader " : "", h->leader);
+		strlcpy(v.error, ok ? "" : (h->last_error[0] ? h->last_error : felix_cp_last_error()),
+				sizeof(v.error));
+	}
+	else
+	{
+		snprintf(v.store, sizeof(v.store), "embedded %s",
+				 felix_cp_embedded() ? "(this node)" :
+				 felix_conninfo_mask(felix_control_conninfo));
+		strlcpy(v.error, ok ? "" : felix_cp_last_error(), sizeof(v.error));
+	}
+	v.ok = ok;
+	SpinLockAcquire(&hb_shared->mutex);
+	hb_shared->store = v;
+	SpinLockRelease(&hb_shared->mutex);
 }
 
 void

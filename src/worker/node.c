@@ -12,6 +12,11 @@
  *	  replica restarted after that serves at once what it knew to be
  *	  acknowledged, and never cuts it.
  *
+ *	  Every five heartbeat intervals it probes one peer, in turn: connects
+ *	  as this node's role and asks who answers (probe_one_peer).  The
+ *	  heartbeat reports what it found, so a node its peers cannot log in
+ *	  to is shown unreachable, with the reason, in every felix_nodes.
+ *
  *	  One shard's failure never stops the worker: each shard is handled in
  *	  its own subtransaction, and an error is logged and left for the shard
  *	  to report to its readers (felix_shards shows it).
@@ -28,6 +33,9 @@
 #include "api/catalog.h"
 #include "catalog/namespace.h"
 #include "commands/extension.h"
+#include "control/client.h"
+#include "control/conninfo.h"
+#include "control/nodes.h"
 #include "felix.h"
 #include "isolate.h"
 #include "miscadmin.h"
@@ -158,6 +166,50 @@ persist_marks(void)
 	}
 }
 
+/*
+ * Probe the next peer (round robin, one per felix.heartbeat_interval
+ * times five): connect to it as this node's role, ask who answers, and
+ * note the outcome for the heartbeat to report.  A peer whose role or
+ * password is wrong is then shown unreachable, with libpq's reason, on
+ * every node -- not alive.
+ */
+static void
+probe_one_peer(MemoryContext cxt)
+{
+	char		name[NAMEDATALEN];
+	char		conninfo[FELIX_NODE_CONNINFO_LEN];
+	PGconn	   *conn;
+	PGresult   *res;
+	MemoryContext old = MemoryContextSwitchTo(cxt);
+	int			timeout = Max(felix_heartbeat_interval, 500);
+
+	if (felix_nodes_next_probe(name, conninfo, sizeof(conninfo)))
+	{
+		conn = felix_conn_open(felix_peer_conninfo(conninfo), psprintf("node \"%s\"", name),
+							   "felix probe", timeout, DEBUG1);
+		if (conn == NULL)
+			felix_node_probed(name, false, felix_conn_last_error());
+		else
+		{
+			res = felix_conn_exec(conn, "felix.node_identity",
+								  "SELECT name FROM felix.node_identity()", 0, NULL,
+								  timeout, DEBUG1);
+			if (res == NULL)
+				felix_node_probed(name, false, felix_conn_last_error());
+			else if (PQntuples(res) != 1 || strcmp(PQgetvalue(res, 0, 0), name) != 0)
+				felix_node_probed(name, false,
+								  psprintf("its address reaches node \"%s\" instead",
+										   PQntuples(res) == 1 ? PQgetvalue(res, 0, 0) : "?"));
+			else
+				felix_node_probed(name, true, NULL);
+			PQclear(res);
+			felix_conn_close(conn);
+		}
+	}
+	MemoryContextSwitchTo(old);
+	MemoryContextReset(cxt);
+}
+
 static void
 node_worker_exit(int code, Datum arg)
 {
@@ -177,6 +229,8 @@ void
 felix_node_worker_main(Datum arg)
 {
 	int64		next_retention_ns = 0;
+	int64		next_probe_ns = 0;
+	MemoryContext probe_cxt;
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
@@ -186,6 +240,8 @@ felix_node_worker_main(Datum arg)
 	felix_worker_pin_search_path();
 	elog(LOG, "felix node worker started in database \"%s\"", felix_database);
 	before_shmem_exit(node_worker_exit, (Datum) 0);
+	probe_cxt = AllocSetContextCreate(TopMemoryContext, "felix node: probes",
+									  ALLOCSET_DEFAULT_SIZES);
 
 	for (;;)
 	{
@@ -207,6 +263,11 @@ felix_node_worker_main(Datum arg)
 			next_retention_ns = now_ns + (int64) felix_retention_interval * 1000000;
 		}
 		persist_marks();
+		if (felix_monotonic_ns() >= next_probe_ns)
+		{
+			probe_one_peer(probe_cxt);
+			next_probe_ns = felix_monotonic_ns() + (int64) 5 * felix_heartbeat_interval * 1000000;
+		}
 
 		wait_ms = Min((long) felix_heartbeat_interval,
 					  (long) ((next_retention_ns - felix_monotonic_ns()) / 1000000));

@@ -51,6 +51,10 @@ extern PGresult *felix_conn_exec(PGconn *conn, const char *call,
  * process ("" after a success or a connection failure). */
 extern const char *felix_conn_last_sqlstate(void);
 
+/* The message of the last failure felix_conn_open or felix_conn_exec
+ * reported in this process (no secrets). */
+extern const char *felix_conn_last_error(void);
+
 /*
  * Make the remote session cancel any statement running longer than
  * timeout_ms (statement_timeout), so a call this side gave up on does not

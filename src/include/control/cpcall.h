@@ -44,8 +44,9 @@ extern void felix_cp_close(FelixCpSession *s);
 /* Can it take another call (or must it be opened again)? */
 extern bool felix_cp_usable(FelixCpSession *s);
 
-/* The SQLSTATE of the last failed call in this process ("" if none). */
+/* The SQLSTATE and message of the last failed call in this process. */
 extern const char *felix_cp_last_sqlstate(void);
+extern const char *felix_cp_last_error(void);
 
 /* One shard as the heartbeat told it. */
 typedef struct FelixCpShard

@@ -22,6 +22,16 @@ extern void felix_heartbeat_worker_register(void);
  * control plane's assignments of that stream to this node's shards. */
 extern void felix_heartbeat_apply_stream(const char *stream);
 
+/* The control-plane store as this node's heartbeat last saw it. */
+typedef struct FelixStoreView
+{
+	bool		ok;				/* the last call succeeded */
+	char		store[320];		/* which store, the endpoint, the etcd leader */
+	char		error[256];		/* the last failure ("" if ok) */
+} FelixStoreView;
+
+extern void felix_heartbeat_store_view(FelixStoreView *out);
+
 /* Where the heartbeat worker's latch is kept, so it can be woken at once
  * (felix.heartbeat_now, after a planned transfer). */
 extern Size felix_heartbeat_shmem_size(void);
