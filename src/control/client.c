@@ -148,19 +148,19 @@ felix_conn_last_error(void)
 /*
  * What to do about a failed connection, from libpq's reason: a password
  * that is missing or refused is named as such, since that is the usual
- * cause on a cluster being set up (docs/operations.md, "Joining").
+ * cause on a cluster being set up (the README's cluster steps).
  */
-static const char *
-connect_hint(const char *why, const char *conninfo)
+const char *
+felix_conn_hint(const char *why)
 {
 	if (strstr(why, "no password supplied") != NULL)
-		return "The server asks for a password and this node has none for it: put the password of this node's role in the password file its conninfo names (passfile=...), or let pg_hba.conf trust the connection.  scripts/felix-node-credentials sets both up.";
+		return "The server asks for a password and this node has none for it: put the password of this node's role in the password file its conninfo names (passfile=...); scripts/felix-node-credentials sets the role's password on every server and writes that file.";
 	if (strstr(why, "password authentication failed") != NULL)
 		return "The server refused the password: the role's password there differs from the one in this node's password file.  Set it on every server (scripts/felix-node-credentials does).";
 	if (strstr(why, "role \"") != NULL && strstr(why, "does not exist") != NULL)
 		return "The role this node logs in as does not exist on that server: run SELECT felix_create_node_role('<node>') there for every node of the cluster.";
 	if (strstr(why, "no pg_hba.conf entry") != NULL)
-		return "That server's pg_hba.conf has no line for this node's role and address: add one (see docs/operations.md).";
+		return "That server's pg_hba.conf has no line for this node's role and address: add the line scripts/felix-node-config prints (README, \"A replicated cluster\").";
 	return "Check that the server this conninfo names is running and that its pg_hba.conf lets this node connect as the conninfo's user.";
 }
 
@@ -174,7 +174,7 @@ report_connect_failure(int elevel, const char *purpose, const char *conninfo,
 			(errcode(ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION),
 			 errmsg("could not connect to %s: %s", purpose, why),
 			 errdetail_internal("conninfo \"%s\"", felix_conninfo_mask(conninfo)),
-			 errhint("%s", connect_hint(why, conninfo))));
+			 errhint("%s", felix_conn_hint(why))));
 }
 
 /*

@@ -251,23 +251,27 @@ felix_node_incarnation_of(const char *name, char *buf)
 	return directory_lookup(name, NULL, 0, buf) && buf[0] != '\0';
 }
 
-void
+bool
 felix_node_probed(const char *name, bool ok, const char *why)
 {
 	int			i;
+	bool		changed = false;
+	const char *now = ok ? "" : (why && why[0] ? why : "unreachable");
 
 	if (!directory_attach())
-		return;
+		return false;
 	LWLockAcquire(&directory->lock, LW_EXCLUSIVE);
 	i = directory_find(name);
 	if (i >= 0)
 	{
 		FelixNodeEntry *e = &directory->entries[i];
 
+		changed = !e->probed || strncmp(e->probe_error, now, sizeof(e->probe_error) - 1) != 0;
 		e->probed = true;
-		strlcpy(e->probe_error, ok ? "" : (why ? why : "unreachable"), sizeof(e->probe_error));
+		strlcpy(e->probe_error, now, sizeof(e->probe_error));
 	}
 	LWLockRelease(&directory->lock);
+	return changed;
 }
 
 char *

@@ -335,7 +335,15 @@ etcd_call(const char *path, const char *body, bool is_write, EtcdCall *call)
 		char	   *message = NULL;
 		int64		code = 0;
 
-		if (!post_one(endpoint, path, body, deadline, connect_ms, call, &status, &root))
+		/*
+		 * One endpoint gets its share of the time: a member that accepts the
+		 * connection but does not answer (stopped, partitioned) must not use
+		 * up the whole request.
+		 */
+		int64		try_deadline = Min(deadline, felix_monotonic_ns() +
+									   (int64) Max(connect_ms, 300) * 1000000);
+
+		if (!post_one(endpoint, path, body, try_deadline, connect_ms, call, &status, &root))
 		{
 			current = (current + 1) % n;
 			continue;

@@ -173,6 +173,22 @@ persist_marks(void)
  * password is wrong is then shown unreachable, with libpq's reason, on
  * every node -- not alive.
  */
+/* Note a probe's outcome; say so in the log when it changed. */
+static void
+probed(const char *name, bool ok, const char *why)
+{
+	if (!felix_node_probed(name, ok, why))
+		return;
+	if (ok)
+		ereport(LOG,
+				(errmsg("felix: node \"%s\" takes this node's connections", name)));
+	else
+		ereport(LOG,
+				(errmsg("felix: this node cannot log in to node \"%s\": %s", name, why),
+				 errdetail("felix_nodes shows node \"%s\" unreachable until it can.", name),
+				 errhint("%s", felix_conn_hint(why))));
+}
+
 static void
 probe_one_peer(MemoryContext cxt)
 {
@@ -188,20 +204,20 @@ probe_one_peer(MemoryContext cxt)
 		conn = felix_conn_open(felix_peer_conninfo(conninfo), psprintf("node \"%s\"", name),
 							   "felix probe", timeout, DEBUG1);
 		if (conn == NULL)
-			felix_node_probed(name, false, felix_conn_last_error());
+			probed(name, false, felix_conn_last_error());
 		else
 		{
 			res = felix_conn_exec(conn, "felix.node_identity",
 								  "SELECT name FROM felix.node_identity()", 0, NULL,
 								  timeout, DEBUG1);
 			if (res == NULL)
-				felix_node_probed(name, false, felix_conn_last_error());
+				probed(name, false, felix_conn_last_error());
 			else if (PQntuples(res) != 1 || strcmp(PQgetvalue(res, 0, 0), name) != 0)
-				felix_node_probed(name, false,
-								  psprintf("its address reaches node \"%s\" instead",
-										   PQntuples(res) == 1 ? PQgetvalue(res, 0, 0) : "?"));
+				probed(name, false,
+					   psprintf("its address reaches node \"%s\" instead",
+								PQntuples(res) == 1 ? PQgetvalue(res, 0, 0) : "?"));
 			else
-				felix_node_probed(name, true, NULL);
+				probed(name, true, NULL);
 			PQclear(res);
 			felix_conn_close(conn);
 		}

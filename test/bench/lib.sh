@@ -18,9 +18,16 @@
 #   pgc, q           a client command / quiet psql against a port
 #   datadir, init_node, start_node, bench_cleanup (the EXIT trap)
 #   felix_cluster_start   initdb and start node1..N (node1 hosts the
-#                    control plane), create the extension and node roles,
-#                    wait until all are alive
+#                    embedded control plane, or with FETCD set every node
+#                    lists those etcd endpoints), create the extension and
+#                    node roles, wait until all are alive; data directories
+#                    ${FPREFIX:-f}1..N
+#   etcd_start_member, etcd_kill_member   etcd member k on ETCD_CLIENT[k-1]
+#                    and ETCD_PEER[k-1], data in $BASE/etcd<k>
 #   wait_alive, leader_port, pick_name, kill_node
+#   sync_cluster_start    PostgreSQL synchronous replication on SPORTS
+#   write_script, pgbench_run, start_probe   load (needs the array SANITY)
+#                    and failover probes
 
 log() { printf '[%s %s] %s\n' "$BENCH_NAME" "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -102,6 +109,7 @@ bench_cleanup() {
 	trap - EXIT INT TERM
 	for p in "${BG_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
 	for p in "${PROBE_PIDS[@]}"; do kill -- "-$p" 2>/dev/null || true; done
+	pkill -9 -f -- "--data-dir $BASE/etcd" 2>/dev/null || true
 	for d in "${STARTED[@]}"; do
 		if [[ -f $(datadir "$d")/postmaster.pid ]]; then
 			"${AS_USER[@]}" "$PGBIN/pg_ctl" -D "$(datadir "$d")" -m immediate -t 30 -w stop >/dev/null 2>&1 || true
@@ -167,14 +175,17 @@ felix_cluster_start() {	# [extra conf lines for every node]
 		cp_conn=""
 		[[ $i != 1 ]] && cp_conn=$(fconn "${FPORTS[0]}")
 		log "felix node$i: initdb (port ${FPORTS[$((i-1))]})"
-		init_node "f$i" "${FPORTS[$((i-1))]}" "shared_preload_libraries = 'felix'
+		local store="felix.control_conninfo = '$cp_conn'"
+		[[ -n ${FETCD:-} ]] && store="felix.etcd_endpoints = '$FETCD'
+felix.etcd_prefix = '/felix/bench/'"
+		init_node "${FPREFIX:-f}$i" "${FPORTS[$((i-1))]}" "shared_preload_libraries = 'felix'
 felix.database = 'postgres'
 felix.node_name = 'node$i'
 felix.node_conninfo = '$(fconn "${FPORTS[$((i-1))]}")'
-felix.control_conninfo = '$cp_conn'
+$store
 ${1:-}"
 	done
-	for (( i = 1; i <= n; i++ )); do start_node "f$i"; done
+	for (( i = 1; i <= n; i++ )); do start_node "${FPREFIX:-f}$i"; done
 	for p in "${FPORTS[@]}"; do q "$p" -c "CREATE EXTENSION felix" >/dev/null; done
 	for p in "${FPORTS[@]}"; do q "$p" -c "SELECT $roles" >/dev/null; done
 	wait_alive "$n"
@@ -235,7 +246,7 @@ alive_pid() {	# not gone and not a zombie
 # clear the lock files a dead (possibly unreaped) postmaster leaves.
 kill_node() {
 	local d pids=() p i left
-	d=$(datadir "f$1")
+	d=$(datadir "${FPREFIX:-f}$1")
 	mapfile -t pids < <(server_pids "$d")
 	kill -9 "${pids[@]}" 2>/dev/null || true
 	for (( i = 0; i < 600; i++ )); do
@@ -244,6 +255,129 @@ kill_node() {
 		(( left == 0 )) && break
 		sleep 0.05
 	done
-	(( left == 0 )) || die "processes of f$1 survived SIGKILL for 30 s"
+	(( left == 0 )) || die "processes of ${FPREFIX:-f}$1 survived SIGKILL for 30 s"
 	rm -f "$d/postmaster.pid" "$SOCK/.s.PGSQL.${FPORTS[$(( $1 - 1 ))]}.lock"
 }
+
+# ---------------------------------------------------------------------------
+# etcd members: e<k> on 127.0.0.1, client port ETCD_CLIENT[k-1], peer port
+# ETCD_PEER[k-1], data in $BASE/etcd<k>; PIDs in ETCD_PIDS[k-1]
+# ---------------------------------------------------------------------------
+ETCD_PIDS=()
+etcd_endpoints() {
+	local k out=""
+	for k in "${!ETCD_CLIENT[@]}"; do out="$out${out:+,}http://127.0.0.1:${ETCD_CLIENT[$k]}"; done
+	echo "$out"
+}
+etcd_start_member() {	# k
+	local k=$1 i cluster="" state=new
+	for i in "${!ETCD_PEER[@]}"; do cluster="$cluster${cluster:+,}e$((i + 1))=http://127.0.0.1:${ETCD_PEER[$i]}"; done
+	[[ -d $BASE/etcd$k/member ]] && state=existing
+	setsid "${AS_USER[@]}" etcd --name "e$k" --data-dir "$BASE/etcd$k" \
+		--listen-client-urls "http://127.0.0.1:${ETCD_CLIENT[$((k - 1))]}" \
+		--advertise-client-urls "http://127.0.0.1:${ETCD_CLIENT[$((k - 1))]}" \
+		--listen-peer-urls "http://127.0.0.1:${ETCD_PEER[$((k - 1))]}" \
+		--initial-advertise-peer-urls "http://127.0.0.1:${ETCD_PEER[$((k - 1))]}" \
+		--initial-cluster "$cluster" --initial-cluster-state "$state" \
+		--initial-cluster-token felix-bench --max-txn-ops 4096 --log-level warn \
+		>>"$WORK/etcd$k.log" 2>&1 &
+	ETCD_PIDS[$((k - 1))]=$!
+	BG_PIDS+=($!)
+}
+etcd_kill_member() {	# k
+	local pid=${ETCD_PIDS[$(( $1 - 1 ))]:-}
+	[[ -n $pid ]] || return 0
+	pkill -9 -P "$pid" 2>/dev/null || true
+	kill -9 "$pid" 2>/dev/null || true
+	pkill -9 -f -- "--name e$1 --data-dir $BASE/etcd$1" 2>/dev/null || true
+	ETCD_PIDS[$(( $1 - 1 ))]=""
+}
+
+# ---------------------------------------------------------------------------
+# PostgreSQL synchronous replication: primary p on SPORTS[0], standbys s1,
+# s2 on SPORTS[1..2] with synchronous_standby_names = 'ANY 1 (s1, s2)'
+# ---------------------------------------------------------------------------
+sync_cluster_start() {
+	local i d n
+	log "sync replication: primary (port ${SPORTS[0]}) and standbys s1, s2"
+	init_node p "${SPORTS[0]}" "max_wal_senders = 10
+synchronous_standby_names = 'ANY 1 (s1, s2)'"
+	start_node p
+	for i in 1 2; do
+		d=$(datadir "s$i")
+		"${AS_USER[@]}" "$PGBIN/pg_basebackup" -h "$SOCK" -p "${SPORTS[0]}" -U postgres -D "$d" -X stream -R -c fast >"$WORK/basebackup-s$i.log" 2>&1 ||
+			{ cat "$WORK/basebackup-s$i.log" >&2; die "pg_basebackup for s$i failed"; }
+		chmod 700 "$d"
+		printf "port = %s\nprimary_conninfo = 'host=%s port=%s user=postgres application_name=s%s'\n" \
+			"${SPORTS[$i]}" "$SOCK" "${SPORTS[0]}" "$i" >>"$d/postgresql.auto.conf"
+		start_node "s$i"
+	done
+	for (( i = 0; i < 300; i++ )); do
+		n=$(q "${SPORTS[0]}" -c "SELECT count(*) FROM pg_stat_replication WHERE application_name IN ('s1', 's2') AND sync_state = 'quorum' AND state = 'streaming'")
+		[[ $n == 2 ]] && break
+		sleep 0.2
+	done
+	[[ $n == 2 ]] || die "the standbys are not both quorum-synchronous: $(q "${SPORTS[0]}" -c "SELECT application_name, state, sync_state FROM pg_stat_replication")"
+	log "sync replication: s1 and s2 streaming, sync_state quorum"
+}
+
+# ---------------------------------------------------------------------------
+# Load and probes
+# ---------------------------------------------------------------------------
+write_script() {	# name content -> path
+	local f=$WORK/$1.sql
+	printf '%s\n' "$2" >"$f"
+	chmod 644 "$f"
+	echo "$f"
+}
+
+# pgbench_run <label> <port> <script> <clients> <seconds> -> PB_TPS PB_LAT PB_P50 PB_TX PB_OK
+pgbench_run() {
+	local label=$1 port=$2 script=$3 c=$4 t=$5 j out
+	j=$(( c < 2 ? c : 2 ))
+	out=$WORK/pgbench-$label.out
+	rm -f "$WORK/pgblog-$label".*
+	PB_TPS=""; PB_LAT=""; PB_P50=""; PB_TX=""; PB_OK=1
+	if ! timeout $(( t + 120 )) "${AS_USER[@]}" env PGHOST="$SOCK" PGPORT="$port" PGUSER=postgres PGDATABASE=postgres \
+		"$PGBIN/pgbench" -n -M prepared -f "$script" -c "$c" -j "$j" -T "$t" \
+		-l --log-prefix="$WORK/pgblog-$label" >"$out" 2>&1; then
+		PB_OK=0
+		log "pgbench $label FAILED; output:"
+		tail -20 "$out" >&2
+	fi
+	PB_TPS=$(awk '/^tps = /{printf "%.1f", $3; exit}' "$out")
+	PB_LAT=$(awk '/^latency average = /{print $4; exit}' "$out")
+	PB_TX=$(awk '/^number of transactions actually processed:/{print $6; exit}' "$out")
+	PB_TX=${PB_TX%%/*}
+	# p50 of the per-transaction latencies (3rd field, µs) over every client log.
+	PB_P50=$(cat "$WORK/pgblog-$label".* 2>/dev/null | awk '{print $3}' | sort -n |
+		awk '{a[NR]=$1} END{ if (NR) printf "%.3f", a[int((NR+1)/2)] / 1000 }')
+	rm -f "$WORK/pgblog-$label".*
+	if grep -q 'number of failed transactions: [1-9]\|aborted in command\|ERROR:' "$out"; then
+		PB_OK=0
+		log "pgbench $label reported errors:"
+		grep -m5 'failed\|aborted\|ERROR' "$out" >&2 || true
+	fi
+	[[ -n $PB_TPS ]] || PB_OK=0
+	[[ $PB_OK == 1 ]] || SANITY+=("pgbench point $label failed: $(grep -m1 -i 'error' "$out" || echo 'no tps reported')")
+	log "  $label: c=$c tps=${PB_TPS:-?} avg=${PB_LAT:-?} ms p50=${PB_P50:-?} ms tx=${PB_TX:-?}"
+}
+
+
+# Probe: a session on port $1 that publishes to $2 every 20 ms, logging the
+# epoch of each acknowledgement (NOTICE ack <epoch>), refusals ignored.
+start_probe() {	# port stream file
+	setsid "${AS_USER[@]}" env PGHOST="$SOCK" PGPORT="$1" PGUSER=postgres PGDATABASE=postgres \
+		timeout 60 "$PGBIN/psql" -X -q -c "SET client_min_messages = notice; DO \$\$ DECLARE p felix_position; BEGIN
+		FOR i IN 1..3000 LOOP
+			BEGIN
+				p := felix_publish('$2', '{\"probe\": 1}'::jsonb, shard => 0);
+				RAISE NOTICE 'ack %', extract(epoch FROM clock_timestamp());
+				EXIT;
+			EXCEPTION WHEN OTHERS THEN
+				PERFORM pg_sleep(0.02);
+			END;
+		END LOOP; END \$\$" >/dev/null 2>"$3" &
+	PROBE_PIDS+=($!)
+}
+

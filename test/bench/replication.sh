@@ -107,26 +107,7 @@ cd "$BASE"
 felix_cluster_start
 
 # ---- PostgreSQL synchronous replication: primary + s1 + s2 ----
-log "sync replication: primary (port ${SPORTS[0]}) and standbys s1, s2"
-init_node p "${SPORTS[0]}" "max_wal_senders = 10
-synchronous_standby_names = 'ANY 1 (s1, s2)'"
-start_node p
-for i in 1 2; do
-	d=$(datadir "s$i")
-	"${AS_USER[@]}" "$PGBIN/pg_basebackup" -h "$SOCK" -p "${SPORTS[0]}" -U postgres -D "$d" -X stream -R -c fast >"$WORK/basebackup-s$i.log" 2>&1 ||
-		{ cat "$WORK/basebackup-s$i.log" >&2; die "pg_basebackup for s$i failed"; }
-	chmod 700 "$d"
-	printf "port = %s\nprimary_conninfo = 'host=%s port=%s user=postgres application_name=s%s'\n" \
-		"${SPORTS[$i]}" "$SOCK" "${SPORTS[0]}" "$i" >>"$d/postgresql.auto.conf"
-	start_node "s$i"
-done
-for (( i = 0; i < 300; i++ )); do
-	n=$(q "${SPORTS[0]}" -c "SELECT count(*) FROM pg_stat_replication WHERE application_name IN ('s1', 's2') AND sync_state = 'quorum' AND state = 'streaming'")
-	[[ $n == 2 ]] && break
-	sleep 0.2
-done
-[[ $n == 2 ]] || die "the standbys are not both quorum-synchronous: $(q "${SPORTS[0]}" -c "SELECT application_name, state, sync_state FROM pg_stat_replication")"
-log "sync replication: s1 and s2 streaming, sync_state quorum"
+sync_cluster_start
 
 SERVER_VERSION=$(q "${FPORTS[0]}" -c "SHOW server_version")
 FELIX_TIMING=$(q "${FPORTS[0]}" -c "SELECT string_agg(name || ' = ' || setting || coalesce(' ' || unit, ''), ', ' ORDER BY name)
@@ -144,46 +125,6 @@ GIT_STATE=$(git -C "$SCRIPT_DIR" log -1 --format='%h %cs' 2>/dev/null || echo "n
 PAYLOAD=$(q "${FPORTS[0]}" -c "SELECT jsonb_build_object('id', 0, 'pad', repeat('x', 80))::text")
 PAYLOAD_LEN=${#PAYLOAD}
 [[ $PAYLOAD_LEN == 100 ]] || die "payload text is $PAYLOAD_LEN bytes, expected 100"
-
-write_script() {	# name content -> path
-	local f=$WORK/$1.sql
-	printf '%s\n' "$2" >"$f"
-	chmod 644 "$f"
-	echo "$f"
-}
-
-# pgbench_run <label> <port> <script> <clients> <seconds> -> PB_TPS PB_LAT PB_P50 PB_TX PB_OK
-pgbench_run() {
-	local label=$1 port=$2 script=$3 c=$4 t=$5 j out
-	j=$(( c < 2 ? c : 2 ))
-	out=$WORK/pgbench-$label.out
-	rm -f "$WORK/pgblog-$label".*
-	PB_TPS=""; PB_LAT=""; PB_P50=""; PB_TX=""; PB_OK=1
-	if ! timeout $(( t + 120 )) "${AS_USER[@]}" env PGHOST="$SOCK" PGPORT="$port" PGUSER=postgres PGDATABASE=postgres \
-		"$PGBIN/pgbench" -n -M prepared -f "$script" -c "$c" -j "$j" -T "$t" \
-		-l --log-prefix="$WORK/pgblog-$label" >"$out" 2>&1; then
-		PB_OK=0
-		log "pgbench $label FAILED; output:"
-		tail -20 "$out" >&2
-	fi
-	PB_TPS=$(awk '/^tps = /{printf "%.1f", $3; exit}' "$out")
-	PB_LAT=$(awk '/^latency average = /{print $4; exit}' "$out")
-	PB_TX=$(awk '/^number of transactions actually processed:/{print $6; exit}' "$out")
-	PB_TX=${PB_TX%%/*}
-	# p50 of the per-transaction latencies (3rd field, µs) over every client log.
-	PB_P50=$(cat "$WORK/pgblog-$label".* 2>/dev/null | awk '{print $3}' | sort -n |
-		awk '{a[NR]=$1} END{ if (NR) printf "%.3f", a[int((NR+1)/2)] / 1000 }')
-	rm -f "$WORK/pgblog-$label".*
-	if grep -q 'number of failed transactions: [1-9]\|aborted in command\|ERROR:' "$out"; then
-		PB_OK=0
-		log "pgbench $label reported errors:"
-		grep -m5 'failed\|aborted\|ERROR' "$out" >&2 || true
-	fi
-	[[ -n $PB_TPS ]] || PB_OK=0
-	[[ $PB_OK == 1 ]] || SANITY+=("pgbench point $label failed: $(grep -m1 -i 'error' "$out" || echo 'no tps reported')")
-	log "  $label: c=$c tps=${PB_TPS:-?} avg=${PB_LAT:-?} ms p50=${PB_P50:-?} ms tx=${PB_TX:-?}"
-}
-
 
 # fsnap <leader port>: the leader's records_published fsyncs report_requests
 # replica_reports, then the fsyncs of the two other nodes summed.
@@ -269,23 +210,6 @@ mean_of() {	# array-name key
 # ---------------------------------------------------------------------------
 # Failover time
 # ---------------------------------------------------------------------------
-# Probe: a session on port $1 that publishes to $2 every 20 ms, logging the
-# epoch of each acknowledgement (NOTICE ack <epoch>), refusals ignored.
-start_probe() {	# port stream file
-	setsid "${AS_USER[@]}" env PGHOST="$SOCK" PGPORT="$1" PGUSER=postgres PGDATABASE=postgres \
-		timeout 60 "$PGBIN/psql" -X -q -c "SET client_min_messages = notice; DO \$\$ DECLARE p felix_position; BEGIN
-		FOR i IN 1..3000 LOOP
-			BEGIN
-				p := felix_publish('$2', '{\"probe\": 1}'::jsonb, shard => 0);
-				RAISE NOTICE 'ack %', extract(epoch FROM clock_timestamp());
-				EXIT;
-			EXCEPTION WHEN OTHERS THEN
-				PERFORM pg_sleep(0.02);
-			END;
-		END LOOP; END \$\$" >/dev/null 2>"$3" &
-	PROBE_PIDS+=($!)
-}
-
 FAILOVER_TIMES=()
 FAILOVER_NOTES=()
 PROBE_PIDS=()

@@ -1,5 +1,5 @@
-# Control plane down: stop the node that hosts it (node1) while a leader
-# on another node publishes.  Writes go on until the leader's lease runs
+# Control plane down: stop the node that hosts it (node1) -- with etcd as
+# the store, every etcd member -- while a leader on another node publishes.  Writes go on until the leader's lease runs
 # out (no renewal can arrive), then every write is refused (55F03, or
 # 55F02); nothing is promoted meanwhile.  Once the control plane is back,
 # writes resume with every record the leader acknowledged (it was alive
@@ -47,9 +47,22 @@ ok($c->wait_acks($pub, 50, 30), "$lname acknowledges publishes");
 my @early_errs = $c->errors($pub);
 is(scalar(@early_errs), 0, 'no refusal while the control plane is up');
 
+# The control plane goes away: node1's server (embedded), or every etcd
+# member (etcd).
+sub cp_down
+{
+	if ($c->store eq 'etcd') { $c->etcd->kill_member($_) for 1 .. 3; return time; }
+	return $c->stop_node(1);
+}
+sub cp_up
+{
+	if ($c->store eq 'etcd') { $c->etcd->start_member($_) for 1 .. 3; return time; }
+	return $c->start_node(1);
+}
 my $t_stop0 = time;
-my $t_stop  = $c->stop_node(1);
-note(sprintf('control plane (node1) stopped in %.2f s', $t_stop - $t_stop0));
+my $t_stop  = cp_down();
+note(sprintf('control plane (%s) stopped in %.2f s', $c->store eq 'etcd' ? 'every etcd member' : 'node1',
+	$t_stop - $t_stop0));
 
 # Wait for the first refusal of a publish started after the stop began.
 my $first_refusal;
@@ -97,7 +110,7 @@ for my $node ($c->up_nodes)
 }
 
 # Control plane back: writes resume.
-my $t_up = $c->start_node(1);
+my $t_up = cp_up();
 note(sprintf('control plane started in %.2f s', $t_up - $t_up0));
 my ($new, $g2);
 eval { ($new, $g2) = $c->wait_leader($stream, 0, min_generation => $g, timeout => 30); 1 }

@@ -1,8 +1,9 @@
 # The control plane is never behind an acknowledgement: whenever a quorum
 # publish is acknowledged, every follower the control plane takes for
 # caught up holds the record.  Reports are made to fail (felix_replication
-# loses EXECUTE on felix.cp_report) while heartbeats, and so the lease, go
-# on:
+# loses EXECUTE on felix.cp_report; with etcd, the nodes' etcd user loses
+# its write permission on the reports keys) while heartbeats, and so the
+# lease, go on:
 #
 # - with both followers keeping up, the standing report (both caught up)
 #   stays true of every new record, so publishes are still acknowledged,
@@ -25,7 +26,7 @@ use FelixCluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
-my $c = FelixCluster->new(nodes => 3);
+my $c = FelixCluster->new(nodes => 3, etcd_auth => 1);
 
 # Led by node2 or node3; node1 (the control plane) is one follower.
 my ($stream, @set) = $c->pick_stream_name('report_first', 3, sub { $_[0] ne 'node1' });
@@ -65,8 +66,7 @@ ok(defined FelixCluster::poll(10, sub {
 			cp_caught_up($stopped) eq 't' && cp_caught_up($running) eq 't' }),
 	'the control plane holds a report naming both followers caught up');
 
-$c->cp->safe_psql('postgres',
-	'REVOKE EXECUTE ON FUNCTION felix.cp_report(text, jsonb, bigint, text) FROM felix_replication');
+$c->break_reports;
 
 # Both followers keep up: what the control plane believes stays true.
 ($rc, $err) = publish(1);
@@ -92,8 +92,7 @@ is($leader->safe_psql('postgres',
 is($leader->safe_psql('postgres', "SELECT count(*) FROM $stream"),
 	'2', 'and readers on the leader do not see the record');
 
-$c->cp->safe_psql('postgres',
-	'GRANT EXECUTE ON FUNCTION felix.cp_report(text, jsonb, bigint, text) TO felix_replication');
+$c->mend_reports;
 ($rc, $err, $out) = publish(3);
 is($rc, 0, 'once reports land again, publishing is acknowledged (leader and one follower)');
 is(cp_caught_up($stopped), 'f',

@@ -90,7 +90,9 @@ is($c->state_query(
 		  . "OR conninfo ~ '(pass|user|sslkey|sslcert)'"),
 	'0', 'the control plane stores no credential of any node, nor its password file');
 
-# A wrong password: the node cannot heartbeat, and says why, not what.
+# A wrong password: node1 no longer accepts node3's.  node3 cannot log in
+# to it -- to heartbeat, with the embedded store there; to ship to it or
+# probe it, whatever the store -- and says why, not what.
 {
 	local $ENV{PGOPTIONS} = '-c log_statement=none';
 	$c->cp->safe_psql('postgres', "ALTER ROLE felix_node_node3 PASSWORD 'not-the-one'");
@@ -102,7 +104,7 @@ $c->cp->safe_psql('postgres',
 	"SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE usename = 'felix_node_node3'");
 ok(defined FelixCluster::poll(20, sub {
 			substr(read_file($n3->logfile), $off) =~ /password authentication failed for user "felix_node_node3"/ }),
-	'node3, whose password the control plane no longer accepts, logs that authentication failed');
+	'node3, whose password node1 no longer accepts, logs that authentication failed');
 {
 	local $ENV{PGOPTIONS} = '-c log_statement=none';
 	$c->cp->safe_psql('postgres', "ALTER ROLE felix_node_node3 PASSWORD '$secret-node3'");

@@ -11,7 +11,8 @@
 #     L + node1 from now on.
 #  2. L is cut off from node1 -- the control plane and the only follower
 #     it can reach -- by ALTER ROLE felix_node_<L> NOLOGIN on node1 and
-#     terminating that role's sessions there.  Each session's next publish
+#     terminating that role's sessions there (with etcd as the store, L's
+#     etcd user also loses its role, so L cannot reach the store either).  Each session's next publish
 #     (within 0.2 s) is admitted under L's still-live lease, stored on L
 #     alone, and waits for a quorum that cannot come.  The four waiting
 #     backends are stopped (SIGSTOP of those processes only) while L
@@ -66,7 +67,7 @@ use Time::HiRes qw(time usleep);
 my @stopped;
 END { kill 'CONT', @stopped if @stopped; }
 
-my $c = FelixCluster->new(nodes => 3);
+my $c = FelixCluster->new(nodes => 3, etcd_auth => 1);
 my $cp = $c->cp;
 
 my ($stream, @set) = $c->pick_stream_name('depose', 3, sub { $_[0] ne 'node1' });
@@ -121,10 +122,13 @@ my $acked_at_pause = $c->ack_count($pub);
 ok($c->wait_acks($pub, $acked_at_pause + 20, 30),
 	"with $xname paused, $lname still acknowledges (quorum $lname + node1)");
 
-# 2. Cut L off from node1 (control plane and follower).
+# 2. Cut L off from node1 (a follower, and with the embedded store the
+# control plane) and from the control-plane store (etcd: its etcd user
+# loses its role).
 my $downs_before = $c->metric_of($leader, 'step_downs') // 0;
 my $role = "felix_node_$lname";
 $cp->safe_psql('postgres', "ALTER ROLE $role NOLOGIN");
+$c->cut_from_store($leader) if $c->store eq 'etcd';
 my $t_cut = time;
 $cp->safe_psql('postgres',
 	"SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE usename = '$role'");
@@ -204,6 +208,7 @@ note("node1 acknowledged " . scalar(keys %g1_acked) . " records at G+1, seqs $fi
 
 # LOGIN back: L follows G+1 and its mark passes every waiting record.
 $cp->safe_psql('postgres', "ALTER ROLE $role LOGIN");
+$c->mend_store($leader) if $c->store eq 'etcd';
 my $r;
 $took = FelixCluster::poll(30, sub {
 	$r = row($leader);

@@ -69,6 +69,11 @@ my $cp = $c->cp;
 sub cpq { my ($sql) = @_; return $c->state_query($sql); }
 
 sub log_off { my ($node) = @_; return -s $node->logfile; }
+
+# Whose log has what the control plane's rules log about node $node: the
+# control plane's server (embedded), or the node itself, whose processes
+# run the rules with etcd.
+sub rule_log { my ($node) = @_; return $c->store eq 'etcd' ? $node : $cp; }
 sub log_since { my ($node, $off) = @_; return substr(read_file($node->logfile), $off); }
 
 sub felix_dir { my ($node) = @_; return $node->data_dir . '/felix'; }
@@ -310,6 +315,7 @@ sub report_sampler
 	note("A: reports before the wipe: $rep");
 	my ($old_inc) = split /\|/, cp_node('node2');
 	my $cp_off = log_off($cp);
+	my %cp_off = map { ($_ => log_off($_)) } $c->nodes;
 
 	# Hold the tick; stop the leader, wipe its directory, restart it and node3.
 	my $worker = hold_tick();
@@ -385,7 +391,7 @@ sub report_sampler
 	unlike(log_since($cp, $cp_off), qr/stream "$stream" shard 0: node2 leads generation/,
 		'A: the control plane never made node2 leader again');
 	is($c->metric_of($n2, 'promotions'), 0, 'A: node2 counted no promotion');
-	like(log_since($cp, $cp_off), qr/node "node2" has a new felix data directory \(incarnation \Q$new_inc\E replaces \Q$old_inc\E\)/,
+	like(log_since(rule_log($n2), $cp_off{$n2}), qr/node "node2" has a new felix data directory \(incarnation \Q$new_inc\E replaces \Q$old_inc\E\)/,
 		'A: the control plane logged node2\'s new data directory');
 }
 
@@ -409,6 +415,7 @@ sub report_sampler
 	}, 0.1), 'B: node3 holds the 50 records and is reported caught up') or diag($rep);
 	my ($old_inc) = split /\|/, cp_node('node3');
 	my ($cp_off, $l_off) = (log_off($cp), log_off($leader));
+	my %cp_off = map { ($_ => log_off($_)) } $c->nodes;
 
 	$c->stop_node($n3);
 	wipe($n3);
@@ -440,7 +447,7 @@ sub report_sampler
 	note('B: reports of node3 seen: ' . join(', ', map { "$_ x$seen{$_}" } sort keys %seen));
 	is(scalar(missing_acks($n3, $stream, \%acks)), 0, 'B: node3 serves every acknowledged record');
 	check_samples('B: reads on the wiped node3', final_log($leader, $stream), @reads);
-	like(log_since($cp, $cp_off), qr/node "node3" has a new felix data directory \(incarnation \Q$new_inc\E replaces \Q$old_inc\E\)/,
+	like(log_since(rule_log($n3), $cp_off{$n3}), qr/node "node3" has a new felix data directory \(incarnation \Q$new_inc\E replaces \Q$old_inc\E\)/,
 		'B: the control plane logged node3\'s new data directory');
 	like(log_since($leader, $l_off),
 		qr/stream "$stream" shard 0: follower "node3" has a new felix data directory \(incarnation \Q$new_inc\E\); shipping to it starts over/,
@@ -513,6 +520,7 @@ sub wait_cp_starts
 	my $worker = hold_tick();
 	my $l3 = log_off($n3);
 	my $cp_off = log_off($cp);
+	my %cp_off = map { ($_ => log_off($_)) } $c->nodes;
 	$c->kill_node($n2);
 	# the crashed leader's last claim is older than now: its lease ends within a lease
 	my $lease_end = time + 1.0;
@@ -532,7 +540,7 @@ sub wait_cp_starts
 	like(log_since($n3, $l3), qr/is an older copy of incarnation \Q$inc\E; it is now incarnation/,
 		'C: node3 logs that its directory is an older copy and takes a new incarnation');
 	isnt((split /\|/, $id)[1], $inc, 'C: felix.node_identity() on node3 names a new incarnation');
-	like(log_since($cp, $cp_off), qr/ERROR:\s+(55F06: )?node "node3": its felix data directory is an older copy of incarnation \Q$inc\E/,
+	like(log_since(rule_log($n3), $cp_off{$n3}), qr/(ERROR|LOG):\s+(55F06: )?node "node3": its felix data directory is an older copy of incarnation \Q$inc\E/,
 		'C: the control plane refused its heartbeat (55F06)');
 
 	release_tick($worker);
@@ -593,6 +601,7 @@ sub wait_cp_starts
 	}
 	restore_copy($n2, $copy);
 	my ($l_off, $n2_off, $cp_off) = (log_off($leader), log_off($n2), log_off($cp));
+	my %cp_off = map { ($_ => log_off($_)) } $c->nodes;
 	my %m0 = map { $_ => $c->metric_of($leader, $_) // 0 } qw(rebuilds_started rebuilds_completed);
 	$c->start_node($n2);
 	my (@viol, @reads);
@@ -604,8 +613,8 @@ sub wait_cp_starts
 		$new_inc = $ci;
 		return $ci ne $inc && $ca eq 'true';
 	}, 0.1), 'D: the restored node2 registers under a new incarnation');
-	like(log_since($cp, $cp_off),
-		qr/ERROR:\s+(55F06: )?node "node2": its felix data directory is an older copy of incarnation \Q$inc\E \(start @{[$k + 1]} after start @{[$k + 2]}\)/,
+	like(log_since(rule_log($n2), $cp_off{$n2}),
+		qr/(ERROR|LOG):\s+(55F06: )?node "node2": its felix data directory is an older copy of incarnation \Q$inc\E \(start @{[$k + 1]} after start @{[$k + 2]}\)/,
 		'D: the control plane refused its heartbeat (55F06), naming both start counts');
 	like(log_since($n2, $n2_off), qr/is an older copy of incarnation \Q$inc\E; it is now incarnation \Q$new_inc\E/,
 		'D: node2 logs that its directory is an older copy and takes the new incarnation');

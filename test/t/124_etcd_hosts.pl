@@ -75,19 +75,8 @@ sub start_round
 
 sub acks_of { return map { $c->acks($_) } @_; }
 
-sub duty_host
-{
-	for my $node ($c->up_nodes)
-	{
-		my $d = $c->try_psql($node, 'SELECT name FROM felix_nodes WHERE duty', 5);
-		chomp $d if defined $d;
-		return $d if defined $d && $d ne '';
-	}
-	return undef;
-}
-
 my @order;
-my $first = duty_host() // 'node1';
+my $first = $c->duty_node_name // 'node1';
 push @order, $first;
 my $leader_host = $e->leader // 'e2';
 (my $lk = $leader_host) =~ s/^e/node/;
@@ -109,7 +98,7 @@ for my $victim (@order)
 		$r && $r->{role} eq 'leader' && ($r->{lease_remaining_ms} || 0) > 0
 	} 0 .. 2;
 	my %g_before = map { my $r = $c->shard_row($vnode, $stream, $_); ($_ => $r->{generation}) } @led;
-	my $duty_before = duty_host() // '';
+	my $duty_before = $c->duty_node_name // '';
 	my $etcd_leader = $e->leader // '';
 	my $t_kill = time;
 	$c->kill_node($vnode);
@@ -146,7 +135,7 @@ for my $victim (@order)
 		ok(defined $more, "$victim down: shard $shard, led elsewhere, keeps acknowledging writes");
 	}
 	my $new_duty;
-	ok(defined FelixCluster::poll(30, sub { $new_duty = duty_host(); defined $new_duty && $new_duty ne $victim }, 0.2),
+	ok(defined FelixCluster::poll(30, sub { $new_duty = $c->duty_node_name; defined $new_duty && $new_duty ne $victim }, 0.2),
 		"$victim down: the duties run on a node that is up") or diag("duties: " . ($new_duty // 'nobody'));
 
 	# The host returns.

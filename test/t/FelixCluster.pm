@@ -62,6 +62,23 @@ sub new
 	  unless $store eq 'embedded' || $store eq 'etcd';
 	$self->{etcd} = FelixEtcd->new(members => $n) if $store eq 'etcd';
 	$self->{etcd_prefix} = "/felix/$prefix/";
+	my %etcd_auth;
+	if ($self->{etcd} && $opt{etcd_auth})
+	{
+		# each node authenticates as etcd user felix_nodeK, its password in a file
+		my %users;
+		for my $k (1 .. $n)
+		{
+			my $pw = "etcd-$k-" . int(rand(1e9));
+			my $file = "$PostgreSQL::Test::Utils::tmp_check/etcd_password_$prefix$k";
+			write_file($file, "$pw\n");
+			chmod 0600, $file or die "chmod $file: $!";
+			$users{"felix_node$k"} = $pw;
+			$etcd_auth{$k} = [ "felix.etcd_user = 'felix_node$k'", "felix.etcd_password_file = '$file'" ];
+		}
+		$self->{etcd}->enable_auth($self->{etcd_prefix}, %users);
+		$self->{etcd_passwords} = \%users;
+	}
 
 	my @pg;
 	for my $k (1 .. $n)
@@ -83,7 +100,7 @@ sub new
 				"felix.node_conninfo = '" . felix_node_conninfo($node, $name) . "'",
 				$self->{etcd}
 				? ("felix.etcd_endpoints = '" . $self->{etcd}->endpoints . "'",
-					"felix.etcd_prefix = '$self->{etcd_prefix}'")
+					"felix.etcd_prefix = '$self->{etcd_prefix}'", @{ $etcd_auth{$k} // [] })
 				: ("felix.control_conninfo = '"
 					  . ($k == 1 ? '' : $cp_conninfo) . "'"),
 				"max_connections = 40",
@@ -364,6 +381,20 @@ sub diag_shard
 	return;
 }
 
+# The name of the node running the control-plane duties, as the first up
+# node that knows says (felix_nodes.duty); undef if none does.
+sub duty_node_name
+{
+	my ($self) = @_;
+	for my $node ($self->up_nodes)
+	{
+		my $d = $self->try_psql($node, 'SELECT name FROM felix_nodes WHERE duty', 5);
+		chomp $d if defined $d;
+		return $d if defined $d && $d ne '';
+	}
+	return undef;
+}
+
 # A node that can read the control plane's state (felix.assignments and
 # the other views over the store): node1, which hosts the embedded store,
 # or with etcd any node that is up.  undef if none.
@@ -397,6 +428,75 @@ sub store_edit
 	{
 		$self->{etcd}->put($self->{etcd_prefix} . $key, $new);
 	}
+	return;
+}
+
+# Make replica reports fail while heartbeats (and so leases) go on, and
+# make them land again: with the embedded store felix_replication loses
+# EXECUTE on felix.cp_report; with etcd (made with etcd_auth => 1) the
+# nodes' etcd user loses its write permission on the reports keys.
+sub break_reports
+{
+	my ($self) = @_;
+	if ($self->{store} eq 'etcd')
+	{
+		die 'break_reports with etcd needs FelixCluster->new(etcd_auth => 1)'
+		  unless $self->{etcd_passwords};
+		$self->{etcd}->revoke_reports;
+		return;
+	}
+	$self->cp->safe_psql('postgres',
+		'REVOKE EXECUTE ON FUNCTION felix.cp_report(text, jsonb, bigint, text) FROM felix_replication');
+	return;
+}
+
+sub mend_reports
+{
+	my ($self) = @_;
+	if ($self->{store} eq 'etcd')
+	{
+		$self->{etcd}->grant_reports;
+		return;
+	}
+	$self->cp->safe_psql('postgres',
+		'GRANT EXECUTE ON FUNCTION felix.cp_report(text, jsonb, bigint, text) TO felix_replication');
+	return;
+}
+
+# Cut node $k off from the control-plane store, and let it back: with
+# the embedded store its role may no longer log in to node1 (its
+# sessions there end); with etcd (made with etcd_auth => 1) its etcd user
+# loses its role.  Its peers other than node1 can still reach it, and it
+# them.
+sub cut_from_store
+{
+	my ($self, $k) = @_;
+	my $name = $self->name_of($k);
+	(my $num = $name) =~ s/^node//;
+	if ($self->{store} eq 'etcd')
+	{
+		die 'cut_from_store with etcd needs FelixCluster->new(etcd_auth => 1)'
+		  unless $self->{etcd_passwords};
+		$self->{etcd}->cut_user("felix_node$num");
+		return;
+	}
+	$self->cp->safe_psql('postgres', "ALTER ROLE felix_node_$name NOLOGIN");
+	$self->cp->safe_psql('postgres',
+		"SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE usename = 'felix_node_$name'");
+	return;
+}
+
+sub mend_store
+{
+	my ($self, $k) = @_;
+	my $name = $self->name_of($k);
+	(my $num = $name) =~ s/^node//;
+	if ($self->{store} eq 'etcd')
+	{
+		$self->{etcd}->mend_user("felix_node$num");
+		return;
+	}
+	$self->cp->safe_psql('postgres', "ALTER ROLE felix_node_$name LOGIN");
 	return;
 }
 

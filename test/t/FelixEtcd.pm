@@ -107,6 +107,121 @@ sub _post
 	return $r->{success} ? $r->{content} : '';
 }
 
+sub _b64 { return MIME::Base64::encode_base64($_[0], ''); }
+
+# The first key past every key starting with $prefix.
+sub _prefix_end
+{
+	my ($p) = @_;
+	my $last = chop $p;
+	return $p . chr(ord($last) + 1);
+}
+
+# One administrative request (auth API), as root once auth is on.
+sub _admin
+{
+	my ($self, $path, $body) = @_;
+	my $m = (grep { $_->{up} } @{ $self->{members} })[0] // die 'etcd: no member up';
+	my %headers;
+	$headers{Authorization} = $self->{root_token} if $self->{root_token};
+	my $r = HTTP::Tiny->new(timeout => 5)->post("http://127.0.0.1:$m->{client}$path",
+		{ content => $body, headers => \%headers });
+	die "etcd $path: $r->{status} $r->{content}" unless $r->{success};
+	return $r->{content};
+}
+
+sub _root_token
+{
+	my ($self) = @_;
+	my $out = $self->_admin('/v3/auth/authenticate', qq({"name":"root","password":"$self->{root_pw}"}));
+	($self->{root_token}) = $out =~ /"token":"([^"]+)"/ or die "etcd: no root token: $out";
+	return;
+}
+
+sub _perm
+{
+	my ($self, $verb, $type, $from, $to) = @_;
+	$self->_root_token;
+	if ($verb eq 'grant')
+	{
+		$self->_admin('/v3/auth/role/grant',
+			'{"name":"felix","perm":{"permType":"' . $type . '","key":"' . _b64($from)
+			  . '","range_end":"' . _b64($to) . '"}}');
+	}
+	else
+	{
+		$self->_admin('/v3/auth/role/revoke',
+			'{"role":"felix","key":"' . _b64($from) . '","range_end":"' . _b64($to) . '"}');
+	}
+	return;
+}
+
+# Turn etcd authentication on: user root, and for each user => password
+# of %users (one per felix node) role felix, which may read everything
+# under $prefix and write it -- the writes of $prefix."reports/" granted
+# separately so that a test can take them away (revoke_reports) and give
+# them back (grant_reports).  cut_user/mend_user take the role from one
+# user and give it back.
+sub enable_auth
+{
+	my ($self, $prefix, %users) = @_;
+	$self->{root_pw} = 'root-' . int(rand(1e9));
+	$self->{prefix}  = $prefix;
+	$self->_admin('/v3/auth/user/add', qq({"name":"root","password":"$self->{root_pw}"}));
+	$self->_admin('/v3/auth/user/grant', '{"user":"root","role":"root"}');
+	$self->_admin('/v3/auth/role/add', '{"name":"felix"}');
+	for my $u (sort keys %users)
+	{
+		$self->_admin('/v3/auth/user/add', qq({"name":"$u","password":"$users{$u}"}));
+		$self->_admin('/v3/auth/user/grant', qq({"user":"$u","role":"felix"}));
+	}
+	my $rep = "${prefix}reports/";
+	for my $p (
+		[ 'READ',  $prefix,            _prefix_end($prefix) ],
+		[ 'WRITE', $prefix,            $rep ],
+		[ 'WRITE', _prefix_end($rep),  _prefix_end($prefix) ],
+		[ 'WRITE', $rep,               _prefix_end($rep) ])
+	{
+		$self->_admin('/v3/auth/role/grant',
+			'{"name":"felix","perm":{"permType":"' . $p->[0] . '","key":"' . _b64($p->[1])
+			  . '","range_end":"' . _b64($p->[2]) . '"}}');
+	}
+	$self->_admin('/v3/auth/enable', '{}');
+	return;
+}
+
+sub cut_user
+{
+	my ($self, $user) = @_;
+	$self->_root_token;
+	$self->_admin('/v3/auth/user/revoke', qq({"name":"$user","role":"felix"}));
+	return;
+}
+
+sub mend_user
+{
+	my ($self, $user) = @_;
+	$self->_root_token;
+	$self->_admin('/v3/auth/user/grant', qq({"user":"$user","role":"felix"}));
+	return;
+}
+
+sub revoke_reports
+{
+	my ($self) = @_;
+	my $rep = "$self->{prefix}reports/";
+	$self->_perm('revoke', 'WRITE', $rep, _prefix_end($rep));
+	return;
+}
+
+sub grant_reports
+{
+	my ($self) = @_;
+	my $rep = "$self->{prefix}reports/";
+	$self->_perm('grant', 'WRITE', $rep, _prefix_end($rep));
+	return;
+}
+
 # Put key = value through any member that is up.
 sub put
 {

@@ -51,6 +51,10 @@ extern PGresult *felix_conn_exec(PGconn *conn, const char *call,
  * process ("" after a success or a connection failure). */
 extern const char *felix_conn_last_sqlstate(void);
 
+/* What to do about a connection that failed for libpq's reason `why`
+ * (a missing or refused password is named as such). */
+extern const char *felix_conn_hint(const char *why);
+
 /* The message of the last failure felix_conn_open or felix_conn_exec
  * reported in this process (no secrets). */
 extern const char *felix_conn_last_error(void);

@@ -62,9 +62,9 @@ extern void felix_nodes_listed(const FelixNodeInfo *nodes, int n);
  * This node's latest probe of peer `name` (connect as this node's role and
  * ask who answers): ok, or why not.  The heartbeat tells the control plane
  * (felix_nodes_probes_json), so every node's felix_nodes shows a peer that
- * its peers cannot reach as such.
+ * its peers cannot reach as such.  Returns whether the outcome changed.
  */
-extern void felix_node_probed(const char *name, bool ok, const char *why);
+extern bool felix_node_probed(const char *name, bool ok, const char *why);
 /* {"peer": "" | "why", ...} of this node's latest probes (palloc'd). */
 extern char *felix_nodes_probes_json(void);
 /* The name and address of the next listed peer to probe, round robin; false if none. */
