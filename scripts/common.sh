@@ -17,6 +17,7 @@ FELIX_PACKAGES=(
 	libipc-run-perl
 	postgresql-15-cron
 	etcd-server
+	openssl
 	build-essential
 )
 

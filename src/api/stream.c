@@ -46,6 +46,7 @@
 #include "api/publish.h"
 #include "api/stream.h"
 #include "control/client.h"
+#include "control/cp.h"
 #include "control/cpcall.h"
 #include "felix.h"
 #include "privilege.h"
@@ -88,15 +89,6 @@ note_stream(List **list, Oid relid, const char *name, const char *creation_id)
  * ---------------------------------------------------------------------
  */
 static void
-bad_option(const char *name, const char *option, const char *value, const char *hint)
-{
-	ereport(ERROR,
-			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-			 errmsg("stream \"%s\": invalid %s \"%s\"", name, option, value),
-			 errhint("%s", hint)));
-}
-
-static void
 required_arg(FunctionCallInfo fcinfo, int argno, const char *name, const char *option)
 {
 	if (PG_ARGISNULL(argno))
@@ -106,17 +98,15 @@ required_arg(FunctionCallInfo fcinfo, int argno, const char *name, const char *o
 				 errhint("Leave the argument out to use its default.")));
 }
 
+/* The type of a payload_type the control plane's checks accepted. */
 static Oid
-payload_type_oid(const char *name, const char *value)
+payload_type_oid(const char *value)
 {
-	if (strcmp(value, "jsonb") == 0)
-		return JSONBOID;
 	if (strcmp(value, "text") == 0)
 		return TEXTOID;
 	if (strcmp(value, "bytea") == 0)
 		return BYTEAOID;
-	bad_option(name, "payload_type", value, "payload_type must be one of jsonb, text, bytea.");
-	return InvalidOid;
+	return JSONBOID;
 }
 
 /*
@@ -219,66 +209,35 @@ felix_create_stream(PG_FUNCTION_ARGS)
 		required_arg(fcinfo, i, name,
 					 (const char *[]) {"", "shards", "replication_factor",
 					  "consistency", "payload_type", "storage"}[i]);
-
 	shards = PG_GETARG_INT32(1);
-	if (shards <= 0 || shards > felix_max_shards_per_stream)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("stream \"%s\": shards must be between 1 and %d, not %d",
-						name, felix_max_shards_per_stream, shards),
-				 errhint("The upper bound is felix.max_shards_per_stream.")));
-	if (shards > felix_max_shards)
-		ereport(ERROR,
-				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
-				 errmsg("stream \"%s\": %d shards exceed felix.max_shards (%d)",
-						name, shards, felix_max_shards),
-				 errhint("Raise felix.max_shards and restart the server.")));
-
 	replication_factor = PG_GETARG_INT32(2);
-	if (replication_factor <= 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("stream \"%s\": replication_factor must be at least 1, not %d",
-						name, replication_factor),
-				 errhint("replication_factor counts the nodes holding each shard, the leader included.")));
-
 	consistency = text_to_cstring(PG_GETARG_TEXT_PP(3));
-	if (strcmp(consistency, "leader") != 0 && strcmp(consistency, "quorum") != 0)
-		bad_option(name, "consistency", consistency, "consistency must be leader or quorum.");
-
 	payload_type = text_to_cstring(PG_GETARG_TEXT_PP(4));
-	(void) payload_type_oid(name, payload_type);
-
 	storage = text_to_cstring(PG_GETARG_TEXT_PP(5));
-	if (strcmp(storage, "local") != 0 && strcmp(storage, "object") != 0)
-		bad_option(name, "storage", storage, "storage must be local or object.");
 
-	if (!PG_ARGISNULL(6) && PG_GETARG_INT64(6) <= 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("stream \"%s\": retention_bytes must be positive, not " INT64_FORMAT,
-						name, PG_GETARG_INT64(6)),
-				 errhint("Leave retention_bytes NULL to keep every record.")));
-	if (!PG_ARGISNULL(7))
+	/* the control plane's own checks, here before anything is asked of it */
 	{
-		Interval   *iv = PG_GETARG_INTERVAL_P(7);
-		Interval	zero = {0};
+		CpCreateArgs a;
 
-		if (DatumGetInt32(DirectFunctionCall2(interval_cmp, IntervalPGetDatum(iv),
-											  IntervalPGetDatum(&zero))) <= 0)
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("stream \"%s\": retention must be a positive interval", name),
-					 errhint("Leave retention NULL to keep records regardless of age.")));
+		memset(&a, 0, sizeof(a));
+		a.name = name;
+		a.schema = "-";
+		a.shards = shards;
+		a.replication_factor = replication_factor;
+		a.consistency = consistency;
+		a.payload_type = payload_type;
+		a.storage = storage;
+		a.has_retention_bytes = !PG_ARGISNULL(6);
+		a.retention_bytes = a.has_retention_bytes ? PG_GETARG_INT64(6) : 0;
+		a.has_retention = !PG_ARGISNULL(7);
+		if (a.has_retention)
+		{
+			a.retention_months = PG_GETARG_INTERVAL_P(7)->month;
+			a.retention_days = PG_GETARG_INTERVAL_P(7)->day;
+			a.retention_usec = PG_GETARG_INTERVAL_P(7)->time;
+		}
+		cp_validate_create(&a);
 	}
-
-	/* Not yet available: refused, never silently downgraded. */
-	if (strcmp(storage, "object") == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("stream \"%s\": storage 'object' is not supported yet", name),
-				 errdetail("This felix release keeps shards in local segment files only."),
-				 errhint("Create the stream with storage => 'local'.")));
 
 	/* Privileges and quota, before anything is asked of the control plane. */
 	schema = stream_creation_schema(name);
@@ -368,7 +327,7 @@ felix_stream_create_local(const char *name, const char *schema, const char *crea
 
 	memset(&def, 0, sizeof(def));
 	/* one of jsonb, text, bytea, or an error: safe to name in the DDL */
-	def.payload_type = payload_type_oid(name, payload_type);
+	def.payload_type = payload_type_oid(payload_type);
 	nsp = get_namespace_oid(schema, true);
 	if (!OidIsValid(nsp))
 		ereport(ERROR,

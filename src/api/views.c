@@ -249,6 +249,7 @@ felix_nodes_view(PG_FUNCTION_ARGS)
 	int			n;
 	bool		all = felix_sees_all_streams();
 	FelixStoreView store;
+	bool		listed_self = false;
 
 	felix_require_preload();
 	InitMaterializedSRF(fcinfo, 0);
@@ -283,6 +284,36 @@ felix_nodes_view(PG_FUNCTION_ARGS)
 		}
 		else
 			nulls[7] = nulls[8] = true;
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		if (felix_is_this_node(nodes[i].name))
+			listed_self = true;
+	}
+
+	/*
+	 * This node, not (yet) in the control plane's list -- it cannot reach
+	 * the store, say: its row is what shows why.
+	 */
+	if (!listed_self)
+	{
+		Datum		values[9];
+		bool		nulls[9];
+
+		memset(nulls, 0, sizeof(nulls));
+		values[0] = CStringGetTextDatum(felix_node_name_resolved());
+		nulls[1] = true;
+		values[2] = BoolGetDatum(false);
+		nulls[3] = true;
+		values[4] = BoolGetDatum(false);
+		values[5] = CStringGetTextDatum("unknown");
+		values[6] = CStringGetTextDatum("not listed by the control plane yet");
+		nulls[7] = nulls[8] = true;
+		if (all && store.store[0] != '\0')
+		{
+			nulls[7] = false;
+			values[7] = CStringGetTextDatum(store.store);
+			nulls[8] = store.error[0] == '\0';
+			values[8] = CStringGetTextDatum(store.error);
+		}
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	return (Datum) 0;

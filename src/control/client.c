@@ -1,11 +1,14 @@
 /*-------------------------------------------------------------------------
  *
  * client.c
- *	  felix's libpq client.  Every connection felix makes to the control
- *	  plane (the heartbeat worker, a backend running felix_create_stream,
- *	  felix_drop_stream or reading felix_nodes) goes through here, so the
+ *	  felix's libpq client.  Every connection felix makes -- to the
+ *	  control plane, to a peer, to itself -- goes through here, so the
  *	  rules for talking to a remote server inside a PostgreSQL process are
- *	  kept in one place:
+ *	  kept in one place.  Two ways to use it: a call that waits for its
+ *	  answer (felix_conn_open/felix_conn_exec: the heartbeat worker, the
+ *	  node worker's probes, backends), and non-blocking connections that a
+ *	  worker's event loop drives (async_*: the ship worker's peers and its
+ *	  replica reports).  Either way:
  *
  *	  - nothing blocks inside libpq: the connection is started with
  *		PQconnectStartParams and driven with PQconnectPoll, queries are sent
@@ -58,6 +61,8 @@
 #include "felix.h"
 #include "storage/incarnation.h"
 
+
+#define NS_PER_MS	INT64CONST(1000000)
 
 /* ---------------------------------------------------------------------
  * Waiting
@@ -448,8 +453,8 @@ felix_conn_last_sqlstate(void)
 	return last_sqlstate;
 }
 
-static void
-report_remote_error(int elevel, PGresult *res, PGconn *conn, const char *call)
+void
+felix_conn_report_result(int elevel, PGresult *res, PGconn *conn, const char *call)
 {
 	const char *f_sqlstate = PQresultErrorField(res, PG_DIAG_SQLSTATE);
 	const char *f_primary = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
@@ -593,7 +598,7 @@ felix_conn_exec(PGconn *conn, const char *call, const char *sql,
 	if (PQresultStatus(result) != PGRES_TUPLES_OK &&
 		PQresultStatus(result) != PGRES_COMMAND_OK)
 	{
-		report_remote_error(elevel, result, conn, call);
+		felix_conn_report_result(elevel, result, conn, call);
 		return NULL;
 	}
 	return result;
@@ -662,4 +667,198 @@ felix_verify_own_conninfo(int timeout_ms, int elevel)
 	if (verdict != 0)
 		felix_set_conninfo_verified(verdict);
 	return verdict;
+}
+
+/* ---------------------------------------------------------------------
+ * Non-blocking connections, driven by a worker's event loop
+ * (the ship worker's peers and its replica reports)
+ * ---------------------------------------------------------------------
+ */
+
+/* Bumped whenever a connection opens or closes: a wait set built on the
+ * old sockets must be rebuilt. */
+static uint64 async_epoch = 0;
+
+uint64
+felix_async_epoch(void)
+{
+	return async_epoch;
+}
+void
+async_init(FelixAsyncConn *c, const char *what, bool pipeline)
+{
+	memset(c, 0, sizeof(*c));
+	c->state = FELIX_ASYNC_DOWN;
+	c->pipeline = pipeline;
+	c->backoff_ms = FELIX_ASYNC_BACKOFF_MIN_MS;
+	strlcpy(c->what, what, sizeof(c->what));
+}
+
+void
+async_close(FelixAsyncConn *c)
+{
+	if (c->conn != NULL)
+	{
+		PQfinish(c->conn);
+		ReleaseExternalFD();
+		c->conn = NULL;
+		async_epoch++;
+	}
+	c->state = FELIX_ASYNC_DOWN;
+	c->want_read = c->want_write = false;
+}
+
+void
+async_fail(FelixAsyncConn *c, const char *problem, int64 now_ns)
+{
+	char		clean[256];
+	int			len;
+
+	/* libpq messages span lines; keep ours on one */
+	strlcpy(clean, problem, sizeof(clean));
+	for (char *q = clean; *q; q++)
+		if (*q == '\n' || *q == '\t')
+			*q = ' ';
+	len = strlen(clean);
+	while (len > 0 && (clean[len - 1] == '\n' || clean[len - 1] == ' '))
+		clean[--len] = '\0';
+
+	if (strcmp(clean, c->problem) != 0)
+	{
+		ereport(WARNING,
+				(errcode(ERRCODE_CONNECTION_FAILURE),
+				 errmsg("felix ship: connection to %s failed: %s", c->what, clean),
+				 errdetail("Retrying with backoff."),
+				 errhint("%s", felix_conn_hint(clean))));
+		strlcpy(c->problem, clean, sizeof(c->problem));
+	}
+	async_close(c);
+	c->next_attempt_ns = now_ns + c->backoff_ms * NS_PER_MS;
+	c->backoff_ms = Min(c->backoff_ms * 2, FELIX_ASYNC_BACKOFF_MAX_MS);
+}
+
+void
+async_begin(FelixAsyncConn *c, int64 now_ns)
+{
+	const char *keywords[4];
+	const char *values[4];
+
+	if (c->state != FELIX_ASYNC_DOWN || now_ns < c->next_attempt_ns ||
+		c->conninfo[0] == '\0')
+		return;
+
+	/* One long-lived descriptor per connection, within fd.c's budget. */
+	if (!AcquireExternalFD())
+	{
+		async_fail(c, "too many open files for another connection", now_ns);
+		return;
+	}
+	/* the conninfo comes last so that it may override the defaults */
+	keywords[0] = "application_name";
+	values[0] = "felix ship";
+	keywords[1] = "options";
+	values[1] = "-c search_path=pg_catalog,pg_temp";
+	keywords[2] = "dbname";
+	values[2] = c->conninfo;
+	keywords[3] = NULL;
+	values[3] = NULL;
+	c->conn = PQconnectStartParams(keywords, values, 1);
+	if (c->conn == NULL)
+	{
+		ReleaseExternalFD();
+		async_fail(c, "out of memory", now_ns);
+		return;
+	}
+	if (PQstatus(c->conn) == CONNECTION_BAD)
+	{
+		async_fail(c, PQerrorMessage(c->conn), now_ns);
+		return;
+	}
+	c->state = FELIX_ASYNC_CONNECTING;
+	c->started_ns = now_ns;
+	c->serial = ++async_epoch;
+	/* PQconnectStart behaves as if PQconnectPoll had said "writing" */
+	c->want_read = false;
+	c->want_write = true;
+}
+
+void
+async_connect_poll(FelixAsyncConn *c, int64 now_ns)
+{
+	if (c->state != FELIX_ASYNC_CONNECTING)
+		return;
+	switch (PQconnectPoll(c->conn))
+	{
+		case PGRES_POLLING_READING:
+			c->want_read = true;
+			c->want_write = false;
+			break;
+		case PGRES_POLLING_WRITING:
+			c->want_read = false;
+			c->want_write = true;
+			break;
+		case PGRES_POLLING_OK:
+			if (PQsetnonblocking(c->conn, 1) != 0 ||
+				(c->pipeline && PQenterPipelineMode(c->conn) != 1))
+			{
+				async_fail(c, PQerrorMessage(c->conn), now_ns);
+				return;
+			}
+			c->state = FELIX_ASYNC_READY;
+			c->want_read = true;
+			c->want_write = false;
+			c->backoff_ms = FELIX_ASYNC_BACKOFF_MIN_MS;
+			if (c->problem[0] != '\0')
+			{
+				ereport(LOG,
+						(errmsg("felix ship: connected to %s again", c->what)));
+				c->problem[0] = '\0';
+			}
+			break;
+		default:
+			async_fail(c, PQerrorMessage(c->conn), now_ns);
+			return;
+	}
+	async_check_timeout(c, now_ns);
+}
+
+void
+async_check_timeout(FelixAsyncConn *c, int64 now_ns)
+{
+	if (c->state == FELIX_ASYNC_CONNECTING &&
+		now_ns - c->started_ns > FELIX_ASYNC_CONNECT_TIMEOUT_MS * NS_PER_MS)
+		async_fail(c, psprintf("no connection within %d ms",
+							   FELIX_ASYNC_CONNECT_TIMEOUT_MS), now_ns);
+}
+
+bool
+async_flush(FelixAsyncConn *c, int64 now_ns)
+{
+	int			rc;
+
+	if (c->state != FELIX_ASYNC_READY)
+		return false;
+	rc = PQflush(c->conn);
+	if (rc < 0)
+	{
+		async_fail(c, PQerrorMessage(c->conn), now_ns);
+		return false;
+	}
+	c->want_write = (rc == 1);
+	return true;
+}
+
+int64
+async_deadline(FelixAsyncConn *c)
+{
+	switch (c->state)
+	{
+		case FELIX_ASYNC_DOWN:
+			return c->conninfo[0] != '\0' ? c->next_attempt_ns : PG_INT64_MAX;
+		case FELIX_ASYNC_CONNECTING:
+			return c->started_ns + FELIX_ASYNC_CONNECT_TIMEOUT_MS * NS_PER_MS;
+		case FELIX_ASYNC_READY:
+			break;
+	}
+	return PG_INT64_MAX;
 }

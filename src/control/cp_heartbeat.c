@@ -322,8 +322,6 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 
 		out->n = 0;
 		out->rows = palloc0(sizeof(CpAssignment) * (snap.nshards + 1));
-		out->duty_node = snap.have_duty ? snap.duty.node : NULL;
-		out->beat = me.beat;
 		for (int i = 0; i < snap.nshards; i++)
 		{
 			CpShard    *s = &snap.shards[i];

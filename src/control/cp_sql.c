@@ -299,9 +299,8 @@ felix_cp_create_stream_sql(PG_FUNCTION_ARGS)
 	a.consistency = text_arg(fcinfo, 3);
 	a.payload_type = text_arg(fcinfo, 4);
 	a.storage = text_arg(fcinfo, 5);
-	a.retention_bytes = PG_ARGISNULL(6) ? -1 : PG_GETARG_INT64(6);
-	if (!PG_ARGISNULL(6) && a.retention_bytes <= 0)
-		a.retention_bytes = 0;	/* refused by the rule */
+	a.has_retention_bytes = !PG_ARGISNULL(6);
+	a.retention_bytes = a.has_retention_bytes ? PG_GETARG_INT64(6) : 0;
 	a.has_retention = !PG_ARGISNULL(7);
 	if (a.has_retention)
 	{

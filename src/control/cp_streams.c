@@ -26,6 +26,7 @@
 
 #include "control/cp.h"
 #include "felix.h"
+#include "utils/timestamp.h"
 #include "utils/uuid.h"
 #include "utils/builtins.h"
 #include "utils/fmgrprotos.h"
@@ -39,6 +40,20 @@ store_failed(const char *what)
 			 errhint("Check the control-plane store (felix_nodes shows its health) and try again.")));
 }
 
+static bool
+retention_positive(const CpCreateArgs *a)
+{
+	Interval	iv;
+	Interval	zero;
+
+	memset(&zero, 0, sizeof(zero));
+	iv.month = a->retention_months;
+	iv.day = a->retention_days;
+	iv.time = a->retention_usec;
+	return DatumGetInt32(DirectFunctionCall2(interval_cmp, IntervalPGetDatum(&iv),
+											 IntervalPGetDatum(&zero))) > 0;
+}
+
 static const char *
 must(const char *v, const char *stream, const char *what)
 {
@@ -50,8 +65,8 @@ must(const char *v, const char *stream, const char *what)
 	return v;
 }
 
-static void
-validate_create(const CpCreateArgs *a)
+void
+cp_validate_create(const CpCreateArgs *a)
 {
 	if (a->name == NULL || a->name[0] == '\0')
 		ereport(ERROR,
@@ -107,19 +122,17 @@ validate_create(const CpCreateArgs *a)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("stream \"%s\": invalid storage \"%s\"", a->name, a->storage),
 				 errhint("storage must be local or object.")));
-	if (a->has_retention &&
-		(a->retention_months < 0 || a->retention_days < 0 || a->retention_usec < 0 ||
-		 (a->retention_months == 0 && a->retention_days == 0 && a->retention_usec == 0)))
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("stream \"%s\": retention must be a positive interval", a->name),
-				 errhint("Leave retention NULL to keep records regardless of age.")));
-	if (a->retention_bytes == 0 || a->retention_bytes < -1)
+	if (a->has_retention_bytes && a->retention_bytes <= 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("stream \"%s\": retention_bytes must be positive, not " INT64_FORMAT,
 						a->name, a->retention_bytes),
 				 errhint("Leave retention_bytes NULL to keep every record.")));
+	if (a->has_retention && !retention_positive(a))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("stream \"%s\": retention must be a positive interval", a->name),
+				 errhint("Leave retention NULL to keep records regardless of age.")));
 	/* refused, never silently downgraded */
 	if (strcmp(a->storage, "object") == 0)
 		ereport(ERROR,
@@ -165,7 +178,7 @@ cp_create_stream(const CpCreateArgs *a)
 	int64		rev;
 	FelixStoreStatus rc;
 
-	validate_create(a);
+	cp_validate_create(a);
 	felix_store_serialize();
 	(void) cp_snapshot_read(&snap, ERROR);
 	if (cp_snapshot_stream(&snap, a->name) != NULL)
@@ -213,7 +226,7 @@ cp_create_stream(const CpCreateArgs *a)
 	st.consistency = (char *) a->consistency;
 	st.payload_type = (char *) a->payload_type;
 	st.storage = (char *) a->storage;
-	st.retention_bytes = a->retention_bytes;
+	st.retention_bytes = a->has_retention_bytes ? a->retention_bytes : -1;
 	st.has_retention = a->has_retention;
 	st.retention_months = a->retention_months;
 	st.retention_days = a->retention_days;

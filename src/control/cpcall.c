@@ -877,6 +877,7 @@ felix_cp_create_stream(const char *name, const char *schema, int shards,
 			a.consistency = consistency;
 			a.payload_type = payload_type;
 			a.storage = storage;
+			a.has_retention_bytes = retention_bytes >= 0;
 			a.retention_bytes = retention_bytes;
 			a.caller = felix_node_name_resolved();
 			if (retention != NULL)

@@ -449,13 +449,19 @@ authenticate(int64 deadline_ns, EtcdCall *call)
 static void
 report_failure(int elevel, const EtcdCall *call, const char *what)
 {
+	const char *hint;
+
+	if (strstr(call->error, "too many operations in txn") != NULL)
+		hint = "Run the etcd members with --max-txn-ops of at least felix.max_shards_per_stream + 1 (a stream is created in one transaction).";
+	else if (call->outcome == ETCD_REFUSED)
+		hint = "Check felix.etcd_user, felix.etcd_password_file and the user's permissions on felix.etcd_prefix.";
+	else
+		hint = "Check that a majority of the etcd members in felix.etcd_endpoints is running and reachable.";
 	ereport(elevel,
 			(errcode(call->outcome == ETCD_REFUSED ? ERRCODE_SYSTEM_ERROR
 					 : ERRCODE_CONNECTION_FAILURE),
 			 errmsg("felix: the etcd control-plane store did not %s: %s", what, call->error),
-			 errhint(call->outcome == ETCD_REFUSED
-					 ? "Check felix.etcd_user, felix.etcd_password_file and the user's permissions on felix.etcd_prefix."
-					 : "Check that a majority of the etcd members in felix.etcd_endpoints is running and reachable.")));
+			 errhint("%s", hint)));
 }
 
 /* ---------------------------------------------------------------------

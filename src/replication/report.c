@@ -693,6 +693,16 @@ report_on_event(int64 now_ns, uint32 events)
 			len = strlen(answer_error);
 			while (len > 0 && answer_error[len - 1] == '\n')
 				answer_error[--len] = '\0';
+			/*
+			 * The control plane's refusal, with its own SQLSTATE, detail and
+			 * hint, once per kind of failure (complain dedups on the text).
+			 */
+			if (strcmp(answer_error, last_complaint) != 0)
+			{
+				strlcpy(last_complaint, answer_error, sizeof(last_complaint));
+				felix_conn_report_result(WARNING, res, cp.conn, "felix.cp_report");
+				continue;
+			}
 		}
 		PQclear(res);
 	}

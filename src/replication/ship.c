@@ -124,6 +124,8 @@ typedef struct ShipRequest
 	uint64		seq;
 	char		error[FELIX_REPL_ERROR_LEN];
 	char		sqlstate[6];	/* of an error answer, "" if none */
+	char		detail[256];	/* ... and its detail and hint, "" if none */
+	char		hint[256];
 } ShipRequest;
 
 typedef struct Peer
@@ -186,7 +188,7 @@ static MemoryContext pass_cxt = NULL;
 
 /*
  * The wait set outlives a pass: it is rebuilt only when the sockets or
- * the events wanted on them change.  async_epoch moves whenever a
+ * the events wanted on them change.  felix_async_epoch() moves whenever a
  * connection opens or closes (a new socket may reuse an old number).
  */
 typedef struct WaitSpec
@@ -199,189 +201,7 @@ typedef struct WaitSpec
 static WaitEventSet *wait_set = NULL;
 static WaitSpec wait_specs[FELIX_MAX_NODES + 1];
 static int	nwait_specs = 0;
-static uint64 async_epoch = 0;
 static uint64 wait_set_epoch = 0;
-
-/* ---------------------------------------------------------------------
- * Non-blocking connections
- * ---------------------------------------------------------------------
- */
-void
-async_init(FelixAsyncConn *c, const char *what, bool pipeline)
-{
-	memset(c, 0, sizeof(*c));
-	c->state = FELIX_ASYNC_DOWN;
-	c->pipeline = pipeline;
-	c->backoff_ms = FELIX_SHIP_BACKOFF_MIN_MS;
-	strlcpy(c->what, what, sizeof(c->what));
-}
-
-void
-async_close(FelixAsyncConn *c)
-{
-	if (c->conn != NULL)
-	{
-		PQfinish(c->conn);
-		ReleaseExternalFD();
-		c->conn = NULL;
-		async_epoch++;
-	}
-	c->state = FELIX_ASYNC_DOWN;
-	c->want_read = c->want_write = false;
-}
-
-void
-async_fail(FelixAsyncConn *c, const char *problem, int64 now_ns)
-{
-	char		clean[256];
-	int			len;
-
-	/* libpq messages span lines; keep ours on one */
-	strlcpy(clean, problem, sizeof(clean));
-	for (char *q = clean; *q; q++)
-		if (*q == '\n' || *q == '\t')
-			*q = ' ';
-	len = strlen(clean);
-	while (len > 0 && (clean[len - 1] == '\n' || clean[len - 1] == ' '))
-		clean[--len] = '\0';
-
-	if (strcmp(clean, c->problem) != 0)
-	{
-		ereport(WARNING,
-				(errmsg("felix ship: connection to %s failed: %s", c->what, clean),
-				 errhint("Retrying with backoff; check that the node is up and that its conninfo and pg_hba.conf admit this node.")));
-		strlcpy(c->problem, clean, sizeof(c->problem));
-	}
-	async_close(c);
-	c->next_attempt_ns = now_ns + c->backoff_ms * NS_PER_MS;
-	c->backoff_ms = Min(c->backoff_ms * 2, FELIX_SHIP_BACKOFF_MAX_MS);
-}
-
-void
-async_begin(FelixAsyncConn *c, int64 now_ns)
-{
-	const char *keywords[4];
-	const char *values[4];
-
-	if (c->state != FELIX_ASYNC_DOWN || now_ns < c->next_attempt_ns ||
-		c->conninfo[0] == '\0')
-		return;
-
-	/* One long-lived descriptor per connection, within fd.c's budget. */
-	if (!AcquireExternalFD())
-	{
-		async_fail(c, "too many open files for another connection", now_ns);
-		return;
-	}
-	/* the conninfo comes last so that it may override the defaults */
-	keywords[0] = "application_name";
-	values[0] = "felix ship";
-	keywords[1] = "options";
-	values[1] = "-c search_path=pg_catalog,pg_temp";
-	keywords[2] = "dbname";
-	values[2] = c->conninfo;
-	keywords[3] = NULL;
-	values[3] = NULL;
-	c->conn = PQconnectStartParams(keywords, values, 1);
-	if (c->conn == NULL)
-	{
-		ReleaseExternalFD();
-		async_fail(c, "out of memory", now_ns);
-		return;
-	}
-	if (PQstatus(c->conn) == CONNECTION_BAD)
-	{
-		async_fail(c, PQerrorMessage(c->conn), now_ns);
-		return;
-	}
-	c->state = FELIX_ASYNC_CONNECTING;
-	c->started_ns = now_ns;
-	c->serial = ++async_epoch;
-	/* PQconnectStart behaves as if PQconnectPoll had said "writing" */
-	c->want_read = false;
-	c->want_write = true;
-}
-
-void
-async_connect_poll(FelixAsyncConn *c, int64 now_ns)
-{
-	if (c->state != FELIX_ASYNC_CONNECTING)
-		return;
-	switch (PQconnectPoll(c->conn))
-	{
-		case PGRES_POLLING_READING:
-			c->want_read = true;
-			c->want_write = false;
-			break;
-		case PGRES_POLLING_WRITING:
-			c->want_read = false;
-			c->want_write = true;
-			break;
-		case PGRES_POLLING_OK:
-			if (PQsetnonblocking(c->conn, 1) != 0 ||
-				(c->pipeline && PQenterPipelineMode(c->conn) != 1))
-			{
-				async_fail(c, PQerrorMessage(c->conn), now_ns);
-				return;
-			}
-			c->state = FELIX_ASYNC_READY;
-			c->want_read = true;
-			c->want_write = false;
-			c->backoff_ms = FELIX_SHIP_BACKOFF_MIN_MS;
-			if (c->problem[0] != '\0')
-			{
-				ereport(LOG,
-						(errmsg("felix ship: connected to %s again", c->what)));
-				c->problem[0] = '\0';
-			}
-			break;
-		default:
-			async_fail(c, PQerrorMessage(c->conn), now_ns);
-			return;
-	}
-	async_check_timeout(c, now_ns);
-}
-
-void
-async_check_timeout(FelixAsyncConn *c, int64 now_ns)
-{
-	if (c->state == FELIX_ASYNC_CONNECTING &&
-		now_ns - c->started_ns > FELIX_SHIP_CONNECT_TIMEOUT_MS * NS_PER_MS)
-		async_fail(c, psprintf("no connection within %d ms",
-							   FELIX_SHIP_CONNECT_TIMEOUT_MS), now_ns);
-}
-
-bool
-async_flush(FelixAsyncConn *c, int64 now_ns)
-{
-	int			rc;
-
-	if (c->state != FELIX_ASYNC_READY)
-		return false;
-	rc = PQflush(c->conn);
-	if (rc < 0)
-	{
-		async_fail(c, PQerrorMessage(c->conn), now_ns);
-		return false;
-	}
-	c->want_write = (rc == 1);
-	return true;
-}
-
-int64
-async_deadline(FelixAsyncConn *c)
-{
-	switch (c->state)
-	{
-		case FELIX_ASYNC_DOWN:
-			return c->conninfo[0] != '\0' ? c->next_attempt_ns : PG_INT64_MAX;
-		case FELIX_ASYNC_CONNECTING:
-			return c->started_ns + FELIX_SHIP_CONNECT_TIMEOUT_MS * NS_PER_MS;
-		case FELIX_ASYNC_READY:
-			break;
-	}
-	return PG_INT64_MAX;
-}
 
 /* ---------------------------------------------------------------------
  * Peers
@@ -495,7 +315,7 @@ peer_get(const char *name, int64 now_ns)
 			peer_close(p);
 		strlcpy(p->ac.conninfo, conninfo, sizeof(p->ac.conninfo));
 		p->ac.next_attempt_ns = 0;
-		p->ac.backoff_ms = FELIX_SHIP_BACKOFF_MIN_MS;
+		p->ac.backoff_ms = FELIX_ASYNC_BACKOFF_MIN_MS;
 	}
 	p->last_needed_ns = now_ns;
 	async_begin(&p->ac, now_ns);
@@ -675,13 +495,21 @@ same_followers(const FelixReplShard *e, const ShardSnap *snap)
 
 static void
 follower_note_error(int slot, int fidx, FelixFollower *f, const char *msg,
-					const ShardSnap *snap, bool quiet)
+					const ShardSnap *snap, bool quiet, const ShipRequest *answer)
 {
+	/* a follower's own refusal keeps its SQLSTATE, detail and hint */
+	bool		remote = answer != NULL && answer->sqlstate[0] != '\0';
+
 	if (!quiet && strcmp(f->last_error, msg) != 0)
 		ereport(WARNING,
-				(errmsg("felix ship: stream \"%s\" shard %d: shipping to follower \"%s\" failed: %s",
+				(remote ? errcode(MAKE_SQLSTATE(answer->sqlstate[0], answer->sqlstate[1],
+												answer->sqlstate[2], answer->sqlstate[3],
+												answer->sqlstate[4])) : 0,
+				 errmsg("felix ship: stream \"%s\" shard %d: shipping to follower \"%s\" failed: %s",
 						snap->stream_name, snap->key.shard, f->name, msg),
-				 errhint("The leader retries; felix_replication shows the follower's state.")));
+				 remote && answer->detail[0] ? errdetail_internal("%s", answer->detail) : 0,
+				 remote && answer->hint[0] ? errhint("%s", answer->hint)
+				 : errhint("The leader retries; felix_replication shows the follower's state.")));
 	strlcpy(f->last_error, msg, sizeof(f->last_error));
 	repl_state_put_follower(slot, fidx, f);
 }
@@ -808,7 +636,7 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 	{
 		follower_note_error(slot, fidx, f,
 							"its incarnation is not known yet (the node directory learns it from the control plane)",
-							snap, true);
+							snap, true, NULL);
 		ss->retry_at_ns[fidx] = now_ns + FELIX_SHIP_RETRY_MS * NS_PER_MS;
 		return;
 	}
@@ -832,7 +660,7 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 	{
 		follower_note_error(slot, fidx, f,
 							"no conninfo is known for this node yet (the node directory learns it from the control plane)",
-							snap, true);
+							snap, true, NULL);
 		ss->retry_at_ns[fidx] = now_ns + FELIX_SHIP_RETRY_MS * NS_PER_MS;
 		return;
 	}
@@ -877,7 +705,7 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 		ra.pos = &ss->read_pos[fidx];
 		if (!ship_local(read_fn, &ra, err, sizeof(err)))
 		{
-			follower_note_error(slot, fidx, f, err, snap, false);
+			follower_note_error(slot, fidx, f, err, snap, false, NULL);
 			ss->retry_at_ns[fidx] = now_ns + FELIX_SHIP_RETRY_MS * NS_PER_MS;
 			return;
 		}
@@ -1233,7 +1061,7 @@ apply_answer(ShipRequest *r, int64 now_ns)
 		}
 		follower_note_error(r->slot, r->fidx, &f,
 							r->failed ? r->error : "the follower returned no answer", &snap,
-							unknown);
+							unknown, r->failed ? r : NULL);
 
 		/*
 		 * It took nothing of this shipment, mark included: it has not heard
@@ -1382,6 +1210,10 @@ take_result(ShipRequest *r, PGresult *res)
 						 msg && msg[0] ? msg : PQresStatus(PQresultStatus(res)),
 						 state ? " SQLSTATE " : "", state ? state : "");
 				strlcpy(r->sqlstate, state ? state : "", sizeof(r->sqlstate));
+				strlcpy(r->detail, PQresultErrorField(res, PG_DIAG_MESSAGE_DETAIL) ?
+						PQresultErrorField(res, PG_DIAG_MESSAGE_DETAIL) : "", sizeof(r->detail));
+				strlcpy(r->hint, PQresultErrorField(res, PG_DIAG_MESSAGE_HINT) ?
+						PQresultErrorField(res, PG_DIAG_MESSAGE_HINT) : "", sizeof(r->hint));
 				len = strlen(r->error);
 				while (len > 0 && r->error[len - 1] == '\n')
 					r->error[--len] = '\0';
@@ -1545,7 +1377,7 @@ prepare_wait_set(MemoryContext cxt)
 			conn_wait_spec(&peers[i].ac, &peers[i], specs, &n, &connecting);
 	conn_wait_spec(report_conn(), report_conn(), specs, &n, &connecting);
 
-	if (wait_set != NULL && !connecting && wait_set_epoch == async_epoch &&
+	if (wait_set != NULL && !connecting && wait_set_epoch == felix_async_epoch() &&
 		n == nwait_specs && memcmp(specs, wait_specs, n * sizeof(WaitSpec)) == 0)
 		return;
 	if (wait_set != NULL)
@@ -1557,7 +1389,7 @@ prepare_wait_set(MemoryContext cxt)
 		AddWaitEventToSet(wait_set, specs[i].events, specs[i].sock, NULL, specs[i].tag);
 	memcpy(wait_specs, specs, sizeof(wait_specs));
 	nwait_specs = n;
-	wait_set_epoch = async_epoch;
+	wait_set_epoch = felix_async_epoch();
 }
 
 /* Milliseconds until the earliest deadline, capped by the heartbeat. */

@@ -4,30 +4,31 @@
  *	  The node agent: background worker "felix heartbeat".  Every
  *	  felix.heartbeat_interval it
  *
- *	  1. reads the monotonic clock (t_send) and calls
- *		 felix.cp_heartbeat(node_name, node_conninfo) on the control plane
- *		 over the one libpq connection it keeps (control/client.c: non-
- *		 blocking, a deadline of two heartbeat intervals, reconnecting after
- *		 any failure).  The call registers the node, renews the leases it
- *		 holds, and returns every assignment of every stream;
+ *	  1. reads the monotonic clock (t_send) and makes the heartbeat call
+ *		 (control/cpcall.c: felix.cp_heartbeat over the one libpq session
+ *		 it keeps with the embedded store, or the rule run right here with
+ *		 etcd).  The call registers the node, claims the leases it is due,
+ *		 reports what this node's probes found of its peers, and returns
+ *		 every assignment of every stream;
  *	  2. applies each returned row to the local shard in its own
  *		 subtransaction (one bad shard cannot stop the rest): the stream is
  *		 looked up, the shard acquired and lease_apply_assignment() told
  *		 what the control plane said, with the lease anchored at t_send --
- *		 the instant the heartbeat was sent, which is at or before the
- *		 control plane's grant time, so the round trip comes out of this
- *		 node's lease and never out of the control plane's safety margin;
+ *		 the instant the heartbeat was sent, before its claim was written,
+ *		 so the round trip comes out of this node's lease and never out of
+ *		 the duty holder's safety margin;
  *	  3. creates the tables of streams the control plane lists but this
  *		 node does not have yet (felix_stream_create_local), after the
  *		 leases of existing streams were applied and with lock_timeout set,
  *		 so a user's long transaction can delay a new stream's table but
  *		 never a lease renewal;
- *	  4. on the node hosting the control plane (felix_cp_embedded), runs
- *		 SELECT felix.cp_tick() on the same connection: failure detection
- *		 and promotion;
+ *	  4. takes part in the control-plane duties (felix_cp_duty_tick):
+ *		 failure detection and promotion, run by exactly one node at a
+ *		 time (control/cp_duty.c), unless felix.control_plane_duties is off;
  *	  5. keeps the node directory (control/nodes.c) current: each shard's
  *		 leader and its conninfo from the rows, and the control plane's node
- *		 list (felix.cp_nodes()), with liveness, every heartbeat.
+ *		 list, with liveness and who runs the duties, every heartbeat; and
+ *		 notes what it saw of the control-plane store for felix_nodes.
  *
  *	  It registers only the address part of felix.node_conninfo and logs in
  *	  as this node's own role (conninfo.c); every query it runs, locally
@@ -1006,6 +1007,7 @@ felix_heartbeat_worker_main(Datum arg)
 	ereport(LOG,
 			(errmsg("felix heartbeat worker started: node \"%s\" in database \"%s\", control plane %s",
 					felix_node_name_resolved(), felix_database,
+					felix_store_is_etcd() ? psprintf("in etcd (%s)", felix_etcd_endpoints) :
 					felix_cp_embedded() ? "embedded (this node)" :
 					felix_conninfo_mask(felix_control_conninfo))));
 

@@ -189,6 +189,8 @@ name_led_by() {	# prefix k
 	done
 	die "no stream name with prefix $1 is led by node$2"
 }
+# kill -9 of host k: its felix server and its etcd member
+kill_host() { kill_node "$1"; etcd_kill_member "$1"; }
 declare -A FO_TIMES
 FO_NOTES=()
 for kind in leader duty; do
@@ -201,34 +203,9 @@ for kind in leader duty; do
 		q "${FPORTS[0]}" -c "SELECT felix_create_stream('$stream', replication_factor => 3, consistency => 'quorum')" >/dev/null
 		port=$(leader_port "$stream") || die "no leader for $stream"
 		[[ $port == "${FPORTS[$((k - 1))]}" ]] || die "$stream is not led by node$k"
-		load=$(write_script "fo-$kind-$r" "\\set k random(1, 1000000)
-SELECT felix_publish('$stream', '$PAYLOAD'::jsonb, key => 'cust-' || :k);")
-		timeout 40 "${AS_USER[@]}" env PGHOST="$SOCK" PGPORT="$port" PGUSER=postgres PGDATABASE=postgres \
-			"$PGBIN/pgbench" -n -M prepared -f "$load" -c 4 -j 2 -T 20 >"$WORK/fo-$kind-$r.out" 2>&1 &
-		load_pid=$!
-		BG_PIDS+=("$load_pid")
-		sleep 2
-		probes=()
-		for i in 1 2 3; do
-			(( i == k )) && continue
-			start_probe "${FPORTS[$((i - 1))]}" "$stream" "$WORK/probe-$kind-$r-node$i.txt"
-			probes+=("$WORK/probe-$kind-$r-node$i.txt")
-		done
-		sleep 0.3
-		t_kill=$(date +%s.%N)
-		kill_node "$k"
-		etcd_kill_member "$k"
-		first=""
-		for (( i = 0; i < 1500; i++ )); do
-			first=$(cat "${probes[@]}" 2>/dev/null | awk '/NOTICE: +ack /{print $NF}' | sort -n | head -1)
-			[[ -n $first ]] && break
-			sleep 0.02
-		done
-		for p in "${PROBE_PIDS[@]}"; do kill -- "-$p" 2>/dev/null || true; done
-		PROBE_PIDS=()
-		wait "$load_pid" 2>/dev/null || true
-		if [[ -n $first ]]; then
-			ft=$(awk -v a="$t_kill" -v b="$first" 'BEGIN{printf "%.3f", b - a}')
+		measure_failover "$kind-$r" "$stream" "$port" "$k" kill_host "$k"
+		ft=$FO_TIME
+		if [[ -n $ft ]]; then
 			FO_TIMES[$kind]="${FO_TIMES[$kind]:-} $ft"
 			FO_NOTES+=("$kind host, round $r: killed node$k and etcd member e$k (duties were on node$d); first publish acknowledged by the new leader after $ft s")
 			log "  $kind host round $r: node$k killed; served again after $ft s"

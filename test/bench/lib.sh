@@ -26,8 +26,8 @@
 #                    and ETCD_PEER[k-1], data in $BASE/etcd<k>
 #   wait_alive, leader_port, pick_name, kill_node
 #   sync_cluster_start    PostgreSQL synchronous replication on SPORTS
-#   write_script, pgbench_run, start_probe   load (needs the array SANITY)
-#                    and failover probes
+#   write_script, pgbench_run, start_probe, measure_failover   load (needs
+#                    the array SANITY) and failover probes
 
 log() { printf '[%s %s] %s\n' "$BENCH_NAME" "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -381,3 +381,40 @@ start_probe() {	# port stream file
 	PROBE_PIDS+=($!)
 }
 
+
+# measure_failover LABEL STREAM PORT K KILL-COMMAND...: four pgbench clients
+# publish on STREAM's leader (node K, on PORT); probes publish on every
+# other node every 20 ms; KILL-COMMAND runs; FO_TIME is the seconds from
+# it to the first publish a probe got acknowledged ("" if none within
+# 30 s).  Needs PAYLOAD.
+measure_failover() {
+	local label=$1 stream=$2 port=$3 k=$4 load load_pid probes=() i p t_kill first
+	shift 4
+	load=$(write_script "fo-load-$label" "\\set k random(1, 1000000)
+SELECT felix_publish('$stream', '$PAYLOAD'::jsonb, key => 'cust-' || :k);")
+	timeout 40 "${AS_USER[@]}" env PGHOST="$SOCK" PGPORT="$port" PGUSER=postgres PGDATABASE=postgres \
+		"$PGBIN/pgbench" -n -M prepared -f "$load" -c 4 -j 2 -T 20 >"$WORK/fo-load-$label.out" 2>&1 &
+	load_pid=$!
+	BG_PIDS+=("$load_pid")
+	sleep 2
+	for (( i = 1; i <= ${#FPORTS[@]}; i++ )); do
+		(( i == k )) && continue
+		start_probe "${FPORTS[$((i - 1))]}" "$stream" "$WORK/probe-$label-node$i.txt"
+		probes+=("$WORK/probe-$label-node$i.txt")
+	done
+	sleep 0.3
+	t_kill=$(date +%s.%N)
+	"$@"
+	first=""
+	for (( i = 0; i < 1500; i++ )); do		# 30 s
+		first=$(cat "${probes[@]}" 2>/dev/null | awk '/NOTICE: +ack /{print $NF}' | sort -n | head -1)
+		[[ -n $first ]] && break
+		sleep 0.02
+	done
+	for p in "${PROBE_PIDS[@]}"; do kill -- "-$p" 2>/dev/null || true; done
+	PROBE_PIDS=()
+	wait "$load_pid" 2>/dev/null || true
+	FO_TIME=""
+	[[ -n $first ]] && FO_TIME=$(awk -v a="$t_kill" -v b="$first" 'BEGIN{printf "%.3f", b - a}')
+	return 0
+}

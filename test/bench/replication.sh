@@ -213,7 +213,6 @@ mean_of() {	# array-name key
 FAILOVER_TIMES=()
 FAILOVER_NOTES=()
 PROBE_PIDS=()
-S_LOADFILE=""
 for (( r = 1; r <= FAILOVERS; r++ )); do
 	stream=$(pick_name "failover_r$r")
 	q "${FPORTS[0]}" -c "SELECT felix_create_stream('$stream', replication_factor => 3, consistency => 'quorum')" >/dev/null
@@ -221,33 +220,9 @@ for (( r = 1; r <= FAILOVERS; r++ )); do
 	k=0
 	for i in 0 1 2; do [[ ${FPORTS[$i]} == "$port" ]] && k=$((i + 1)); done
 	(( k == 2 || k == 3 )) || die "$stream is led by node$k, expected node2 or node3"
-	S_LOADFILE=$(write_script "failover-load-$r" "\\set k random(1, 1000000)
-SELECT felix_publish('$stream', '$PAYLOAD'::jsonb, key => 'cust-' || :k);")
-	timeout 40 "${AS_USER[@]}" env PGHOST="$SOCK" PGPORT="$port" PGUSER=postgres PGDATABASE=postgres \
-		"$PGBIN/pgbench" -n -M prepared -f "$S_LOADFILE" -c 4 -j 2 -T 20 >"$WORK/failover-load-$r.out" 2>&1 &
-	load_pid=$!
-	BG_PIDS+=("$load_pid")
-	sleep 2
-	probes=()
-	for i in 1 2 3; do
-		(( i == k )) && continue
-		start_probe "${FPORTS[$((i - 1))]}" "$stream" "$WORK/probe-$r-node$i.txt"
-		probes+=("$WORK/probe-$r-node$i.txt")
-	done
-	sleep 0.3
-	t_kill=$(date +%s.%N)
-	kill_node "$k"
-	first=""
-	for (( i = 0; i < 1500; i++ )); do		# 30 s
-		first=$(cat "${probes[@]}" 2>/dev/null | awk '/NOTICE: +ack /{print $NF}' | sort -n | head -1)
-		[[ -n $first ]] && break
-		sleep 0.02
-	done
-	for p in "${PROBE_PIDS[@]}"; do kill -- "-$p" 2>/dev/null || true; done
-	PROBE_PIDS=()
-	wait "$load_pid" 2>/dev/null || true
-	if [[ -n $first ]]; then
-		ft=$(awk -v a="$t_kill" -v b="$first" 'BEGIN{printf "%.3f", b - a}')
+	measure_failover "r$r" "$stream" "$port" "$k" kill_node "$k"
+	ft=$FO_TIME
+	if [[ -n $ft ]]; then
 		FAILOVER_TIMES+=("$ft")
 		newl=$(q "${FPORTS[0]}" -c "SELECT leader || ' at generation ' || generation FROM felix.assignments WHERE stream = '$stream' AND shard = 0")
 		FAILOVER_NOTES+=("round $r: killed node$k, $newl served after $ft s")

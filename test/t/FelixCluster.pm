@@ -60,7 +60,7 @@ sub new
 	push @clusters, $self;
 	die "unknown FELIX_STORE $store (embedded or etcd)"
 	  unless $store eq 'embedded' || $store eq 'etcd';
-	$self->{etcd} = FelixEtcd->new(members => $n) if $store eq 'etcd';
+	$self->{etcd} = FelixEtcd->new(members => $n, tls => $opt{etcd_tls}) if $store eq 'etcd';
 	$self->{etcd_prefix} = "/felix/$prefix/";
 	my %etcd_auth;
 	if ($self->{etcd} && $opt{etcd_auth})
@@ -100,7 +100,12 @@ sub new
 				"felix.node_conninfo = '" . felix_node_conninfo($node, $name) . "'",
 				$self->{etcd}
 				? ("felix.etcd_endpoints = '" . $self->{etcd}->endpoints . "'",
-					"felix.etcd_prefix = '$self->{etcd_prefix}'", @{ $etcd_auth{$k} // [] })
+					"felix.etcd_prefix = '$self->{etcd_prefix}'", @{ $etcd_auth{$k} // [] },
+					($opt{etcd_tls}
+					? ("felix.etcd_cacert = '$opt{etcd_tls}{ca}'",
+						"felix.etcd_cert = '$opt{etcd_tls}{client_cert}'",
+						"felix.etcd_key = '$opt{etcd_tls}{client_key}'")
+					: ()))
 				: ("felix.control_conninfo = '"
 					  . ($k == 1 ? '' : $cp_conninfo) . "'"),
 				"max_connections = 40",

@@ -9,6 +9,7 @@ use strict;
 use warnings;
 
 use HTTP::Tiny;
+use IO::Socket::INET;
 use MIME::Base64;
 use IPC::Run;
 use PostgreSQL::Test::Cluster;
@@ -19,6 +20,8 @@ use Time::HiRes qw(usleep time);
 my @all;    # every cluster made in this process, for END
 
 # FelixEtcd->new(members => 3): starts them and waits for a leader.
+# With tls => {ca, cert, key} the client URLs are https with those files,
+# and clients must present a certificate the CA signed.
 sub new
 {
 	my ($class, %opt) = @_;
@@ -27,6 +30,7 @@ sub new
 		n       => $n,
 		token   => 'felix-' . $$ . '-' . int(rand(1e9)),
 		members => [],
+		tls     => $opt{tls},
 	}, $class;
 	push @all, $self;
 	my $base = PostgreSQL::Test::Utils::tempdir('etcd');
@@ -44,9 +48,12 @@ sub new
 	$self->{initial} = join(',',
 		map { "$_->{name}=http://127.0.0.1:$_->{peer}" } @{ $self->{members} });
 	$self->start_member($_, 'new') for 1 .. $n;
-	$self->wait_ready(30);
+	if ($self->{tls}) { $self->wait_listening(30); }
+	else { $self->wait_ready(30); }
 	return $self;
 }
+
+sub scheme { my ($self) = @_; return $self->{tls} ? 'https' : 'http'; }
 
 sub member { my ($self, $k) = @_; return $self->{members}[ $k - 1 ]; }
 
@@ -54,7 +61,8 @@ sub member { my ($self, $k) = @_; return $self->{members}[ $k - 1 ]; }
 sub endpoints
 {
 	my ($self) = @_;
-	return join(',', map { "http://127.0.0.1:$_->{client}" } @{ $self->{members} });
+	my $scheme = $self->scheme;
+	return join(',', map { "$scheme://127.0.0.1:$_->{client}" } @{ $self->{members} });
 }
 
 sub start_member
@@ -62,11 +70,17 @@ sub start_member
 	my ($self, $k, $state) = @_;
 	my $m = $self->member($k);
 	$state //= -d "$m->{dir}/member" ? 'existing' : 'new';
+	my $scheme = $self->scheme;
+	my @tls = $self->{tls}
+	  ? ('--cert-file', $self->{tls}{cert}, '--key-file', $self->{tls}{key},
+		'--trusted-ca-file', $self->{tls}{ca}, '--client-cert-auth')
+	  : ();
 	my @cmd = (
 		'etcd', '--name', $m->{name},
 		'--data-dir', $m->{dir},
-		'--listen-client-urls', "http://127.0.0.1:$m->{client}",
-		'--advertise-client-urls', "http://127.0.0.1:$m->{client}",
+		'--listen-client-urls', "$scheme://127.0.0.1:$m->{client}",
+		'--advertise-client-urls', "$scheme://127.0.0.1:$m->{client}",
+		@tls,
 		'--listen-peer-urls', "http://127.0.0.1:$m->{peer}",
 		'--initial-advertise-peer-urls', "http://127.0.0.1:$m->{peer}",
 		'--initial-cluster', $self->{initial},
@@ -268,6 +282,23 @@ sub wait_ready
 		usleep(100_000);
 	}
 	die "etcd: no leader after ${secs}s";
+}
+
+# Wait until every member's client port takes connections (TLS members,
+# which the plain HTTP client here cannot talk to).
+sub wait_listening
+{
+	my ($self, $secs) = @_;
+	my $t0 = time;
+	while (time - $t0 < ($secs // 30))
+	{
+		my $up = grep {
+			IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $_->{client}, Timeout => 1)
+		} @{ $self->{members} };
+		return 1 if $up == $self->{n};
+		usleep(100_000);
+	}
+	die "etcd: members not listening after ${secs}s";
 }
 
 sub stop_all

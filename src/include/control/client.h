@@ -5,7 +5,8 @@
  *	  backend: connect and query with a deadline, waiting on the latch
  *	  (interrupts serviced, postmaster death noticed), remote errors
  *	  re-reported with their SQLSTATE, detail and hint at the caller's
- *	  level.  The control-plane calls built on it are in cpcall.c.
+ *	  level; and non-blocking connections for a worker's event loop.  The
+ *	  control-plane calls built on it are in cpcall.c.
  *
  * Locking rule: a connection belongs to the process that opened it; no
  * shared state.  A caller that may raise an ERROR while holding a
@@ -51,6 +52,13 @@ extern PGresult *felix_conn_exec(PGconn *conn, const char *call,
  * process ("" after a success or a connection failure). */
 extern const char *felix_conn_last_sqlstate(void);
 
+/*
+ * Re-report an error result at elevel with the remote SQLSTATE, message,
+ * detail and hint (the remote context goes to the log only); frees res.
+ */
+extern void felix_conn_report_result(int elevel, PGresult *res, PGconn *conn,
+									 const char *call);
+
 /* What to do about a connection that failed for libpq's reason `why`
  * (a missing or refused password is named as such). */
 extern const char *felix_conn_hint(const char *why);
@@ -73,5 +81,54 @@ extern bool felix_conn_set_statement_timeout(PGconn *conn, int timeout_ms, int e
  * is kept for every process (felix_conninfo_verified).
  */
 extern int	felix_verify_own_conninfo(int timeout_ms, int elevel);
+
+/* ---- non-blocking libpq connections driven by the worker's loop ---- */
+
+typedef enum FelixAsyncState
+{
+	FELIX_ASYNC_DOWN,			/* no connection; next_attempt_ns says when */
+	FELIX_ASYNC_CONNECTING,		/* PQconnectPoll in progress */
+	FELIX_ASYNC_READY			/* connected, non-blocking */
+} FelixAsyncState;
+
+#define FELIX_ASYNC_CONNINFO_LEN	1024
+
+typedef struct FelixAsyncConn
+{
+	PGconn	   *conn;
+	uint64		serial;			/* which connection conn is: new per connect */
+	FelixAsyncState state;
+	bool		pipeline;		/* enter pipeline mode once connected */
+	bool		want_read;		/* wait for the socket to be readable */
+	bool		want_write;		/* ... writeable */
+	int64		started_ns;		/* connect began (felix_monotonic_ns) */
+	int64		next_attempt_ns;	/* DOWN: earliest reconnect */
+	int			backoff_ms;		/* next delay after a failure */
+	char		what[NAMEDATALEN + 32];	/* for messages: node "n2" */
+	char		conninfo[FELIX_ASYNC_CONNINFO_LEN];
+	char		problem[256];	/* last problem logged; "" when healthy */
+} FelixAsyncConn;
+
+#define FELIX_ASYNC_CONNECT_TIMEOUT_MS	5000
+#define FELIX_ASYNC_BACKOFF_MIN_MS		100
+#define FELIX_ASYNC_BACKOFF_MAX_MS		5000
+
+extern void async_init(FelixAsyncConn *c, const char *what, bool pipeline);
+/* Changes whenever any connection of this process opens or closes. */
+extern uint64 felix_async_epoch(void);
+/* Begin connecting if DOWN and the backoff has passed. */
+extern void async_begin(FelixAsyncConn *c, int64 now_ns);
+/* Drive a connect in progress (socket event or timeout). */
+extern void async_connect_poll(FelixAsyncConn *c, int64 now_ns);
+/* Close without a word (shutdown, recovery). */
+extern void async_close(FelixAsyncConn *c);
+/* Give up a connect that has taken longer than its deadline. */
+extern void async_check_timeout(FelixAsyncConn *c, int64 now_ns);
+/* Close (if open) after a problem, which is logged once; back off. */
+extern void async_fail(FelixAsyncConn *c, const char *problem, int64 now_ns);
+/* Send what libpq has buffered; false (connection failed) on error. */
+extern bool async_flush(FelixAsyncConn *c, int64 now_ns);
+/* Earliest instant the connection needs attention without an event. */
+extern int64 async_deadline(FelixAsyncConn *c);
 
 #endif							/* FELIX_CONTROL_CLIENT_H */

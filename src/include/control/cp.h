@@ -60,8 +60,6 @@ typedef struct CpHeartbeatResult
 {
 	int			n;
 	CpAssignment *rows;
-	const char *duty_node;		/* who runs the duties, NULL if nobody */
-	int64		beat;			/* the caller's heartbeat count, this boot */
 } CpHeartbeatResult;
 
 extern void cp_heartbeat(const CpHeartbeatArgs *args, CpHeartbeatResult *out);
@@ -109,7 +107,8 @@ typedef struct CpCreateArgs
 	const char *consistency;
 	const char *payload_type;
 	const char *storage;
-	int64		retention_bytes;	/* -1: none */
+	bool		has_retention_bytes;
+	int64		retention_bytes;
 	bool		has_retention;
 	int32		retention_months;
 	int32		retention_days;
@@ -117,6 +116,8 @@ typedef struct CpCreateArgs
 	const char *caller;			/* the creating node (counted alive) */
 } CpCreateArgs;
 
+/* The checks of a creation's arguments (the same wherever it is asked). */
+extern void cp_validate_create(const CpCreateArgs *args);
 /* Returns the new stream's creation id. */
 extern char *cp_create_stream(const CpCreateArgs *args);
 extern void cp_drop_stream(const char *name, const char *creation_id, bool missing_ok);

@@ -5,8 +5,7 @@
  *	  this node at the control plane, renews its leases, applies the
  *	  control plane's assignments to the local shards, creates the tables
  *	  of streams created elsewhere in the cluster, keeps the node directory
- *	  and, on the node hosting the control plane, runs the control-plane
- *	  tick.  See heartbeat.c.
+ *	  and takes part in the control-plane duties.  See heartbeat.c.
  *
  *-------------------------------------------------------------------------
  */
