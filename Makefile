@@ -35,6 +35,7 @@ OBJS = \
 	src/api/payload.o \
 	src/worker/node.o \
 	src/worker/heartbeat.o \
+	src/worker/reporter.o \
 	src/control/client.o \
 	src/control/conninfo.o \
 	src/control/nodes.o \

@@ -31,6 +31,7 @@
 #include "utils/guc.h"
 #include "worker/heartbeat.h"
 #include "worker/node.h"
+#include "worker/reporter.h"
 
 PG_MODULE_MAGIC;
 
@@ -257,6 +258,8 @@ _PG_init(void)
 	felix_node_worker_register();
 	felix_heartbeat_worker_register();
 	felix_ship_worker_register();
+	if (felix_store_is_etcd())
+		felix_reporter_register();
 }
 
 void

@@ -26,6 +26,7 @@
 #include "storage/incarnation.h"
 #include "storage/shard.h"
 #include "worker/heartbeat.h"
+#include "worker/reporter.h"
 
 static const FelixShmemEntry felix_shmem_entries[] = {
 	{incarnation_shmem_size, incarnation_shmem_init},
@@ -35,6 +36,7 @@ static const FelixShmemEntry felix_shmem_entries[] = {
 	{felix_halts_shmem_size, felix_halts_shmem_init},
 	{repl_state_shmem_size, repl_state_shmem_init},
 	{felix_heartbeat_shmem_size, felix_heartbeat_shmem_init},
+	{felix_reporter_shmem_size, felix_reporter_shmem_init},
 };
 
 static shmem_request_hook_type prev_shmem_request_hook = NULL;

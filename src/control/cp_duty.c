@@ -575,8 +575,13 @@ cp_duty_tick(const char *node, const char *boot)
 	int64		now;
 	int			promoted = 0;
 
+	/*
+	 * A read of its own: a snapshot taken before this node's heartbeat
+	 * would hold an older revision of this node's own record, and every
+	 * promotion of this node would fail its compare.
+	 */
 	felix_store_serialize();
-	if (!cp_snapshot_read(&snap, LOG))
+	if (!cp_snapshot_read(&snap, false, LOG))
 		return -1;
 	if (!hold_duty(&snap, node, boot))
 		return -1;

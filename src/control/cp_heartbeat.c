@@ -170,7 +170,7 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 		int			room;
 
 		felix_store_serialize();
-		(void) cp_snapshot_read(&snap, ERROR);
+		(void) cp_snapshot_read(&snap, false, ERROR);
 		prev = cp_snapshot_node(&snap, a->node);
 		room = snap.nreports + snap.nshards + 4;
 		cmps = palloc0(sizeof(FelixStoreCmp) * room);
@@ -322,6 +322,8 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 
 		out->n = 0;
 		out->rows = palloc0(sizeof(CpAssignment) * (snap.nshards + 1));
+		out->snap = palloc(sizeof(CpSnapshot));
+		*out->snap = snap;
 		for (int i = 0; i < snap.nshards; i++)
 		{
 			CpShard    *s = &snap.shards[i];

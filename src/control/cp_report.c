@@ -140,7 +140,12 @@ cp_report(const char *leader, const CpReportRow *rows, int nrows, int64 token,
 		int64		leader_beat;
 
 		felix_store_serialize();
-		(void) cp_snapshot_read(&snap, ERROR);
+		/*
+		 * The first read may be a moment stale: the transaction compares the
+		 * shard's assignment and the reports key as read, so a stale read
+		 * only fails it, and the retry reads the latest.
+		 */
+		(void) cp_snapshot_read(&snap, attempt == 0, ERROR);
 		/* the reporter's heartbeat count: how recent the report is, for promotion */
 		me = cp_snapshot_node(&snap, leader);
 		leader_beat = me ? me->beat : 0;

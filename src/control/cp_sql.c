@@ -392,7 +392,7 @@ felix_cp_nodes_sql(PG_FUNCTION_ARGS)
 
 	(void) require_node(NULL, "felix.cp_nodes");
 	InitMaterializedSRF(fcinfo, 0);
-	AS_OWNER((void) cp_snapshot_read(&snap, ERROR); n = cp_list_nodes(&snap, &rows));
+	AS_OWNER((void) cp_snapshot_read(&snap, false, ERROR); n = cp_list_nodes(&snap, &rows));
 	for (int i = 0; i < n; i++)
 	{
 		Datum		v[7];
@@ -421,7 +421,7 @@ felix_cp_halted_sql(PG_FUNCTION_ARGS)
 
 	(void) require_node(NULL, "felix.cp_halted");
 	InitMaterializedSRF(fcinfo, 0);
-	AS_OWNER((void) cp_snapshot_read(&snap, ERROR); n = cp_list_halted(&snap, &rows));
+	AS_OWNER((void) cp_snapshot_read(&snap, false, ERROR); n = cp_list_halted(&snap, &rows));
 	for (int i = 0; i < n; i++)
 	{
 		Datum		v[8];

@@ -180,7 +180,7 @@ cp_create_stream(const CpCreateArgs *a)
 
 	cp_validate_create(a);
 	felix_store_serialize();
-	(void) cp_snapshot_read(&snap, ERROR);
+	(void) cp_snapshot_read(&snap, false, ERROR);
 	if (cp_snapshot_stream(&snap, a->name) != NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_DUPLICATE_OBJECT),
@@ -294,7 +294,7 @@ cp_drop_stream(const char *name, const char *creation_id, bool missing_ok)
 					 errmsg("a stream name and creation id must not be NULL"),
 					 errhint("Pass the name and creation_id of the stream to drop.")));
 		felix_store_serialize();
-		(void) cp_snapshot_read(&snap, ERROR);
+		(void) cp_snapshot_read(&snap, false, ERROR);
 		st = cp_snapshot_stream(&snap, name);
 		if (st == NULL || strcmp(st->creation_id, creation_id) != 0)
 		{
@@ -355,7 +355,7 @@ cp_transfer(const char *stream, int shard, int64 generation, const char *from_no
 	FelixStoreStatus rc;
 
 	felix_store_serialize();
-	(void) cp_snapshot_read(&snap, ERROR);
+	(void) cp_snapshot_read(&snap, false, ERROR);
 	s = cp_snapshot_shard(&snap, stream, shard);
 	if (s == NULL || s->generation != generation || s->leader == NULL ||
 		strcmp(s->leader, from_node) != 0)
@@ -432,7 +432,7 @@ cp_move_replica(const char *stream, int shard, const char *from_node, const char
 				 errmsg("stream \"%s\" shard %d: from_node and to_node must not be NULL", stream, shard),
 				 errhint("Name the replica that goes and the node that replaces it.")));
 	felix_store_serialize();
-	(void) cp_snapshot_read(&snap, ERROR);
+	(void) cp_snapshot_read(&snap, false, ERROR);
 	s = cp_snapshot_shard(&snap, stream, shard);
 	if (s == NULL)
 		ereport(ERROR,
@@ -518,7 +518,7 @@ cp_remove_node(const char *node)
 
 	cp_check_node_name(node);
 	felix_store_serialize();
-	(void) cp_snapshot_read(&snap, ERROR);
+	(void) cp_snapshot_read(&snap, false, ERROR);
 	n = cp_snapshot_node(&snap, node);
 	if (n == NULL)
 		ereport(ERROR,

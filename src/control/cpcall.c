@@ -40,6 +40,14 @@
 static char last_sqlstate[6];
 static char last_error[256];
 
+/*
+ * etcd: the state this process's last heartbeat read, which the node and
+ * halt lists of the same beat (for the views only) use instead of reading
+ * it again (in the caller's memory: valid until its next heartbeat).  The
+ * duties read their own: they decide on it.
+ */
+static CpSnapshot *beat_snap = NULL;
+
 const char *
 felix_cp_last_sqlstate(void)
 {
@@ -512,9 +520,11 @@ felix_cp_heartbeat(FelixCpSession *s, char **unable, int nunable, const char *pe
 		c.args.lease_ms = felix_lease_duration;
 		c.args.peers = peers;
 		/* the lease is anchored before the request leaves */
+		beat_snap = NULL;
 		*t_send = felix_monotonic_ns();
 		if (!local(heartbeat_local, &c, elevel))
 			return false;
+		beat_snap = c.result.snap;
 		*rows = palloc0(sizeof(FelixCpShard) * (c.result.n + 1));
 		for (int i = 0; i < c.result.n; i++)
 			convert_row(&c.result.rows[i], *t_send, &(*rows)[i]);
@@ -628,7 +638,10 @@ typedef struct SnapshotCall
 static void
 snapshot_local(void *arg)
 {
-	(void) cp_snapshot_read(&((SnapshotCall *) arg)->snap, ERROR);
+	if (beat_snap != NULL)
+		((SnapshotCall *) arg)->snap = *beat_snap;
+	else
+		(void) cp_snapshot_read(&((SnapshotCall *) arg)->snap, false, ERROR);
 }
 
 bool

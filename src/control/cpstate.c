@@ -600,13 +600,16 @@ split_shard_key(const char *rest, char **stream, int *shard)
 }
 
 bool
-cp_snapshot_read(CpSnapshot *snap, int elevel)
+cp_snapshot_read(CpSnapshot *snap, bool guarded, int elevel)
 {
 	FelixKV    *kvs;
 	int			n;
+	FelixStoreStatus st;
 
 	memset(snap, 0, sizeof(*snap));
-	if (felix_store_range("", true, &kvs, &n, &snap->revision, elevel) != FELIX_STORE_OK)
+	st = guarded ? felix_store_range_guarded("", true, &kvs, &n, &snap->revision, elevel)
+		: felix_store_range("", true, &kvs, &n, &snap->revision, elevel);
+	if (st != FELIX_STORE_OK)
 		return false;
 	snap->nodes = palloc0(sizeof(CpNode) * (n + 1));
 	snap->streams = palloc0(sizeof(CpStream) * (n + 1));

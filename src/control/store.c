@@ -46,7 +46,18 @@ felix_store_range(const char *key, bool prefix, FelixKV **kvs, int *nkvs,
 				  int64 *revision, int elevel)
 {
 	int64		start = felix_monotonic_ns();
-	FelixStoreStatus st = felix_store()->range(key, prefix, kvs, nkvs, revision, elevel);
+	FelixStoreStatus st = felix_store()->range(key, prefix, false, kvs, nkvs, revision, elevel);
+
+	count(st, start);
+	return st;
+}
+
+FelixStoreStatus
+felix_store_range_guarded(const char *key, bool prefix, FelixKV **kvs, int *nkvs,
+						  int64 *revision, int elevel)
+{
+	int64		start = felix_monotonic_ns();
+	FelixStoreStatus st = felix_store()->range(key, prefix, true, kvs, nkvs, revision, elevel);
 
 	count(st, start);
 	return st;

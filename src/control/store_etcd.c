@@ -18,7 +18,8 @@
  *
  *	  Reads are linearizable (etcd's default): what a read returns was
  *	  the latest committed state at some instant between send and answer,
- *	  which the lease rules rely on.
+ *	  which the lease rules rely on.  A guarded read (store.h) is
+ *	  serializable: the member answers from its own copy.
  *
  *	  Authentication: with felix.etcd_user set, the password is read from
  *	  felix.etcd_password_file when a token is needed, never kept in a
@@ -517,7 +518,7 @@ read_kvs(JsonbContainer *resp, FelixKV **out, int *n)
 }
 
 static FelixStoreStatus
-etcd_range(const char *key, bool prefix, FelixKV **kvs, int *nkvs,
+etcd_range(const char *key, bool prefix, bool guarded, FelixKV **kvs, int *nkvs,
 		   int64 *revision, int elevel)
 {
 	StringInfoData body;
@@ -531,6 +532,8 @@ etcd_range(const char *key, bool prefix, FelixKV **kvs, int *nkvs,
 	put_b64(&body, "key", k);
 	if (prefix)
 		put_b64(&body, "range_end", prefix_end(k));
+	if (guarded)
+		felix_json_put_bool(&body, "serializable", true);
 	appendStringInfoChar(&body, '}');
 
 	etcd_call("/v3/kv/range", body.data, false, &call);

@@ -44,7 +44,7 @@ current_revision(void)
 }
 
 static FelixStoreStatus
-table_range(const char *key, bool prefix, FelixKV **kvs, int *nkvs,
+table_range(const char *key, bool prefix, bool guarded, FelixKV **kvs, int *nkvs,
 			int64 *revision, int elevel)
 {
 	Oid			types[2] = {TEXTOID, TEXTOID};

@@ -27,7 +27,7 @@
  *	      every row -- does quorum_release release the publishers.  A report
  *	      that did not land leaves the mark where it was.  When the lagging
  *	      followers' answers are already on the way, they get
- *	      FELIX_REPORT_GRACE_US first (answers_due_by).
+ *	      about as long as a report takes to land first (answers_due_by).
  *	  "May take for caught up" counts every report sent and not yet seen
  *	  to land (ReportSlot.doubtful): in flight, or failed in a way that may
  *	  still commit.  Requests carry increasing tokens and the control plane
@@ -63,6 +63,7 @@
 #include "control/conninfo.h"
 #include "control/cpcall.h"
 #include "control/store.h"
+#include "worker/reporter.h"
 #include "felix.h"
 #include "libpq-fe.h"
 #include "metrics.h"
@@ -86,12 +87,16 @@
 
 /*
  * How long a mark held only by followers whose answers are on the way
- * waits for them before a report that counts them out is sent instead.
- * Two followers sharing a disk answer a few tenths of a millisecond
- * apart; a report to say the later one is behind costs more than that,
- * and is wrong a moment after it lands.
+ * waits for them before a report that counts them out is sent instead:
+ * about as long as a report takes to land (its recent average), at least
+ * FELIX_REPORT_GRACE_MIN_US and at most FELIX_REPORT_GRACE_MAX_US.  Two
+ * followers sharing a disk answer a few tenths of a millisecond apart; a
+ * report to say the later one is behind costs more than that (a Raft
+ * commit, with etcd), and is wrong a moment after it lands.
  */
-#define FELIX_REPORT_GRACE_US		1000
+#define FELIX_REPORT_GRACE_MIN_US	1000
+#define FELIX_REPORT_GRACE_MAX_US	10000
+static int64 report_latency_us = FELIX_REPORT_GRACE_MIN_US;	/* moving average */
 
 /* The reporter names itself and the incarnation it leads as. */
 static const char *const report_sql = FELIX_CP_REPORT_SQL;
@@ -219,6 +224,8 @@ finish_request(bool landed, int64 now_ns)
 
 	felix_count(FELIX_CTR_REPORT_REQUESTS, 1);
 	felix_count(FELIX_CTR_REPLICA_REPORTS, sent_rows);
+	/* how long reports take to land: the grace answers get (answers_due_by) */
+	report_latency_us += ((now_ns - sent_ns) / 1000 - report_latency_us) / 8;
 	if (last_complaint[0] != '\0')
 	{
 		ereport(LOG, (errmsg("felix ship: replica reports reach the control plane again")));
@@ -319,7 +326,8 @@ answers_due_by(int slot, const ReportSlot *rs, const FelixReplShard *e,
 		since = ship_in_flight_since(slot, &e->key, e->generation, i, mark);
 		if (since == 0)
 			return 0;
-		until = Max(until, since + (int64) FELIX_REPORT_GRACE_US * 1000);
+		until = Max(until, since + Min(Max(report_latency_us, FELIX_REPORT_GRACE_MIN_US),
+									   FELIX_REPORT_GRACE_MAX_US) * 1000);
 	}
 	return until;
 }
@@ -525,28 +533,48 @@ consider_slot(int slot, FelixReplShard *e, StringInfo json, int *nrows,
 }
 
 /*
- * etcd: the rule runs here (control/cpcall.c), so the request is made and
- * settled before the loop goes on.  A store that does not answer holds
- * the ship loop up to felix.etcd_timeout; the marks wait either way.
+ * etcd: the report worker (worker/reporter.c) runs the rule, and the ship
+ * loop goes on meanwhile; report_check collects the outcome.  A report it
+ * could not hand over did not leave.
  */
+static uint64 reporter_seq = 0;
+
 static void
 report_now(StringInfo json, int nrows, int64 now_ns)
 {
-	int			accepted;
-
 	last_token = Max(felix_monotonic_ns(), last_token + 1);
+	reporter_seq = felix_reporter_submit(json->data, last_token);
+	pfree(json->data);
+	if (reporter_seq == 0)
+	{
+		/* still busy with a request given up on, or not running: later */
+		npending = 0;
+		if (!felix_reporter_busy())
+			complain("the report worker is not running, or the report is too large for its slot");
+		retry_after_ns = now_ns + FELIX_REPORT_RETRY_MS * NS_PER_MS;
+		return;
+	}
 	in_flight = true;
 	sent_ns = now_ns;
 	sent_rows = nrows;
-	accepted = felix_cp_report(json->data, last_token, last_complaint[0] ? DEBUG1 : LOG);
-	pfree(json->data);
+}
+
+/* etcd: has the report worker finished our request? */
+static void
+reporter_check(int64 now_ns)
+{
+	int			accepted;
+	char		error[256];
+
+	if (!in_flight || reporter_seq == 0 ||
+		!felix_reporter_outcome(reporter_seq, &accepted, error, sizeof(error)))
+		return;
 	if (accepted < 0)
-		complain(psprintf("the control-plane store refused the call or did not answer (%s)",
-						  felix_cp_last_sqlstate()));
-	else if (accepted != nrows)
+		complain(psprintf("the control-plane store refused the call or did not answer: %s", error));
+	else if (accepted != sent_rows)
 		complain(psprintf("the control plane accepted %d of %d reports (the leadership of some shard moved on)",
-						  accepted, nrows));
-	finish_request(accepted == nrows, felix_monotonic_ns());
+						  accepted, sent_rows));
+	finish_request(accepted == sent_rows, now_ns);
 }
 
 void
@@ -711,6 +739,17 @@ report_on_event(int64 now_ns, uint32 events)
 void
 report_check(int64 now_ns)
 {
+	if (felix_store_is_etcd())
+	{
+		reporter_check(now_ns);
+		if (in_flight && now_ns - sent_ns > FELIX_REPORT_TIMEOUT_MS * NS_PER_MS)
+		{
+			/* it may still commit: counted as not landed, its rows as doubtful */
+			complain(psprintf("no answer to a replica report within %d ms", FELIX_REPORT_TIMEOUT_MS));
+			finish_request(false, now_ns);
+		}
+		return;
+	}
 	async_check_timeout(&cp, now_ns);
 	if (in_flight && cp.state != FELIX_ASYNC_READY)
 		finish_request(false, now_ns);

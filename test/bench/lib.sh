@@ -283,6 +283,7 @@ etcd_start_member() {	# k
 		>>"$WORK/etcd$k.log" 2>&1 &
 	ETCD_PIDS[$((k - 1))]=$!
 	BG_PIDS+=($!)
+	disown $!			# its kill -9 is ours, not worth a shell notice
 }
 etcd_kill_member() {	# k
 	local pid=${ETCD_PIDS[$(( $1 - 1 ))]:-}

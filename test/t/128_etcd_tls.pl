@@ -29,8 +29,9 @@ sub openssl
 	return $out;
 }
 
-# A CA, a server certificate for 127.0.0.1, a client certificate, and a
-# second CA that signed neither.
+# A CA, a server certificate for 127.0.0.1 (also good for clients: etcd's
+# JSON gateway connects to its own gRPC port with it), a client
+# certificate, and a second CA that signed neither.
 sub make_ca
 {
 	my ($name) = @_;
@@ -49,7 +50,7 @@ sub make_cert
 }
 make_ca('ca');
 make_ca('otherca');
-make_cert('server', 'ca', "subjectAltName = IP:127.0.0.1\nextendedKeyUsage = serverAuth\n");
+make_cert('server', 'ca', "subjectAltName = IP:127.0.0.1\nextendedKeyUsage = serverAuth, clientAuth\n");
 make_cert('client', 'ca', "extendedKeyUsage = clientAuth\n");
 
 my $c = FelixCluster->new(nodes => 1, store => 'etcd',

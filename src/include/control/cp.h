@@ -60,6 +60,7 @@ typedef struct CpHeartbeatResult
 {
 	int			n;
 	CpAssignment *rows;
+	CpSnapshot *snap;			/* the state it decided on (palloc'd) */
 } CpHeartbeatResult;
 
 extern void cp_heartbeat(const CpHeartbeatArgs *args, CpHeartbeatResult *out);

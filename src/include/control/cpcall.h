@@ -86,9 +86,10 @@ extern bool felix_cp_halted(FelixCpSession *s, FelixHaltInfo **halts, int *n, in
 
 /*
  * Replica reports (reports: felix.cp_report's JSON array), synchronously:
- * how many rows landed, -1 on failure (reported at elevel).  The ship
- * worker uses this with etcd; with the embedded store it sends the same
- * call without waiting (replication/report.c).
+ * how many rows landed, -1 on failure (reported at elevel).  With etcd
+ * the report worker makes it for the ship worker (worker/reporter.c);
+ * with the embedded store the ship worker sends the same call without
+ * waiting (replication/report.c).
  */
 extern int	felix_cp_report(const char *reports, int64 token, int elevel);
 #define FELIX_CP_REPORT_SQL	"SELECT felix.cp_report($1, $2, $3, $4)"

@@ -195,8 +195,12 @@ typedef struct CpSnapshot
 	int64	   *leads_rev;
 } CpSnapshot;
 
-/* Read the whole state in one range; false (reported at elevel) if it failed. */
-extern bool cp_snapshot_read(CpSnapshot *snap, int elevel);
+/*
+ * Read the whole state in one range; false (reported at elevel) if it
+ * failed.  guarded: a compare-and-set checks whatever is decided on it
+ * (felix_store_range_guarded).
+ */
+extern bool cp_snapshot_read(CpSnapshot *snap, bool guarded, int elevel);
 
 extern CpNode *cp_snapshot_node(const CpSnapshot *snap, const char *name);
 extern CpStream *cp_snapshot_stream(const CpSnapshot *snap, const char *name);

@@ -65,7 +65,7 @@ typedef enum FelixStoreStatus
 typedef struct FelixStoreMethods
 {
 	const char *name;			/* "embedded" or "etcd" */
-	FelixStoreStatus (*range) (const char *key, bool prefix,
+	FelixStoreStatus (*range) (const char *key, bool prefix, bool guarded,
 							   FelixKV **kvs, int *nkvs, int64 *revision,
 							   int elevel);
 	FelixStoreStatus (*txn) (const FelixStoreCmp *cmps, int ncmps,
@@ -87,6 +87,18 @@ extern bool felix_store_is_etcd(void);
 extern FelixStoreStatus felix_store_range(const char *key, bool prefix,
 										  FelixKV **kvs, int *nkvs,
 										  int64 *revision, int elevel);
+
+/*
+ * The same, for a rule that decides nothing on the read that a
+ * compare-and-set does not check: the store may answer from a member's
+ * own copy, a moment behind (etcd's serializable read, no Raft round).
+ * What the rule then writes compares the revisions it read, so a stale
+ * read makes the transaction fail and the rule read again -- at once,
+ * with felix_store_range.
+ */
+extern FelixStoreStatus felix_store_range_guarded(const char *key, bool prefix,
+												  FelixKV **kvs, int *nkvs,
+												  int64 *revision, int elevel);
 
 /* Apply ops at one new revision (*revision) if every compare holds. */
 extern FelixStoreStatus felix_store_txn(const FelixStoreCmp *cmps, int ncmps,
