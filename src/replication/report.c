@@ -26,8 +26,9 @@
  *	      and only once it has landed -- felix.cp_report answered and wrote
  *	      every row -- does quorum_release release the publishers.  A report
  *	      that did not land leaves the mark where it was.  When the lagging
- *	      followers' answers are already on the way, they get
- *	      about as long as a report takes to land first (answers_due_by).
+ *	      followers are about to answer (a shipment to each is in flight),
+ *	      they first get about as long as a report takes to land, per
+ *	      answer still to come (answers_due_by).
  *	  "May take for caught up" counts every report sent and not yet seen
  *	  to land (ReportSlot.doubtful): in flight, or failed in a way that may
  *	  still commit.  Requests carry increasing tokens and the control plane
@@ -305,12 +306,24 @@ report_still_true(const ReportSlot *rs, const FelixReplShard *e, uint64 mark)
  * acknowledged below `mark` -- all about to answer for it?  Then until
  * the returned instant the mark waits for their answers rather than for a
  * report that counts them out; 0 when some of them has nothing on the way.
+ *
+ * A follower is about to answer for the mark when the shipment in flight
+ * to it carries the mark's records (one answer away: the grace), or when
+ * it carries older ones -- one shipment at a time goes to a follower, so
+ * the rest leaves the moment it is answered (two answers away: twice the
+ * grace).  Under load the two followers of a shard are answered out of
+ * step, and the mark the quicker one justifies is usually past what is in
+ * flight to the other; reporting the other out each time would make a
+ * control-plane round trip of most marks.  Waiting never moves a mark the
+ * standing report does not allow, so this decides only speed.
  */
 static int64
 answers_due_by(int slot, const ReportSlot *rs, const FelixReplShard *e,
 			   uint64 mark)
 {
 	int64		until = 0;
+	int64		grace = Min(Max(report_latency_us, FELIX_REPORT_GRACE_MIN_US),
+							FELIX_REPORT_GRACE_MAX_US) * 1000;
 
 	if (!rs->confirmed || rs->nfollowers != e->nfollowers)
 		return 0;
@@ -318,16 +331,16 @@ answers_due_by(int slot, const ReportSlot *rs, const FelixReplShard *e,
 	{
 		const FelixFollower *f = &e->followers[i];
 		int64		since;
+		bool		carries;
 
 		if (!may_believe_caught_up(rs, i))
 			continue;
 		if (f->answered && f->acked_end >= mark)
 			continue;
-		since = ship_in_flight_since(slot, &e->key, e->generation, i, mark);
+		since = ship_in_flight_since(slot, &e->key, e->generation, i, mark, &carries);
 		if (since == 0)
 			return 0;
-		until = Max(until, since + Min(Max(report_latency_us, FELIX_REPORT_GRACE_MIN_US),
-									   FELIX_REPORT_GRACE_MAX_US) * 1000);
+		until = Max(until, since + (carries ? grace : 2 * grace));
 	}
 	return until;
 }

@@ -229,13 +229,15 @@ ship_slot_for(int slot, const FelixShardKey *key, uint64 generation)
 
 int64
 ship_in_flight_since(int slot, const FelixShardKey *key, uint64 generation,
-					 int fidx, uint64 end)
+					 int fidx, uint64 end, bool *carries)
 {
 	ShipSlot   *ss = ship_slot_for(slot, key, generation);
 
+	*carries = false;
 	if (ss == NULL || fidx < 0 || fidx >= FELIX_MAX_REPLICAS ||
-		!ss->in_flight[fidx] || ss->in_flight_end[fidx] < end)
+		!ss->in_flight[fidx])
 		return 0;
+	*carries = ss->in_flight_end[fidx] >= end;
 	return ss->in_flight_ns[fidx];
 }
 

@@ -50,7 +50,7 @@ for my $k (1 .. 3)
 	my ($ok, $conf, $err) = run_script("$scripts/felix-node-config", '--node', "node$k",
 		'--host', '127.0.0.1', '--port', $node->port, '--passfile', "$dir/pgpass_node$k",
 		'--etcd', $etcd->endpoints);
-	ok($ok, "felix-node-config prints node$k's settings") or diag($err);
+	ok($ok, "felix-node-config prints node${k}'s settings") or diag($err);
 	$node->append_conf('postgresql.conf',
 		$conf . "listen_addresses = '127.0.0.1'\nlc_messages = 'C'\nlog_min_messages = info\n");
 	# and the pg_hba.conf line it names, above the others

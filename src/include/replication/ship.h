@@ -32,10 +32,11 @@ PGDLLEXPORT void felix_ship_worker_main(Datum arg);
 
 /*
  * When the shipment in flight to follower fidx of the shard in `slot` (at
- * `generation`) left, if it carries every record below `end`; 0 if no
- * shipment in flight does.
+ * `generation`) left, 0 if none is; *carries says whether it carries every
+ * record below `end` (if not, the rest leaves as soon as it is answered).
  */
 extern int64 ship_in_flight_since(int slot, const FelixShardKey *key,
-								  uint64 generation, int fidx, uint64 end);
+								  uint64 generation, int fidx, uint64 end,
+								  bool *carries);
 
 #endif							/* FELIX_REPLICATION_SHIP_H */
