@@ -130,7 +130,7 @@ LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 # ---------------------------------------------------------------------------
 S_HEAP=$(write_script heap "\\set k random(1, 1000000)
 INSERT INTO bench_heap (key, payload) VALUES ('cust-' || :k, '$PAYLOAD'::jsonb);")
-declare -A TPS_SUM TPS_N P50_SUM TPS_LIST
+declare -A TPS_SUM TPS_N P50_SUM LAT_SUM TPS_LIST
 point=0
 SYSTEMS=(etcd embedded sync)
 for c in "${CLIENTS[@]}"; do
@@ -152,20 +152,10 @@ for c in "${CLIENTS[@]}"; do
 SELECT felix_publish('$stream', '$PAYLOAD'::jsonb, key => 'cust-' || :k);")
 				pgbench_run "$key-r$ROUND" "$port" "$script" "$c" "$DURATION"
 			fi
-			TPS_LIST[$key]="${TPS_LIST[$key]:-}${TPS_LIST[$key]:+, }${PB_TPS:-error}"
-			if [[ $PB_OK == 1 ]]; then
-				TPS_SUM[$key]=$(awk -v a="${TPS_SUM[$key]:-0}" -v b="$PB_TPS" 'BEGIN{print a + b}')
-				P50_SUM[$key]=$(awk -v a="${P50_SUM[$key]:-0}" -v b="${PB_P50:-0}" 'BEGIN{print a + b}')
-				TPS_N[$key]=$(( ${TPS_N[$key]:-0} + 1 ))
-			fi
+			record_point "$key"
 		done
 	done
 done
-mean_of() {	# array-name key
-	local -n arr=$1
-	[[ ${TPS_N[$2]:-0} -gt 0 ]] || { echo ""; return; }
-	awk -v s="${arr[$2]}" -v n="${TPS_N[$2]}" 'BEGIN{printf "%.3f", s / n}'
-}
 
 # ---------------------------------------------------------------------------
 # 2. Write unavailability on the etcd cluster

@@ -28,6 +28,8 @@
 #   sync_cluster_start    PostgreSQL synchronous replication on SPORTS
 #   write_script, pgbench_run, start_probe, measure_failover   load (needs
 #                    the array SANITY) and failover probes
+#   record_point, mean_of   per-key sums of pgbench results (need the
+#                    associative arrays TPS_SUM TPS_N TPS_LIST P50_SUM LAT_SUM)
 
 log() { printf '[%s %s] %s\n' "$BENCH_NAME" "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -362,6 +364,23 @@ pgbench_run() {
 	[[ -n $PB_TPS ]] || PB_OK=0
 	[[ $PB_OK == 1 ]] || SANITY+=("pgbench point $label failed: $(grep -m1 -i 'error' "$out" || echo 'no tps reported')")
 	log "  $label: c=$c tps=${PB_TPS:-?} avg=${PB_LAT:-?} ms p50=${PB_P50:-?} ms tx=${PB_TX:-?}"
+}
+
+# record_point KEY: add the last pgbench_run's results to KEY's sums.
+record_point() {
+	local key=$1
+	TPS_LIST[$key]="${TPS_LIST[$key]:-}${TPS_LIST[$key]:+, }${PB_TPS:-error}"
+	[[ $PB_OK == 1 ]] || return 0
+	TPS_SUM[$key]=$(awk -v a="${TPS_SUM[$key]:-0}" -v b="$PB_TPS" 'BEGIN{print a + b}')
+	P50_SUM[$key]=$(awk -v a="${P50_SUM[$key]:-0}" -v b="${PB_P50:-0}" 'BEGIN{print a + b}')
+	LAT_SUM[$key]=$(awk -v a="${LAT_SUM[$key]:-0}" -v b="${PB_LAT:-0}" 'BEGIN{print a + b}')
+	TPS_N[$key]=$(( ${TPS_N[$key]:-0} + 1 ))
+}
+# mean_of ARRAY KEY: the mean of KEY's recorded values in ARRAY, or "".
+mean_of() {
+	local -n arr=$1
+	[[ ${TPS_N[$2]:-0} -gt 0 ]] || { echo ""; return; }
+	awk -v s="${arr[$2]}" -v n="${TPS_N[$2]}" 'BEGIN{printf "%.3f", s / n}'
 }
 
 

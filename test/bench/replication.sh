@@ -191,21 +191,10 @@ SELECT felix_publish('$stream', '$PAYLOAD'::jsonb, key => 'cust-' || :k);")
 			if [[ -n ${PB_TX:-} && $n != "$PB_TX" ]]; then
 				SANITY+=("$key round $ROUND: pgbench processed $PB_TX transactions but $target holds $n rows/records")
 			fi
-			TPS_LIST[$key]="${TPS_LIST[$key]:-}${TPS_LIST[$key]:+, }${PB_TPS:-error}"
-			if [[ $PB_OK == 1 ]]; then
-				TPS_SUM[$key]=$(awk -v a="${TPS_SUM[$key]:-0}" -v b="$PB_TPS" 'BEGIN{print a + b}')
-				P50_SUM[$key]=$(awk -v a="${P50_SUM[$key]:-0}" -v b="${PB_P50:-0}" 'BEGIN{print a + b}')
-				LAT_SUM[$key]=$(awk -v a="${LAT_SUM[$key]:-0}" -v b="${PB_LAT:-0}" 'BEGIN{print a + b}')
-				TPS_N[$key]=$(( ${TPS_N[$key]:-0} + 1 ))
-			fi
+			record_point "$key"
 		done
 	done
 done
-mean_of() {	# array-name key
-	local -n arr=$1
-	[[ ${TPS_N[$2]:-0} -gt 0 ]] || { echo ""; return; }
-	awk -v s="${arr[$2]}" -v n="${TPS_N[$2]}" 'BEGIN{printf "%.3f", s / n}'
-}
 
 # ---------------------------------------------------------------------------
 # Failover time
