@@ -192,7 +192,13 @@ hold_duty(const CpSnapshot *snap, const char *node, const char *boot)
 	if (holding && mine && snap->duty.rev == duty_rev)
 	{
 		if (!write_duty(snap, node, boot, snap->duty.beat + 1, duty_rev))
+		{
+			/* unconfirmed: another node may hold it by the time we know */
 			holding = false;
+			ereport(LOG,
+					(errmsg("felix: node \"%s\" stops running the control-plane duties: its refresh was not confirmed",
+							node)));
+		}
 		return holding;
 	}
 	if (holding)
