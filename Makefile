@@ -28,6 +28,7 @@ OBJS = \
 	src/am/refuse.o \
 	src/api/catalog.o \
 	src/api/stream.o \
+	src/api/seclabel.o \
 	src/api/publish.o \
 	src/api/pending.o \
 	src/api/views.o \

@@ -19,6 +19,7 @@
 #include "am/am.h"
 #include "api/catalog.h"
 #include "api/pending.h"
+#include "api/seclabel.h"
 #include "api/stream.h"
 #include "control/conninfo.h"
 #include "control/store.h"
@@ -255,6 +256,7 @@ _PG_init(void)
 	felix_catalog_init();
 	pending_init();
 	felix_stream_init();
+	felix_seclabel_init();
 	felix_node_worker_register();
 	felix_heartbeat_worker_register();
 	felix_ship_worker_register();

@@ -46,6 +46,7 @@
 #include "utils/uuid.h"
 
 #include "api/catalog.h"
+#include "api/stream.h"
 #include "felix.h"
 #include "privilege.h"
 
@@ -322,6 +323,19 @@ felix_catalog_register(const FelixStream *def, Interval *retention)
 				 "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
 				 10, argtypes, values, nulls, false, SPI_OK_INSERT);
 	SPI_finish();
+}
+
+/* Does the stream have exactly these settings (seclabel.c)? */
+bool
+felix_stream_settings_match(const FelixStream *stream, const FelixStreamSettings *st)
+{
+	return stream->shards == st->shards &&
+		stream->replication_factor == st->replication_factor &&
+		strcmp(stream->consistency == FELIX_CONSISTENCY_QUORUM ? "quorum" : "leader",
+			   st->consistency) == 0 &&
+		strcmp(st->storage, "local") == 0 &&
+		stream->retention_bytes == Max(st->retention_bytes, 0) &&
+		stream->retention_ms == (st->retention ? interval_ms(st->retention) : 0);
 }
 
 static void

@@ -43,6 +43,7 @@
 #include "miscadmin.h"
 #include "replication/leader.h"
 #include "storage/shard.h"
+#include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/memutils.h"
 
@@ -66,6 +67,20 @@ typedef struct PendingShard
 	StringInfoData buf;			/* batch_begin'd; records appended */
 	uint32		count;
 	List	   *marks;			/* PendingMark *, oldest first */
+
+	/*
+	 * Restored records (rows that bring their seq and published_at, as a
+	 * pg_dump restore's COPY does): one batch per run of equal
+	 * published_at, at most FELIX_COMMIT_BATCH_BYTES each.
+	 */
+	bool		restore;
+	uint64		restore_first;	/* seq of the first restored row */
+	uint64		restore_next;	/* seq the next one must have */
+	StringInfo *rbatches;
+	uint32	   *rcounts;
+	TimestampTz *rstamps;
+	int			nrbatches;
+	int			rcap;
 } PendingShard;
 
 static MemoryContext pending_cxt = NULL;	/* child of TopTransactionContext */
@@ -131,6 +146,96 @@ refuse_column(const FelixStream *stream, const char *column)
 					 column)));
 }
 
+/*
+ * A restored row: it keeps the seq and published_at it was dumped with.
+ * Only the stream's owner restores; a shard's restored rows come in seq
+ * order with no gap, into a shard that holds no records when the
+ * transaction commits (shard_append_locked checks that under the tail
+ * lock), and not mixed with new records.  Nothing is ever renumbered.
+ */
+static void
+restore_add(const FelixStream *stream, TupleTableSlot *slot, PendingShard *ps,
+			const char *key, int key_len, const char *bytes, uint32 len)
+{
+	uint64		seq;
+	TimestampTz ts = DatumGetTimestampTz(slot->tts_values[FELIX_ATTNUM_PUBLISHED_AT - 1]);
+	int64		given = DatumGetInt64(slot->tts_values[FELIX_ATTNUM_SEQ - 1]);
+	StringInfo	cur;
+	MemoryContext old;
+
+	if (!pg_class_ownercheck(stream->relid, GetUserId()))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("stream \"%s\" shard %d: only the stream's owner may restore records with their seq",
+						stream->name, ps->shard),
+				 errhint("Leave \"seq\" and \"published_at\" out to publish new records, or restore as the owner.")));
+	if (GetCurrentTransactionNestLevel() > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("stream \"%s\" shard %d: records cannot be restored inside a savepoint",
+						stream->name, ps->shard),
+				 errhint("Restore the stream's records in a transaction of their own, as pg_restore and psql do.")));
+	if (given < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("stream \"%s\" shard %d: seq " INT64_FORMAT " is negative",
+						stream->name, ps->shard, given),
+				 errhint("Restore the rows pg_dump wrote, unchanged.")));
+	seq = (uint64) given;
+	if (ps->count > 0 && !ps->restore)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("stream \"%s\" shard %d: restored records and new records cannot share a transaction",
+						stream->name, ps->shard),
+				 errhint("Restore the records first and commit, then publish new ones.")));
+	if (ps->restore && seq != ps->restore_next)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("stream \"%s\" shard %d: restored records must have contiguous seqs, but seq " UINT64_FORMAT " follows seq " UINT64_FORMAT,
+						stream->name, ps->shard, seq, ps->restore_next - 1),
+				 errdetail("felix keeps every record at the seq it was dumped with and never renumbers them."),
+				 errhint("Restore each shard's rows complete and in seq order, as pg_dump wrote them.")));
+
+	old = MemoryContextSwitchTo(pending_cxt);
+	if (!ps->restore)
+	{
+		ps->restore = true;
+		ps->restore_first = seq;
+		ps->rcap = 8;
+		ps->rbatches = palloc(sizeof(StringInfo) * ps->rcap);
+		ps->rcounts = palloc(sizeof(uint32) * ps->rcap);
+		ps->rstamps = palloc(sizeof(TimestampTz) * ps->rcap);
+	}
+	cur = ps->nrbatches > 0 ? ps->rbatches[ps->nrbatches - 1] : NULL;
+	if (cur == NULL || ps->rstamps[ps->nrbatches - 1] != ts ||
+		(Size) cur->len + len + FELIX_RECORD_OVERHEAD + Max(key_len, 0) > FELIX_COMMIT_BATCH_BYTES)
+	{
+		if (ps->nrbatches == ps->rcap)
+		{
+			ps->rcap *= 2;
+			ps->rbatches = repalloc(ps->rbatches, sizeof(StringInfo) * ps->rcap);
+			ps->rcounts = repalloc(ps->rcounts, sizeof(uint32) * ps->rcap);
+			ps->rstamps = repalloc(ps->rstamps, sizeof(TimestampTz) * ps->rcap);
+		}
+		cur = makeStringInfo();
+		batch_begin(cur);
+		ps->rbatches[ps->nrbatches] = cur;
+		ps->rcounts[ps->nrbatches] = 0;
+		ps->rstamps[ps->nrbatches] = ts;
+		ps->nrbatches++;
+	}
+	{
+		int			before = cur->len;
+
+		batch_add(cur, key, key_len, bytes, len);
+		pending_bytes += cur->len - before;
+	}
+	MemoryContextSwitchTo(old);
+	ps->rcounts[ps->nrbatches - 1]++;
+	ps->restore_next = seq + 1;
+	ps->count++;
+}
+
 int
 pending_add(const FelixStream *stream, TupleTableSlot *slot)
 {
@@ -145,12 +250,21 @@ pending_add(const FelixStream *stream, TupleTableSlot *slot)
 	Size		need;
 	PendingShard *ps;
 
+	bool		restoring;
+
 	slot_getallattrs(slot);
 
-	if (!slot->tts_isnull[FELIX_ATTNUM_SEQ - 1])
-		refuse_column(stream, "seq");
-	if (!slot->tts_isnull[FELIX_ATTNUM_PUBLISHED_AT - 1])
+	/* a row with its seq is a restored record: shard and published_at too */
+	restoring = !slot->tts_isnull[FELIX_ATTNUM_SEQ - 1];
+	if (!restoring && !slot->tts_isnull[FELIX_ATTNUM_PUBLISHED_AT - 1])
 		refuse_column(stream, "published_at");
+	if (restoring && (slot->tts_isnull[FELIX_ATTNUM_SHARD - 1] ||
+					  slot->tts_isnull[FELIX_ATTNUM_PUBLISHED_AT - 1]))
+		ereport(ERROR,
+				(errcode(ERRCODE_NOT_NULL_VIOLATION),
+				 errmsg("stream \"%s\": a restored record needs its shard, seq and published_at",
+						stream->name),
+				 errhint("Leave \"seq\" out to publish a new record; restore rows as pg_dump wrote them.")));
 
 	d = slot->tts_values[FELIX_ATTNUM_SHARD - 1];
 	isnull = slot->tts_isnull[FELIX_ATTNUM_SHARD - 1];
@@ -175,6 +289,12 @@ pending_add(const FelixStream *stream, TupleTableSlot *slot)
 
 	ps = pending_shard(stream, shard);
 	need = len + FELIX_RECORD_OVERHEAD + Max(key_len, 0);
+	if (!restoring && ps->restore)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("stream \"%s\" shard %d: restored records and new records cannot share a transaction",
+						stream->name, shard),
+				 errhint("Restore the records first and commit, then publish new ones.")));
 	/* Refused before the memory is taken, never after. */
 	if (pending_bytes + need > (Size) felix_max_transaction_bytes)
 		ereport(ERROR,
@@ -190,6 +310,11 @@ pending_add(const FelixStream *stream, TupleTableSlot *slot)
 				 errmsg("transaction buffers more than %d bytes for stream \"%s\" shard %d",
 						FELIX_MAX_PENDING_BYTES, stream->name, shard),
 				 errhint("Commit in smaller transactions, or use felix_publish_batch.")));
+	if (restoring)
+	{
+		restore_add(stream, slot, ps, key, key_len, bytes, len);
+		return shard;
+	}
 	pending_mark(ps);
 	{
 		MemoryContext old = MemoryContextSwitchTo(pending_cxt);
@@ -281,7 +406,19 @@ pending_publish_all(void)
 		if (ps->count == 0)
 			continue;
 		parts[n].s = felix_stream_shard(ps->stream, ps->shard);
-		parts[n].nbatches = pending_batches(ps, &parts[n].batches, &parts[n].counts);
+		if (ps->restore)
+		{
+			for (int i = 0; i < ps->nrbatches; i++)
+				batch_seal_body(ps->rbatches[i], FELIX_BATCH_RECORDS);
+			parts[n].batches = ps->rbatches;
+			parts[n].counts = ps->rcounts;
+			parts[n].nbatches = ps->nrbatches;
+			parts[n].restore = true;
+			parts[n].restore_at = ps->restore_first;
+			parts[n].stamps = ps->rstamps;
+		}
+		else
+			parts[n].nbatches = pending_batches(ps, &parts[n].batches, &parts[n].counts);
 		n++;
 	}
 	if (n > 0)

@@ -21,6 +21,7 @@
 #include "postgres.h"
 
 #include "access/htup_details.h"
+#include "access/table.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/objectaccess.h"
@@ -44,6 +45,7 @@
 
 #include "api/catalog.h"
 #include "api/publish.h"
+#include "api/seclabel.h"
 #include "api/stream.h"
 #include "control/client.h"
 #include "control/cp.h"
@@ -165,32 +167,13 @@ stream_check_quota(const char *name, int shards)
 				 errhint("Use fewer shards, drop streams you no longer need, or ask a superuser to raise felix.max_shards_per_role.")));
 }
 
-PG_FUNCTION_INFO_V1(felix_create_stream);
-Datum
-felix_create_stream(PG_FUNCTION_ARGS)
+/*
+ * Streams live in felix.database on every node: stream names are
+ * cluster-wide and the node agent serves one database.
+ */
+static void
+require_felix_database(const char *name)
 {
-	char	   *name;
-	int32		shards;
-	int32		replication_factor;
-	char	   *consistency;
-	char	   *payload_type;
-	char	   *storage;
-	char	   *schema;
-	char	   *creation_id;
-	Oid			relid;
-
-	felix_require_preload();
-	if (PG_ARGISNULL(0) || VARSIZE_ANY_EXHDR(PG_GETARG_TEXT_PP(0)) == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("a stream name must not be NULL or empty"),
-				 errhint("Pass the stream's name as the first argument.")));
-	name = text_to_cstring(PG_GETARG_TEXT_PP(0));
-
-	/*
-	 * Stream names are cluster-wide and the node agent serves one database:
-	 * streams live in felix.database on every node.
-	 */
 	if (strcmp(get_database_name(MyDatabaseId), felix_database) != 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
@@ -199,6 +182,78 @@ felix_create_stream(PG_FUNCTION_ARGS)
 				 errdetail("felix streams live in the database named by felix.database, \"%s\".",
 						   felix_database),
 				 errhint("Connect to database \"%s\" to create the stream.", felix_database)));
+}
+
+/* The control plane's own checks, here before anything is asked of it. */
+static void
+validate_settings(const char *name, const char *payload_type, const FelixStreamSettings *st,
+				  bool has_retention_bytes)
+{
+	CpCreateArgs a;
+
+	memset(&a, 0, sizeof(a));
+	a.name = name;
+	a.schema = "-";
+	a.shards = st->shards;
+	a.replication_factor = st->replication_factor;
+	a.consistency = st->consistency;
+	a.payload_type = payload_type;
+	a.storage = st->storage;
+	a.has_retention_bytes = has_retention_bytes;
+	a.retention_bytes = st->retention_bytes;
+	a.has_retention = st->retention != NULL;
+	if (a.has_retention)
+	{
+		a.retention_months = st->retention->month;
+		a.retention_days = st->retention->day;
+		a.retention_usec = st->retention->time;
+	}
+	cp_validate_create(&a);
+}
+
+/*
+ * Register a stream at the control plane, which places it (and refuses it,
+ * e.g. when fewer nodes are alive than replication_factor asks for),
+ * before this node makes it a stream; the other nodes create theirs at
+ * their next heartbeat.  The caller holds the name (felix_stream_lock_name)
+ * and has checked it is free.  From here an abort undoes the registration
+ * (unregister_streams).
+ */
+static char *
+register_stream(const char *name, const char *schema, const char *payload_type,
+				const FelixStreamSettings *st)
+{
+	char	   *creation_id;
+
+	creation_id = felix_cp_create_stream(name, schema, st->shards, st->replication_factor,
+										 st->consistency, payload_type, st->storage,
+										 st->retention_bytes > 0 ? st->retention_bytes : -1,
+										 st->retention == NULL ? NULL :
+										 DatumGetCString(DirectFunctionCall1(interval_out,
+																			 PointerGetDatum(st->retention))));
+	(void) note_stream(&registered, InvalidOid, name, creation_id);
+	return creation_id;
+}
+
+PG_FUNCTION_INFO_V1(felix_create_stream);
+Datum
+felix_create_stream(PG_FUNCTION_ARGS)
+{
+	char	   *name;
+	char	   *payload_type;
+	char	   *schema;
+	char	   *creation_id;
+	Oid			relid;
+	FelixStreamSettings st;
+
+	felix_require_preload();
+	if (PG_ARGISNULL(0) || VARSIZE_ANY_EXHDR(PG_GETARG_TEXT_PP(0)) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("a stream name must not be NULL or empty"),
+				 errhint("Pass the stream's name as the first argument.")));
+	name = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	require_felix_database(name);
 	if (strlen(name) >= NAMEDATALEN)
 		ereport(ERROR,
 				(errcode(ERRCODE_NAME_TOO_LONG),
@@ -209,60 +264,25 @@ felix_create_stream(PG_FUNCTION_ARGS)
 		required_arg(fcinfo, i, name,
 					 (const char *[]) {"", "shards", "replication_factor",
 					  "consistency", "payload_type", "storage"}[i]);
-	shards = PG_GETARG_INT32(1);
-	replication_factor = PG_GETARG_INT32(2);
-	consistency = text_to_cstring(PG_GETARG_TEXT_PP(3));
+	memset(&st, 0, sizeof(st));
+	st.shards = PG_GETARG_INT32(1);
+	st.replication_factor = PG_GETARG_INT32(2);
+	st.consistency = text_to_cstring(PG_GETARG_TEXT_PP(3));
 	payload_type = text_to_cstring(PG_GETARG_TEXT_PP(4));
-	storage = text_to_cstring(PG_GETARG_TEXT_PP(5));
-
-	/* the control plane's own checks, here before anything is asked of it */
-	{
-		CpCreateArgs a;
-
-		memset(&a, 0, sizeof(a));
-		a.name = name;
-		a.schema = "-";
-		a.shards = shards;
-		a.replication_factor = replication_factor;
-		a.consistency = consistency;
-		a.payload_type = payload_type;
-		a.storage = storage;
-		a.has_retention_bytes = !PG_ARGISNULL(6);
-		a.retention_bytes = a.has_retention_bytes ? PG_GETARG_INT64(6) : 0;
-		a.has_retention = !PG_ARGISNULL(7);
-		if (a.has_retention)
-		{
-			a.retention_months = PG_GETARG_INTERVAL_P(7)->month;
-			a.retention_days = PG_GETARG_INTERVAL_P(7)->day;
-			a.retention_usec = PG_GETARG_INTERVAL_P(7)->time;
-		}
-		cp_validate_create(&a);
-	}
+	st.storage = text_to_cstring(PG_GETARG_TEXT_PP(5));
+	st.retention_bytes = PG_ARGISNULL(6) ? 0 : PG_GETARG_INT64(6);
+	st.retention = PG_ARGISNULL(7) ? NULL : PG_GETARG_INTERVAL_P(7);
+	validate_settings(name, payload_type, &st, !PG_ARGISNULL(6));
 
 	/* Privileges and quota, before anything is asked of the control plane. */
 	schema = stream_creation_schema(name);
-	stream_check_quota(name, shards);
+	stream_check_quota(name, st.shards);
 
-	/*
-	 * The control plane places the stream (and refuses it, e.g. when fewer
-	 * nodes are alive than replication_factor asks for) before this node
-	 * creates its table; the other nodes create theirs at their next
-	 * heartbeat.  A name taken here locally is refused before asking.
-	 */
+	/* A name taken here locally is refused before asking. */
 	felix_stream_lock_name(name, true);
 	felix_stream_check_name_free(name, schema);
-	creation_id = felix_cp_create_stream(name, schema, shards, replication_factor,
-											  consistency, payload_type, storage,
-											  PG_ARGISNULL(6) ? -1 : PG_GETARG_INT64(6),
-											  PG_ARGISNULL(7) ? NULL :
-											  DatumGetCString(DirectFunctionCall1(interval_out,
-																				  PG_GETARG_DATUM(7))));
-	/* from here, an abort must undo the registration (unregister_streams) */
-	(void) note_stream(&registered, InvalidOid, name, creation_id);
-	relid = felix_stream_create_local(name, schema, creation_id, shards,
-									  replication_factor, consistency, payload_type,
-									  PG_ARGISNULL(6) ? 0 : PG_GETARG_INT64(6),
-									  PG_ARGISNULL(7) ? NULL : PG_GETARG_INTERVAL_P(7));
+	creation_id = register_stream(name, schema, payload_type, &st);
+	relid = felix_stream_create_local(name, schema, creation_id, payload_type, &st);
 	felix_heartbeat_apply_stream(name);
 	PG_RETURN_OID(relid);
 }
@@ -305,6 +325,33 @@ felix_stream_check_name_free(const char *name, const char *schema)
 }
 
 /*
+ * Make table relid stream `name` on this node: its catalog row, and no
+ * files but the ones it will write (a fresh OID owns none; anything there
+ * is a crash's leftover).
+ */
+static void
+make_stream_local(Oid relid, const char *name, const char *creation_id,
+				  Oid payload_type, const FelixStreamSettings *st)
+{
+	FelixStream def;
+	char		dir[MAXPGPATH];
+
+	memset(&def, 0, sizeof(def));
+	def.relid = relid;
+	def.payload_type = payload_type;
+	strlcpy(def.name, name, NAMEDATALEN);
+	strlcpy(def.creation_id, creation_id, FELIX_CREATION_ID_LEN);
+	def.shards = st->shards;
+	def.replication_factor = st->replication_factor;
+	def.consistency = strcmp(st->consistency, "quorum") == 0 ?
+		FELIX_CONSISTENCY_QUORUM : FELIX_CONSISTENCY_LEADER;
+	def.retention_bytes = Max(st->retention_bytes, 0);
+	felix_catalog_register(&def, st->retention);
+	felix_stream_dir(MyDatabaseId, relid, dir);
+	log_remove_all(dir);
+}
+
+/*
  * Create the stream's table in `schema` and its catalog row on this node,
  * in the caller's transaction, owned by the current user.  Refuses a name
  * taken by another stream or relation, and a temporary schema.  The
@@ -314,20 +361,15 @@ felix_stream_check_name_free(const char *name, const char *schema)
  */
 Oid
 felix_stream_create_local(const char *name, const char *schema, const char *creation_id,
-						  int shards, int replication_factor,
-						  const char *consistency, const char *payload_type,
-						  int64 retention_bytes, Interval *retention)
+						  const char *payload_type, const FelixStreamSettings *st)
 {
 	Oid			nsp;
 	Oid			relid;
-	char		dir[MAXPGPATH];
 	StringInfoData sql;
-	FelixStream def;
 	FelixContext cxt;
 
-	memset(&def, 0, sizeof(def));
 	/* one of jsonb, text, bytea, or an error: safe to name in the DDL */
-	def.payload_type = payload_type_oid(payload_type);
+	(void) payload_type_oid(payload_type);
 	nsp = get_namespace_oid(schema, true);
 	if (!OidIsValid(nsp))
 		ereport(ERROR,
@@ -358,22 +400,59 @@ felix_stream_create_local(const char *name, const char *schema, const char *crea
 	SPI_finish();
 	CommandCounterIncrement();
 	relid = get_relname_relid(name, nsp);
-
-	def.relid = relid;
-	strlcpy(def.name, name, NAMEDATALEN);
-	strlcpy(def.creation_id, creation_id, FELIX_CREATION_ID_LEN);
-	def.shards = shards;
-	def.replication_factor = replication_factor;
-	def.consistency = strcmp(consistency, "quorum") == 0 ?
-		FELIX_CONSISTENCY_QUORUM : FELIX_CONSISTENCY_LEADER;
-	def.retention_bytes = retention_bytes;
-	felix_catalog_register(&def, retention);
-
-	/* A fresh OID owns no files; anything there is a crash's leftover. */
-	felix_stream_dir(MyDatabaseId, relid, dir);
-	log_remove_all(dir);
-
+	make_stream_local(relid, name, creation_id, payload_type_oid(payload_type), st);
+	/* what pg_dump carries to a restore (seclabel.c) */
+	felix_stream_set_label(relid, st);
 	return relid;
+}
+
+/*
+ * Adopt a restored table: the label a restore set on it (after the table,
+ * before its records) names the settings; the table's own columns name
+ * the payload type.  The checks are felix_create_stream's, with the table
+ * standing in for the name: PostgreSQL has checked the caller owns it.
+ */
+void
+felix_stream_adopt(Oid relid, const FelixStreamSettings *st)
+{
+	Relation	rel = table_open(relid, AccessExclusiveLock);
+	char	   *name = pstrdup(RelationGetRelationName(rel));
+	char	   *schema = get_namespace_name(RelationGetNamespace(rel));
+	TupleDesc	desc = RelationGetDescr(rel);
+	FelixStream shape;
+	const char *payload_type;
+	char	   *creation_id;
+
+	felix_require_preload();
+	require_felix_database(name);
+	if (isAnyTempNamespace(RelationGetNamespace(rel)))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("cannot create stream \"%s\" in a temporary schema", name),
+				 errhint("Restore streams into a permanent schema.")));
+	memset(&shape, 0, sizeof(shape));
+	strlcpy(shape.name, name, NAMEDATALEN);
+	shape.payload_type = desc->natts >= FELIX_ATTNUM_PAYLOAD ?
+		TupleDescAttr(desc, FELIX_ATTNUM_PAYLOAD - 1)->atttypid : InvalidOid;
+	payload_type = shape.payload_type == TEXTOID ? "text" :
+		shape.payload_type == BYTEAOID ? "bytea" : "jsonb";
+	felix_stream_check_shape(&shape, desc);
+	validate_settings(name, payload_type, st, st->retention_bytes != 0);
+	stream_check_quota(name, st->shards);
+
+	felix_stream_lock_name(name, true);
+	if (felix_stream_name_taken(name))
+		ereport(ERROR,
+				(errcode(ERRCODE_DUPLICATE_OBJECT),
+				 errmsg("stream \"%s\" already exists", name),
+				 errhint("Restore into a database where the stream does not exist, or drop it with felix_drop_stream('%s') first.", name)));
+	creation_id = register_stream(name, schema, payload_type, st);
+	make_stream_local(relid, name, creation_id, shape.payload_type, st);
+	table_close(rel, NoLock);
+	felix_heartbeat_apply_stream(name);
+	ereport(NOTICE,
+			(errmsg("table \"%s.%s\" is now stream \"%s\" (%d shards, replication_factor %d, %s)",
+					schema, name, name, st->shards, st->replication_factor, st->consistency)));
 }
 
 PG_FUNCTION_INFO_V1(felix_drop_stream);

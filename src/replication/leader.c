@@ -59,7 +59,7 @@ leader_publish(FelixShard *s, StringInfo *batches, const uint32 *counts, int n)
 	generation = lease_admit(s);
 	shard_lock_tail(s);
 	lease_recheck(s, generation);
-	base = shard_append_locked(s, generation, batches, n);
+	base = shard_append_locked(s, generation, batches, n, NULL, -1);
 	shard_publish_tail(s);
 	shard_unlock_tail(s);
 	felix_count(FELIX_CTR_RECORDS_PUBLISHED, total);
@@ -84,7 +84,7 @@ leader_commit(FelixCommitPart *parts, int nparts)
 	volatile int appended = 0;
 	MemoryContext oldcxt;
 
-	if (nparts == 1)
+	if (nparts == 1 && !parts[0].restore)
 	{
 		parts[0].base = leader_publish(parts[0].s, parts[0].batches, parts[0].counts,
 									   parts[0].nbatches);
@@ -111,7 +111,9 @@ leader_commit(FelixCommitPart *parts, int nparts)
 
 			shard_lock_tail(p->s);
 			lease_recheck(p->s, p->generation);
-			p->base = shard_append_locked(p->s, p->generation, p->batches, p->nbatches);
+			p->base = shard_append_locked(p->s, p->generation, p->batches, p->nbatches,
+										  p->restore ? p->stamps : NULL,
+										  p->restore ? (int64) p->restore_at : -1);
 			p->end += p->base;	/* it held the part's record count */
 			/* the tail may go; the batches stay unpublished behind the gate */
 			shard_hold_gate(p->s, p->base);

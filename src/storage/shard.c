@@ -629,7 +629,8 @@ shard_cut_back(FelixShard *s, uint64 end)
 }
 
 uint64
-shard_append_locked(FelixShard *s, uint64 generation, StringInfo *batches, int n)
+shard_append_locked(FelixShard *s, uint64 generation, StringInfo *batches, int n,
+					const TimestampTz *stamps, int64 at)
 {
 	uint64		base = s->log.next_seq;
 	TimestampTz now = GetCurrentTimestamp();
@@ -637,12 +638,22 @@ shard_append_locked(FelixShard *s, uint64 generation, StringInfo *batches, int n
 	char		dir[MAXPGPATH];
 	char	   *what = shard_what(s);
 
+	if (at >= 0 && base != (uint64) at)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("%s: cannot restore records from seq " INT64_FORMAT ": the shard %s",
+						what, at, base == 0 ? "starts at seq 0" :
+						psprintf("already holds records (its next seq is " UINT64_FORMAT ")", base)),
+				 errdetail("Restored records keep the seqs they were dumped with; felix never renumbers them."),
+				 errhint(base == 0 ? "Restore the whole shard, from its first record." :
+						 "Restore into a stream that holds no records: a fresh database, or drop and restore the stream.")));
 	shard_dir(s, dir);
 	PG_TRY();
 	{
 		for (int i = 0; i < n; i++)
 		{
-			batch_stamp(batches[i]->data, s->log.next_seq, generation, now);
+			batch_stamp(batches[i]->data, s->log.next_seq, generation,
+						stamps ? stamps[i] : now);
 			log_append(dir, what, &s->log, batches[i]->data, batches[i]->len);
 			felix_count(FELIX_CTR_BYTES_APPENDED, batches[i]->len);
 		}

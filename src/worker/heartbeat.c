@@ -479,10 +479,19 @@ create_stream_guts(void *arg)
 		return;
 	refuse_bad_row(r);
 	(void) row_consistency(r);
-	(void) felix_stream_create_local(r->c.stream, r->c.schema, r->c.creation_id, r->c.shards,
-									 r->c.replication_factor, r->c.consistency,
-									 r->c.payload_type, r->c.retention_bytes,
-									 r->c.has_retention ? &r->c.retention : NULL);
+	{
+		FelixStreamSettings st;
+
+		memset(&st, 0, sizeof(st));
+		st.shards = r->c.shards;
+		st.replication_factor = r->c.replication_factor;
+		st.consistency = r->c.consistency;
+		st.storage = "local";
+		st.retention_bytes = Max(r->c.retention_bytes, 0);
+		st.retention = r->c.has_retention ? &r->c.retention : NULL;
+		(void) felix_stream_create_local(r->c.stream, r->c.schema, r->c.creation_id,
+										 r->c.payload_type, &st);
+	}
 	ereport(LOG,
 			(errmsg("felix heartbeat: created stream \"%s\" (%d shards, replication_factor %d, %s) as the control plane defines it",
 					r->c.stream, r->c.shards, r->c.replication_factor, r->c.consistency)));

@@ -73,6 +73,11 @@ extern void felix_catalog_owned(Oid role, int64 *streams, int64 *shards);
 /* Add a stream's row (its table exists); the caller checked the name. */
 extern void felix_catalog_register(const FelixStream *def, Interval *retention);
 
+/* Does the stream have exactly these settings (a restore's label)? */
+struct FelixStreamSettings;
+extern bool felix_stream_settings_match(const FelixStream *stream,
+										const struct FelixStreamSettings *st);
+
 /*
  * True if the relation uses the felix table access method.  Such a table
  * is refused every change of shape; it is a stream only when registered.

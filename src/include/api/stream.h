@@ -12,18 +12,34 @@
 #include "datatype/timestamp.h"
 
 /*
+ * What a stream is created with, besides its name, schema and payload
+ * type.  retention_bytes <= 0 and retention NULL mean no limit.
+ */
+typedef struct FelixStreamSettings
+{
+	int			shards;
+	int			replication_factor;
+	const char *consistency;	/* "leader" or "quorum" */
+	const char *storage;		/* "local" or "object" */
+	int64		retention_bytes;
+	Interval   *retention;
+} FelixStreamSettings;
+
+/*
  * Create a stream's table and catalog row on this node, in the caller's
  * transaction (felix_create_stream, and the node agent for streams created
- * elsewhere in the cluster).  retention_bytes <= 0 and retention NULL mean
- * no limit.  Returns the table's OID.
+ * elsewhere in the cluster).  Returns the table's OID.
  */
 extern Oid	felix_stream_create_local(const char *name, const char *schema,
-									  const char *creation_id, int shards,
-									  int replication_factor,
-									  const char *consistency,
+									  const char *creation_id,
 									  const char *payload_type,
-									  int64 retention_bytes,
-									  Interval *retention);
+									  const FelixStreamSettings *s);
+
+/*
+ * Make an existing, empty table USING felix the stream its label states
+ * (a restore: seclabel.c), registering it at the control plane.
+ */
+extern void felix_stream_adopt(Oid relid, const FelixStreamSettings *s);
 
 /* Lock a stream name until the end of the transaction (false: busy). */
 extern bool felix_stream_lock_name(const char *name, bool wait);

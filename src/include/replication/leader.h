@@ -34,6 +34,10 @@ typedef struct FelixCommitPart
 	StringInfo *batches;
 	uint32	   *counts;
 	int			nbatches;
+	/* restored records: they must land at restore_at, stamped stamps[i] */
+	bool		restore;
+	uint64		restore_at;
+	TimestampTz *stamps;
 	/* filled in by leader_commit */
 	uint64		generation;
 	uint64		base;

@@ -274,13 +274,18 @@ extern void shard_unlock_tail_if_held(FelixShard *s);
 
 /*
  * With the tail held: append n finished batches, stamped with their seqs,
- * `generation` and now, at the end of the log.  If batch k fails (a full
- * disk, an I/O error) the ones before it are cut back before the error
- * goes on.  Nothing appended is visible to flushers, readers or shippers
- * until shard_publish_tail.  Returns the first record's seq.
+ * `generation` and now (or, restoring records, with stamps[i]), at the
+ * end of the log.  With at >= 0 (a restore) the log must end at seq `at`,
+ * so that the records keep the seqs they had: otherwise nothing is
+ * appended and the error says so -- a restore never renumbers.  If batch
+ * k fails (a full disk, an I/O error) the ones before it are cut back
+ * before the error goes on.  Nothing appended is visible to flushers,
+ * readers or shippers until shard_publish_tail.  Returns the first
+ * record's seq.
  */
 extern uint64 shard_append_locked(FelixShard *s, uint64 generation,
-								  StringInfo *batches, int n);
+								  StringInfo *batches, int n,
+								  const TimestampTz *stamps, int64 at);
 
 /*
  * With the tail held: cut the log back to end before seq `end`, removing
