@@ -242,11 +242,33 @@ INSERT INTO notes (key, payload) VALUES ('ins', 'inserted text');
 INSERT INTO blobs (shard, payload) VALUES (0, '\xcafe');
 SELECT seq, key, payload FROM notes WHERE key = 'ins';
 SELECT shard, seq, payload FROM blobs WHERE shard = 0;
--- seq and published_at are assigned by felix.
+-- seq and published_at are assigned by felix.  A row that brings its seq
+-- is a restored record (pg_dump's COPY): it needs its shard and
+-- published_at too, lands only in a shard that holds no records, and only
+-- with contiguous seqs.
 INSERT INTO tx (seq, payload) VALUES (1000, '{}');
 \echo SQLSTATE :SQLSTATE
 INSERT INTO tx (published_at, payload) VALUES (now(), '{}');
 \echo SQLSTATE :SQLSTATE
+INSERT INTO tx (shard, seq, payload, published_at) VALUES (0, 0, '{}', now());
+\echo SQLSTATE :SQLSTATE
+SELECT felix_create_stream('restored', shards => 2);
+INSERT INTO restored (shard, seq, key, payload, published_at) VALUES
+    (0, 0, 'a', '{"r": 0}', '2026-01-01 00:00:00+00'),
+    (1, 0, 'b', '{"r": 1}', '2026-01-01 00:00:01+00'),
+    (0, 1, 'c', '{"r": 2}', '2026-01-01 00:00:02+00');
+SELECT shard, seq, key, payload, published_at FROM restored;
+INSERT INTO restored (shard, seq, payload, published_at) VALUES (1, 1, '{}', now());
+\echo SQLSTATE :SQLSTATE
+INSERT INTO restored (shard, seq, payload, published_at) VALUES (1, 2, '{}', now()), (1, 1, '{}', now());
+\echo SQLSTATE :SQLSTATE
+BEGIN;
+INSERT INTO restored (shard, payload) VALUES (0, '{"new": true}');
+INSERT INTO restored (shard, seq, payload, published_at) VALUES (0, 2, '{}', now());
+\echo SQLSTATE :SQLSTATE
+ROLLBACK;
+SELECT felix_publish('restored', '{"after": "restore"}'::jsonb, shard => 1);
+SELECT felix_drop_stream('restored');
 -- COPY FROM STDIN: also transactional.
 SELECT felix_create_stream('copied', shards => 2);
 COPY copied (key, payload) FROM STDIN;

@@ -193,6 +193,14 @@ SELECT 'k', jsonb_build_object('pad', repeat('x', 1000)) FROM generate_series(1,
 -- 41
 SELECT * FROM felix_publish('hx', jsonb_build_object('big', repeat('x', 2 * 1024 * 1024)), shard => 0);
 \echo SQLSTATE :SQLSTATE
+-- 42: INSERT is not ownership: no record is restored at a seq and time of its choosing
+INSERT INTO hx (shard, seq, key, payload, published_at) VALUES (0, 0, 'k', '{}', '2000-01-01');
+\echo SQLSTATE :SQLSTATE
+-- 43: nor is the stream's label (its settings) changed or removed
+SECURITY LABEL FOR felix ON TABLE hx IS '{"shards": 1, "replication_factor": 1, "consistency": "leader", "storage": "local"}';
+\echo SQLSTATE :SQLSTATE
+SECURITY LABEL FOR felix ON TABLE hx IS NULL;
+\echo SQLSTATE :SQLSTATE
 RESET SESSION AUTHORIZATION;
 REVOKE ALL ON hx FROM regress_hostile;
 

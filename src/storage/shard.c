@@ -638,15 +638,20 @@ shard_append_locked(FelixShard *s, uint64 generation, StringInfo *batches, int n
 	char		dir[MAXPGPATH];
 	char	   *what = shard_what(s);
 
-	if (at >= 0 && base != (uint64) at)
+	if (at >= 0 && base != 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("%s: cannot restore records from seq " INT64_FORMAT ": the shard %s",
-						what, at, base == 0 ? "starts at seq 0" :
-						psprintf("already holds records (its next seq is " UINT64_FORMAT ")", base)),
+				 errmsg("%s: cannot restore records into it: the shard already holds records (its next seq is " UINT64_FORMAT ")",
+						what, base),
 				 errdetail("Restored records keep the seqs they were dumped with; felix never renumbers them."),
-				 errhint(base == 0 ? "Restore the whole shard, from its first record." :
-						 "Restore into a stream that holds no records: a fresh database, or drop and restore the stream.")));
+				 errhint("Restore into a stream that holds no records: a fresh database, or drop and restore the stream.")));
+	if (at > 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("%s: cannot restore records from seq " INT64_FORMAT ": a restored shard must begin at seq 0",
+						what, at),
+				 errdetail("The dump holds no records below seq " INT64_FORMAT ", probably because retention removed them.", at),
+				 errhint("felix cannot yet start a restored shard past seq 0; restore from a dump taken before retention removed records, or publish the records anew.")));
 	shard_dir(s, dir);
 	PG_TRY();
 	{
