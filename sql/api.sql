@@ -268,6 +268,20 @@ INSERT INTO restored (shard, seq, payload, published_at) VALUES (0, 2, '{}', now
 \echo SQLSTATE :SQLSTATE
 ROLLBACK;
 SELECT felix_publish('restored', '{"after": "restore"}'::jsonb, shard => 1);
+-- The stream's settings travel through pg_dump as its label FOR felix; the
+-- label can be set again only to what it states.
+SELECT label FROM pg_seclabel WHERE objoid = 'restored'::regclass AND provider = 'felix';
+SECURITY LABEL FOR felix ON TABLE restored IS '{"shards": 2, "replication_factor": 1, "consistency": "leader", "storage": "local"}';
+SECURITY LABEL FOR felix ON TABLE restored IS '{"shards": 3, "replication_factor": 1, "consistency": "leader", "storage": "local"}';
+\echo SQLSTATE :SQLSTATE
+SECURITY LABEL FOR felix ON TABLE restored IS 'not json';
+\echo SQLSTATE :SQLSTATE
+SECURITY LABEL FOR felix ON TABLE restored IS NULL;
+\echo SQLSTATE :SQLSTATE
+CREATE TABLE not_a_stream (id int);
+SECURITY LABEL FOR felix ON TABLE not_a_stream IS '{"shards": 1, "replication_factor": 1, "consistency": "leader", "storage": "local"}';
+\echo SQLSTATE :SQLSTATE
+DROP TABLE not_a_stream;
 SELECT felix_drop_stream('restored');
 -- COPY FROM STDIN: also transactional.
 SELECT felix_create_stream('copied', shards => 2);

@@ -27,6 +27,11 @@
  *	  A transaction buffers at most felix.max_transaction_bytes; a row
  *	  that would take it past is refused before its memory is taken.
  *
+ *	  A row that brings its seq is a restored record (restore_add): it
+ *	  keeps its seq and published_at, goes in batches of its own (one per
+ *	  run of equal published_at), and the commit appends them only at the
+ *	  very seqs they had (shard_append_locked): a restore never renumbers.
+ *
  * Locking rule: backend-local.  The INSERT already holds RowExclusiveLock
  * on the stream's table until commit, so the stream cannot be dropped
  * between buffering and appending.
