@@ -357,6 +357,28 @@ newest_reported_generation(const CpReports *r)
 	return g;
 }
 
+/*
+ * Does the lapsed leader of s still hold what it had?  Its reports of the
+ * newest generation say how far its followers held the log, and it
+ * acknowledged nothing beyond those (report before mark); a leader whose
+ * log, as it gave it in this boot, ends before that is a copy restored
+ * from a backup (or otherwise older than itself) and must not lead: it
+ * would serve, and ship over, a log missing acknowledged records.  With
+ * no report there is nothing to compare (a single replica).
+ */
+static bool
+leader_holds_reported(const CpSnapshot *snap, const CpShard *s, const CpNode *leader)
+{
+	CpReports  *r = cp_snapshot_reports(snap, s->stream, s->shard);
+	int64		newest = newest_reported_generation(r);
+	int64		reported = 0;
+
+	for (int i = 0; r && i < r->n; i++)
+		if (r->rows[i].generation == newest)
+			reported = Max(reported, r->rows[i].acked_end);
+	return reported == 0 || cp_node_end(leader, s->stream, s->shard) >= reported;
+}
+
 /* Why a follower of s does not qualify (NULL: it does). */
 static const char *
 disqualified(const CpSnapshot *snap, const CpShard *s, const CpStream *st,
@@ -431,6 +453,7 @@ unplaced_reason(const CpSnapshot *snap, const CpShard *s, const CpStream *st,
 				const ShardObs *obs, int64 lapse_ns, int64 now)
 {
 	const char *how = s->taken_generation == s->generation ? "lost its lease" : "never took its lease";
+	const CpNode *leader = s->leader ? cp_snapshot_node(snap, s->leader) : NULL;
 	char	   *main;
 	StringInfoData details;
 	char	   *full;
@@ -438,6 +461,9 @@ unplaced_reason(const CpSnapshot *snap, const CpShard *s, const CpStream *st,
 	if (s->leader == NULL)
 		main = psprintf("no replica was reported caught up at generation " INT64_FORMAT " and no leader is known",
 						s->generation);
+	else if (leader && is_alive(leader, now) && !leader_holds_reported(snap, s, leader))
+		main = psprintf("no replica was reported caught up at generation " INT64_FORMAT ", and leader %s %s and is back with a log that ends before what it reported its followers to hold (restored from a backup?)",
+						s->generation, s->leader, how);
 	else if (s->nreplicas == 1)
 		main = psprintf("the only copy is on %s, which %s at generation " INT64_FORMAT " and is not alive",
 						s->leader, how, s->generation);
@@ -493,7 +519,8 @@ consider(const CpSnapshot *snap, CpShard *s, int64 now)
 	if (leader && is_alive(leader, now) &&
 		(s->nreplicas == 1 || (s->leader_incarnation &&
 							   strcmp(leader->incarnation, s->leader_incarnation) == 0)) &&
-		!cp_node_unable(leader, s->stream, s->shard))
+		!cp_node_unable(leader, s->stream, s->shard) &&
+		leader_holds_reported(snap, s, leader))
 	{
 		NodeObs    *no = hash_search(node_obs, leader->name, HASH_FIND, NULL);
 

@@ -223,6 +223,17 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 			me.nunable = prev->nunable;
 			me.unable = prev->unable;
 		}
+		/* a log end is good for the boot that gave it only */
+		if (a->ends_given)
+		{
+			me.nends = a->nends;
+			me.ends = a->ends;
+		}
+		else if (prev && strcmp(prev->boot, a->boot) == 0)
+		{
+			me.nends = prev->nends;
+			me.ends = prev->ends;
+		}
 		me.claims = palloc0(sizeof(CpClaim) * (snap.nshards + 1));
 
 		cmps[ncmps].key = cp_key_node(a->node);

@@ -95,6 +95,22 @@ text_arg(FunctionCallInfo fcinfo, int i)
 	return PG_ARGISNULL(i) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(i));
 }
 
+/* A text[] argument (not NULL) as a palloc'd array; NULL elements as "". */
+static char **
+text_array_arg(FunctionCallInfo fcinfo, int i, int *n)
+{
+	Datum	   *elems;
+	bool	   *nulls;
+	char	  **out;
+
+	deconstruct_array(PG_GETARG_ARRAYTYPE_P(i), TEXTOID, -1, false, TYPALIGN_INT,
+					  &elems, &nulls, n);
+	out = palloc0(sizeof(char *) * (*n + 1));
+	for (int j = 0; j < *n; j++)
+		out[j] = nulls[j] ? pstrdup("") : TextDatumGetCString(elems[j]);
+	return out;
+}
+
 static TimestampTz
 ms_to_timestamptz(int64 ms)
 {
@@ -148,19 +164,13 @@ felix_cp_heartbeat_sql(PG_FUNCTION_ARGS)
 	a.boot = text_arg(fcinfo, 4);
 	a.unable_given = !PG_ARGISNULL(5);
 	if (a.unable_given)
-	{
-		Datum	   *elems;
-		bool	   *nulls;
-
-		deconstruct_array(PG_GETARG_ARRAYTYPE_P(5), TEXTOID, -1, false, TYPALIGN_INT,
-						  &elems, &nulls, &a.nunable);
-		a.unable = palloc0(sizeof(char *) * (a.nunable + 1));
-		for (int i = 0; i < a.nunable; i++)
-			a.unable[i] = nulls[i] ? pstrdup("") : TextDatumGetCString(elems[i]);
-	}
+		a.unable = text_array_arg(fcinfo, 5, &a.nunable);
 	a.lease_ms = PG_ARGISNULL(6) ? felix_lease_duration : PG_GETARG_INT32(6);
 	a.peers = PG_ARGISNULL(7) ? NULL :
 		JsonbToCString(NULL, &PG_GETARG_JSONB_P(7)->root, 64);
+	a.ends_given = !PG_ARGISNULL(8);
+	if (a.ends_given)
+		a.ends = text_array_arg(fcinfo, 8, &a.nends);
 
 	InitMaterializedSRF(fcinfo, 0);
 	AS_OWNER(cp_heartbeat(&a, &res));

@@ -181,7 +181,7 @@ identity(Identity *id)
 	"   OPERATOR(pg_catalog.*) 1000000) " \
 	"  OPERATOR(pg_catalog.+) extract(microseconds FROM retention))::bigint, " \
 	"schema, creation_id, joining, leaving, leader_incarnation " \
-	"FROM felix.cp_heartbeat($1, $2, $3, $4, $5, $6, $7::integer, $8::jsonb)"
+	"FROM felix.cp_heartbeat($1, $2, $3, $4, $5, $6, $7::integer, $8::jsonb, $9)"
 #define HB_NCOLS	22
 
 static bool
@@ -495,8 +495,9 @@ heartbeat_local(void *arg)
 }
 
 bool
-felix_cp_heartbeat(FelixCpSession *s, char **unable, int nunable, const char *peers,
-				   int64 *t_send, FelixCpShard **rows, int *nrows, int elevel)
+felix_cp_heartbeat(FelixCpSession *s, char **unable, int nunable, char **ends, int nends,
+				   const char *peers, int64 *t_send, FelixCpShard **rows, int *nrows,
+				   int elevel)
 {
 	Identity	id;
 	const char *address = felix_conninfo_address(felix_node_conninfo_resolved());
@@ -518,6 +519,9 @@ felix_cp_heartbeat(FelixCpSession *s, char **unable, int nunable, const char *pe
 		c.args.unable = unable;
 		c.args.nunable = nunable;
 		c.args.lease_ms = felix_lease_duration;
+		c.args.ends_given = ends != NULL;
+		c.args.ends = ends;
+		c.args.nends = nends;
 		c.args.peers = peers;
 		/* the lease is anchored before the request leaves */
 		beat_snap = NULL;
@@ -533,7 +537,7 @@ felix_cp_heartbeat(FelixCpSession *s, char **unable, int nunable, const char *pe
 	}
 	else
 	{
-		const char *values[8];
+		const char *values[9];
 		char		starts[24];
 		char		lease[16];
 		PGresult   *res;
@@ -548,8 +552,9 @@ felix_cp_heartbeat(FelixCpSession *s, char **unable, int nunable, const char *pe
 		values[5] = unable ? array_literal(unable, nunable) : NULL;
 		values[6] = lease;
 		values[7] = peers;
+		values[8] = ends ? array_literal(ends, nends) : NULL;
 		*t_send = felix_monotonic_ns();
-		res = remote(s, "felix.cp_heartbeat", HB_SQL, 8, values, elevel);
+		res = remote(s, "felix.cp_heartbeat", HB_SQL, 9, values, elevel);
 		if (res == NULL)
 			return false;
 		if (PQnfields(res) != HB_NCOLS)
@@ -877,7 +882,7 @@ felix_cp_create_stream(const char *name, const char *schema, int shards,
 		 * one this node does not use until its worker claims it again, so
 		 * the node only ever believes in less lease than it holds.
 		 */
-		(void) felix_cp_heartbeat(&s, NULL, 0, NULL, &t_send, &rows, &nrows, ERROR);
+		(void) felix_cp_heartbeat(&s, NULL, 0, NULL, 0, NULL, &t_send, &rows, &nrows, ERROR);
 		if (felix_store_is_etcd())
 		{
 			CpCreateArgs a;

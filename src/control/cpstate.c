@@ -177,6 +177,10 @@ cp_node_read(const FelixKV *kv, CpNode *n)
 		!felix_json_int64(o, "beat", &n->beat) ||
 		!string_array(o, "unable", &n->unable, &n->nunable, 0))
 		return malformed(kv, "node");
+	/* absent in records written before nodes gave their log ends */
+	if (felix_json_array(o, "ends") != NULL &&
+		!string_array(o, "ends", &n->ends, &n->nends, 0))
+		return malformed(kv, "node");
 	claims = felix_json_array(o, "claims");
 	n->nclaims = felix_json_length(claims);
 	n->claims = palloc0(sizeof(CpClaim) * (n->nclaims + 1));
@@ -218,6 +222,7 @@ cp_node_write(const CpNode *n)
 	felix_json_put_string(&b, "boot", n->boot);
 	felix_json_put_int64(&b, "beat", n->beat);
 	put_string_array(&b, "unable", n->unable, n->nunable);
+	put_string_array(&b, "ends", n->ends, n->nends);
 	appendStringInfoString(&b, ",\"claims\":[");
 	for (int i = 0; i < n->nclaims; i++)
 	{
@@ -245,6 +250,27 @@ cp_node_unable(const CpNode *n, const char *stream, int shard)
 		if (strcmp(n->unable[i], name) == 0)
 			return true;
 	return false;
+}
+
+int64
+cp_node_end(const CpNode *n, const char *stream, int shard)
+{
+	char	   *prefix = psprintf("%s/%d=", stream, shard);
+	size_t		len = strlen(prefix);
+
+	for (int i = 0; i < n->nends; i++)
+	{
+		int64		end;
+		char	   *tail;
+
+		if (strncmp(n->ends[i], prefix, len) != 0)
+			continue;
+		errno = 0;
+		end = strtoll(n->ends[i] + len, &tail, 10);
+		if (errno == 0 && *tail == '\0' && tail != n->ends[i] + len && end >= 0)
+			return end;
+	}
+	return -1;
 }
 
 const CpClaim *

@@ -219,6 +219,7 @@ CREATE VIEW felix.nodes AS
 SELECT v->>'name' AS name, v->>'conninfo' AS conninfo, v->>'incarnation' AS incarnation,
        (v->>'starts')::bigint AS starts, v->>'boot' AS boot,
        ARRAY(SELECT pg_catalog.jsonb_array_elements_text(v->'unable')) AS unable,
+       ARRAY(SELECT pg_catalog.jsonb_array_elements_text(v->'ends')) AS ends,
        (v->>'beat')::bigint AS beat, v->'claims' AS claims, v->'peers' AS peers,
        pg_catalog.to_timestamp((v->>'registered_ms')::numeric / 1000) AS registered_at,
        pg_catalog.to_timestamp((v->>'heartbeat_ms')::numeric / 1000) AS last_heartbeat,
@@ -268,7 +269,8 @@ REVOKE ALL ON felix.nodes, felix.cluster_streams, felix.assignments, felix.repli
 -- search_path pinned; see docs/control-plane.md.
 CREATE FUNCTION felix.cp_heartbeat(node text, conninfo text, incarnation text,
                                    starts bigint, boot text, unable text[] DEFAULT NULL,
-                                   lease_ms integer DEFAULT NULL, peers jsonb DEFAULT NULL)
+                                   lease_ms integer DEFAULT NULL, peers jsonb DEFAULT NULL,
+                                   ends text[] DEFAULT NULL)
 RETURNS TABLE (stream text, shard integer, generation bigint, leader text,
                leader_conninfo text, replicas text[], lease_granted boolean,
                lease_ms integer, unplaced_reason text, shards integer,
@@ -322,14 +324,14 @@ CREATE FUNCTION felix.cp_score(node text, stream text, shard integer) RETURNS in
 
 -- Internal: the cp_* entry points are for felix_replication (and
 -- superusers) only.
-REVOKE ALL ON FUNCTION felix.cp_heartbeat(text, text, text, bigint, text, text[], integer, jsonb),
+REVOKE ALL ON FUNCTION felix.cp_heartbeat(text, text, text, bigint, text, text[], integer, jsonb, text[]),
     felix.cp_create_stream(text, integer, integer, text, text, text, bigint, interval, text),
     felix.cp_drop_stream(text, uuid, boolean), felix.cp_report(text, jsonb, bigint, text),
     felix.cp_tick(text, text), felix.cp_nodes(), felix.cp_halted(),
     felix.cp_transfer(text, integer, bigint, text, text),
     felix.cp_move_replica(text, integer, text, text), felix.cp_remove_node(text)
     FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION felix.cp_heartbeat(text, text, text, bigint, text, text[], integer, jsonb),
+GRANT EXECUTE ON FUNCTION felix.cp_heartbeat(text, text, text, bigint, text, text[], integer, jsonb, text[]),
     felix.cp_create_stream(text, integer, integer, text, text, text, bigint, interval, text),
     felix.cp_drop_stream(text, uuid, boolean), felix.cp_report(text, jsonb, bigint, text),
     felix.cp_tick(text, text), felix.cp_nodes(), felix.cp_halted(),

@@ -8,7 +8,9 @@
  *	  reads it when shared memory is set up, counts the start and writes it
  *	  back (a new file renamed over the old, both synced) before any
  *	  backend or worker runs; a missing or unreadable file means a new
- *	  directory, so a new incarnation.  Each start also draws a random boot
+ *	  directory, so a new incarnation, and so does a start from a base
+ *	  backup (PostgreSQL's backup_label is there), whose felix files were
+ *	  copied while they were written.  Each start also draws a random boot
  *	  id, kept in memory only.  The heartbeat sends all three to the
  *	  control plane, which remembers the highest start count of each
  *	  incarnation and the boot id that came with it: a directory restored
@@ -41,7 +43,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "access/xlog.h"
 #include "common/file_perm.h"
+#include "miscadmin.h"
 #include "storage/fd.h"
 #include "storage/shmem.h"
 #include "storage/spin.h"
@@ -175,6 +179,25 @@ identity_write(const char *incarnation, uint64 boots)
 					 "felix data directory");
 }
 
+/*
+ * Does this start recover from a base backup?  pg_basebackup (and the
+ * low-level backup API) leave a backup_label in the data directory; the
+ * startup process renames it once recovery has begun, after the
+ * postmaster has set up shared memory, so it is still there now.  A copy
+ * of a running node's felix data directory is neither current (it holds
+ * the log as it was when the copy was taken) nor consistent (segments
+ * were appended to while they were copied, and felix writes no WAL).
+ */
+static bool
+started_from_base_backup(void)
+{
+	char		path[MAXPGPATH];
+	struct stat st;
+
+	snprintf(path, sizeof(path), "%s/%s", DataDir, BACKUP_LABEL_FILE);
+	return stat(path, &st) == 0;
+}
+
 void
 incarnation_shmem_init(void)
 {
@@ -204,6 +227,14 @@ incarnation_shmem_init(void)
 				(errmsg("felix data directory \"%s\": the file \"%s\" is unreadable; this directory gets a new incarnation",
 						root, FELIX_INCARNATION_FILE),
 				 errdetail("The control plane treats this node as a new, empty replica of every shard until each is rebuilt.")));
+		inc[0] = '\0';
+	}
+	if (inc[0] != '\0' && started_from_base_backup())
+	{
+		ereport(LOG,
+				(errmsg("felix data directory \"%s\": this server starts from a base backup; incarnation %s ends here",
+						root, inc),
+				 errdetail("The backup copied the felix data directory while records were appended to it, and it holds fewer records than this node acknowledged since: the control plane treats this node as a new, empty replica of every shard, and each shard's leader rebuilds its copy.")));
 		inc[0] = '\0';
 	}
 	if (inc[0] == '\0')

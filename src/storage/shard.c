@@ -406,6 +406,48 @@ shard_fail(FelixShard *s, const char *why)
 }
 
 /*
+ * Recover a replicated shard's copy made under an older incarnation of
+ * this node.  Nothing counts on such a copy (its leader replaces it), and
+ * one restored from a base backup may be damaged past its tail: the
+ * backup copied segments while batches were appended to them, so a batch
+ * half written when it was read can have whole ones after it.  Damage
+ * there does not stop the shard: the copy is discarded, and the shard
+ * opens empty, as this incarnation's, to be filled by its leader like a
+ * new replica's.  Returns true if it did so.  A single copy is the only
+ * one there is and is never discarded here (its damage is reported).
+ */
+static bool
+recover_stale_copy(FelixShard *s, const char *dir, const char *what)
+{
+	MemoryContext oldcxt = CurrentMemoryContext;
+	ErrorData  *edata;
+
+	PG_TRY();
+	{
+		log_recover(dir, what, &s->log);
+	}
+	PG_CATCH();
+	{
+		MemoryContextSwitchTo(oldcxt);
+		edata = CopyErrorData();
+		if (edata->sqlerrcode != ERRCODE_DATA_CORRUPTED)
+			PG_RE_THROW();
+		FlushErrorState();
+		ereport(LOG,
+				(errmsg("%s: its copy, made under an older incarnation of this node, is damaged; it is discarded",
+						what),
+				 errdetail("%s", edata->message),
+				 errhint("The shard's leader ships the whole log to this node again.")));
+		FreeErrorData(edata);
+		log_discard(dir, what, &s->log, 0, 0);
+		incarnation_stamp_write(dir, what);
+		return true;
+	}
+	PG_END_TRY();
+	return false;
+}
+
+/*
  * Recover the shard's log and open it.  Called with the tail held.  The
  * shard opens as a follower at the newest generation its log or map
  * knows: only the control plane makes it a leader (lease.c), even on a
@@ -432,12 +474,15 @@ shard_open_locked(FelixShard *s)
 	bool		stale;
 
 	shard_dir(s, dir);
-	log_recover(dir, what, &s->log);
 
 	/* whose copy is this?  unstamped: ours from now on */
 	incarnation_stamp_read(dir, stamp);
 	felix_incarnation(incarnation, NULL);
 	stale = stamp[0] != '\0' && strcmp(stamp, incarnation) != 0;
+	if (stale && s->replication_factor > 1)
+		stale = !recover_stale_copy(s, dir, what);
+	else
+		log_recover(dir, what, &s->log);
 	if (stamp[0] == '\0')
 		incarnation_stamp_write(dir, what);
 

@@ -115,6 +115,9 @@ typedef struct HbRow
 	bool		missing;		/* the stream has no table here yet */
 	bool		created;		/* ... and this cycle created it */
 	bool		applied;		/* the assignment reached the local shard */
+	int			slot;			/* its local shard's slot if it names this
+								 * node leader, else -1 */
+	FelixShardKey key;			/* ... and that shard */
 } HbRow;
 
 /* The worker's state; all of it is process-local. */
@@ -127,6 +130,19 @@ static bool waiting_logged = false;
 static HTAB *row_errors = NULL;
 /* Shards whose assignment could not be applied here, and since when. */
 static HTAB *unserved = NULL;
+/*
+ * The shards the control plane last named this node the leader of, whose
+ * log ends the next heartbeat gives (led_ends); NULL: none known yet.
+ */
+typedef struct LedShard
+{
+	char		stream[NAMEDATALEN];
+	int			shard;
+	int			slot;
+	FelixShardKey key;
+} LedShard;
+static LedShard *led = NULL;
+static int	nled = 0;
 
 /*
  * shard_streams_forgotten() just before this heartbeat's rows were asked
@@ -361,6 +377,11 @@ apply_row_guts(void *arg)
 	s = felix_stream_shard(&stream, r->c.shard);
 	lease_apply_assignment(s, &r->c.a);
 	r->applied = true;
+	if (felix_is_this_node(r->c.a.leader))
+	{
+		r->slot = shard_slot_index(s);
+		r->key = s->key;
+	}
 }
 
 /*
@@ -391,7 +412,10 @@ wrap_rows(FelixCpShard *shards, int n)
 	HbRow	   *rows = palloc0(sizeof(HbRow) * Max(n, 1));
 
 	for (int i = 0; i < n; i++)
+	{
 		rows[i].c = shards[i];
+		rows[i].slot = -1;
+	}
 	return rows;
 }
 
@@ -408,7 +432,7 @@ felix_heartbeat_apply_stream(const char *stream)
 		int64		t_send;
 		HbRow	   *rows;
 
-		(void) felix_cp_heartbeat(&s, NULL, 0, NULL, &t_send, &shards, &n, ERROR);
+		(void) felix_cp_heartbeat(&s, NULL, 0, NULL, 0, NULL, &t_send, &shards, &n, ERROR);
 		rows = wrap_rows(shards, n);
 		note_leaders(rows, n);
 		for (int i = 0; i < n; i++)
@@ -702,6 +726,56 @@ note_served(HbRow *rows, int nrows)
 	}
 }
 
+/* Remember the shards this heartbeat named this node the leader of. */
+static void
+note_led(HbRow *rows, int nrows)
+{
+	if (led)
+		pfree(led);
+	led = MemoryContextAllocZero(TopMemoryContext, sizeof(LedShard) * (nrows + 1));
+	nled = 0;
+	for (int i = 0; i < nrows; i++)
+	{
+		if (rows[i].slot < 0)
+			continue;
+		strlcpy(led[nled].stream, rows[i].c.stream, NAMEDATALEN);
+		led[nled].shard = rows[i].c.shard;
+		led[nled].slot = rows[i].slot;
+		led[nled].key = rows[i].key;
+		nled++;
+	}
+}
+
+/*
+ * The durable log ends, now, of the shards this node was last named the
+ * leader of ("stream/shard=end"), for the heartbeat to give; NULL before
+ * the first heartbeat of this boot has named any.  The duty holder gives
+ * a lapsed leader its shard back only if its log still ends at or after
+ * what it reported its followers to hold: a node restored from a backup
+ * (same identity, fewer records) does not.
+ */
+static char **
+led_ends(int *n)
+{
+	char	  **out;
+
+	*n = 0;
+	if (led == NULL)
+		return NULL;
+	out = palloc0(sizeof(char *) * (nled + 1));
+	for (int i = 0; i < nled; i++)
+	{
+		FelixShardPositions pos;
+
+		shard_read_positions(shard_slot(led[i].slot), &pos);
+		if (!pos.in_use || memcmp(&pos.key, &led[i].key, sizeof(FelixShardKey)) != 0)
+			continue;			/* closed or reused since */
+		out[(*n)++] = psprintf("%s/%d=" UINT64_FORMAT, led[i].stream, led[i].shard,
+							   pos.flushed_end);
+	}
+	return out;
+}
+
 /*
  * The shards this node cannot serve ("stream/shard")
  * for felix.cp_heartbeat: those whose assignment has failed to reach the
@@ -782,6 +856,8 @@ heartbeat_once(void)
 	int			nrows;
 	int			nunable;
 	char	  **unable;
+	int			nends;
+	char	  **ends;
 	int			elevel;
 	int			promoted;
 
@@ -791,6 +867,7 @@ heartbeat_once(void)
 		return;
 	felix_node_note(me, my_conninfo);
 	unable = unable_list(&nunable);
+	ends = led_ends(&nends);
 
 	beats++;
 	if (!cp_connect())
@@ -811,7 +888,8 @@ heartbeat_once(void)
 	drops_before_rows = shard_streams_forgotten();
 	felix_count(FELIX_CTR_HEARTBEATS_SENT, 1);
 	elevel = failure_elevel();
-	if (!felix_cp_heartbeat(&cp_session, unable, nunable, felix_nodes_probes_json(), &t_send,
+	if (!felix_cp_heartbeat(&cp_session, unable, nunable, ends, nends,
+							felix_nodes_probes_json(), &t_send,
 							&shards, &nrows, elevel))
 	{
 		pgstat_report_activity(STATE_IDLE, NULL);
@@ -840,6 +918,7 @@ heartbeat_once(void)
 	note_leaders(rows, nrows);
 	apply_rows(rows, nrows);
 	note_served(rows, nrows);
+	note_led(rows, nrows);
 
 	/*
 	 * The duties, if this node holds them or may take them over.  A node

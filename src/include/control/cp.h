@@ -43,6 +43,10 @@ typedef struct CpHeartbeatArgs
 	int			nunable;
 	char	  **unable;
 	int			lease_ms;		/* the lease the node holds itself to */
+	bool		ends_given;		/* false: none known (e.g. a first beat) */
+	int			nends;
+	char	  **ends;			/* "stream/shard=next_seq" of the shards it
+								 * was last told it leads */
 	const char *peers;			/* JSON object peer -> "" | why unreachable; NULL: unchanged */
 } CpHeartbeatArgs;
 

@@ -71,10 +71,12 @@ typedef struct FelixCpShard
  * Heartbeat for this node: register it, claim its leases (anchored at
  * *t_send, read just before the call leaves), and learn every shard.
  * unable: the shards it cannot serve ("stream/shard"), NULL: unchanged.
+ * ends: its log ends ("stream/shard=next_seq") of the shards it was last
+ * told it leads, NULL: none known yet.
  * peers: JSON object of what it sees of its peers, NULL: unchanged.
  */
 extern bool felix_cp_heartbeat(FelixCpSession *s, char **unable, int nunable,
-							   const char *peers, int64 *t_send,
+							   char **ends, int nends, const char *peers, int64 *t_send,
 							   FelixCpShard **rows, int *nrows, int elevel);
 
 /* One round of the duties; -1 when this node does not hold them (or failed). */

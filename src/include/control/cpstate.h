@@ -52,6 +52,9 @@ typedef struct CpNode
 	char	   *boot;
 	int			nunable;
 	char	  **unable;			/* "stream/shard" */
+	int			nends;
+	char	  **ends;			/* "stream/shard=next_seq": its log ends, this
+								 * boot, of the shards it was told it leads */
 	int			nclaims;
 	CpClaim    *claims;
 	int64		beat;			/* heartbeats of this boot */
@@ -166,6 +169,8 @@ extern const char *cp_leads_value(void);
 /* Helpers over records. */
 extern bool cp_shard_has_replica(const CpShard *s, const char *node);
 extern bool cp_node_unable(const CpNode *n, const char *stream, int shard);
+/* The log end n last gave for (stream, shard) in this boot; -1 if none. */
+extern int64 cp_node_end(const CpNode *n, const char *stream, int shard);
 extern const CpClaim *cp_node_claim(const CpNode *n, const char *stream, int shard);
 extern bool cp_alive_has(const CpAlive *a, const char *node);
 extern int64 cp_now_ms(void);
