@@ -234,6 +234,27 @@ REVOKE ALL ON r FROM regress_felix_reader;
 DROP ROLE regress_felix_reader;
 SELECT count(*) AS records FROM r;
 
+-- ---------------------------------------------------------------------
+-- SQL of another felix version bound to this library: felix 1.0 declared
+-- felix.replicate with 6 arguments and felix_publish_batch with 3.  Until
+-- ALTER EXTENSION felix UPDATE runs, such declarations call this library,
+-- which refuses rather than read arguments that were never passed.
+-- ---------------------------------------------------------------------
+CREATE SCHEMA felix_1_0;
+CREATE FUNCTION felix_1_0.replicate(stream text, shard integer, generation bigint,
+                                    from_seq bigint, leader_hwm_end bigint, batches bytea,
+                                    OUT status text, OUT seq bigint)
+    AS 'felix', 'felix_replicate' LANGUAGE C;
+CREATE FUNCTION felix_1_0.publish_batch(stream text, payloads jsonb[], keys text[] DEFAULT NULL)
+RETURNS SETOF felix_position
+    AS 'felix', 'felix_publish_batch' LANGUAGE C;
+SELECT * FROM felix_1_0.replicate('r', 0, 1, 1, 1, '\x00');
+\echo SQLSTATE :SQLSTATE
+SELECT * FROM felix_1_0.publish_batch('r', ARRAY['{}'::jsonb]);
+\echo SQLSTATE :SQLSTATE
+SELECT count(*) AS records FROM r;
+DROP SCHEMA felix_1_0 CASCADE;
+
 -- Tidy up what only this file uses.
 SELECT felix_drop_stream('rempty');
 DROP TABLE heap_t;

@@ -275,6 +275,25 @@ felix_require_preload(void)
 						 "(shared_preload_libraries = 'felix') and restart the server.")));
 }
 
+/*
+ * Refuse a call whose SQL declaration passes other than the nargs
+ * arguments this library reads: the SQL of an older felix version still
+ * bound to this library (the binaries replaced, ALTER EXTENSION felix
+ * UPDATE not run yet).  Reading an argument that was never passed would
+ * read whatever lies there.
+ */
+void
+felix_require_nargs(FunctionCallInfo fcinfo, int nargs, const char *function)
+{
+	if (PG_NARGS() != nargs)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("%s was called with %d arguments, but this felix library takes %d",
+						function, PG_NARGS(), nargs),
+				 errdetail("The function's SQL declaration is from another felix version than the library loaded."),
+				 errhint("Run ALTER EXTENSION felix UPDATE in every database with felix, and the same felix version on every node.")));
+}
+
 PG_FUNCTION_INFO_V1(felix_require_preload_sql);
 Datum
 felix_require_preload_sql(PG_FUNCTION_ARGS)

@@ -231,7 +231,7 @@ PG_FUNCTION_INFO_V1(felix_publish_batch);
 Datum
 felix_publish_batch(PG_FUNCTION_ARGS)
 {
-	const FelixStream *stream = stream_arg(fcinfo);
+	const FelixStream *stream;
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	Oid			elemtype;
 	int16		typlen;
@@ -248,6 +248,8 @@ felix_publish_batch(PG_FUNCTION_ARGS)
 	uint32	   *index_in_shard;
 	ShardBatch *batches;
 
+	felix_require_nargs(fcinfo, 4, "felix_publish_batch");
+	stream = stream_arg(fcinfo);
 	publish_check_access(stream);
 
 	if (PG_ARGISNULL(1))

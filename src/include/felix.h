@@ -12,6 +12,7 @@
 #define FELIX_H
 
 #include "postgres.h"
+#include "fmgr.h"
 
 /* ---- GUCs (defined in src/felix.c) ---- */
 extern char *felix_data_directory;	/* felix.data_directory; "" = $PGDATA/felix */
@@ -91,6 +92,7 @@ extern void felix_stream_dir(Oid dboid, Oid relid, char *buf);
 
 /* Raise an error unless felix was loaded through shared_preload_libraries. */
 extern void felix_require_preload(void);
+extern void felix_require_nargs(FunctionCallInfo fcinfo, int nargs, const char *function);
 extern bool felix_preloaded;
 
 /* ---- shared-memory registry (src/shmem.c) ----

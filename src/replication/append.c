@@ -496,6 +496,7 @@ felix_replicate(PG_FUNCTION_ARGS)
 
 	felix_require_preload();
 	felix_require_replication_role("felix.replicate");
+	felix_require_nargs(fcinfo, 9, "felix.replicate");
 	for (int i = 0; i < 9; i++)
 		if (PG_ARGISNULL(i))
 			ereport(ERROR,
