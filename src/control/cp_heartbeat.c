@@ -47,7 +47,6 @@
 /* The most first claims one heartbeat makes (each writes an assignment). */
 #define CP_MAX_TAKES_PER_BEAT	64
 /* Attempts before giving up when other writers keep getting there first. */
-#define CP_MAX_ATTEMPTS			32
 
 void
 cp_check_node_name(const char *node)

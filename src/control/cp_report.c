@@ -31,7 +31,6 @@
 #include "control/cp.h"
 #include "control/json.h"
 
-#define CP_MAX_ATTEMPTS		32
 
 static bool
 halt_reason_ok(const char *h)

@@ -278,7 +278,7 @@ cp_create_stream(const CpCreateArgs *a)
 void
 cp_drop_stream(const char *name, const char *creation_id, bool missing_ok)
 {
-	for (int attempt = 0; attempt < 8; attempt++)
+	for (int attempt = 0; attempt < CP_MAX_ATTEMPTS; attempt++)
 	{
 		CpSnapshot	snap;
 		CpStream   *st;
@@ -345,73 +345,85 @@ int64
 cp_transfer(const char *stream, int shard, int64 generation, const char *from_node,
 			const char *to_node)
 {
-	CpSnapshot	snap;
-	CpShard    *s;
-	CpNode	   *to;
-	CpShard		next;
-	FelixStoreCmp cmps[3];
-	FelixStoreOp ops[2];
-	int64		rev;
-	FelixStoreStatus rc;
-
-	felix_store_serialize();
-	(void) cp_snapshot_read(&snap, false, ERROR);
-	s = cp_snapshot_shard(&snap, stream, shard);
-	if (s == NULL || s->generation != generation || s->leader == NULL ||
-		strcmp(s->leader, from_node) != 0)
-		ereport(ERROR,
-				(errcode(FELIX_ERRCODE_NOT_LEADER),
-				 errmsg("stream \"%s\" shard %d: node \"%s\" does not lead generation " INT64_FORMAT,
-						stream, shard, from_node, generation),
-				 errhint("The shard moved on meanwhile; felix_shards shows its leader.")));
-	to = cp_snapshot_node(&snap, to_node);
-	if (to == NULL || !cp_shard_has_replica(s, to_node) || strcmp(to_node, from_node) == 0 ||
-		!snap.have_alive || !cp_alive_has(&snap.alive, to_node) ||
-		cp_node_unable(to, stream, shard))
+	for (int attempt = 0; attempt < CP_MAX_ATTEMPTS; attempt++)
 	{
-		StringInfoData set;
+		CpSnapshot	snap;
+		CpShard    *s;
+		CpNode	   *to;
+		CpShard		next;
+		FelixStoreCmp cmps[2];
+		FelixStoreOp ops[2];
+		int64		rev;
+		FelixStoreStatus rc;
 
-		initStringInfo(&set);
-		for (int i = 0; i < s->nreplicas; i++)
-			appendStringInfo(&set, "%s%s", i ? ", " : "", s->replicas[i]);
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("stream \"%s\" shard %d: node \"%s\" cannot take the shard over",
-						stream, shard, to_node),
-				 errdetail("It must be another alive member of the replica set that can serve the shard."),
-				 errhint("The replica set is %s; felix_nodes shows which nodes are alive.", set.data)));
+		if (attempt > 0)
+			cp_backoff(attempt);
+		felix_store_serialize();
+		(void) cp_snapshot_read(&snap, false, ERROR);
+		s = cp_snapshot_shard(&snap, stream, shard);
+		if (s == NULL || s->generation != generation || s->leader == NULL ||
+			strcmp(s->leader, from_node) != 0)
+			ereport(ERROR,
+					(errcode(FELIX_ERRCODE_NOT_LEADER),
+					 errmsg("stream \"%s\" shard %d: node \"%s\" does not lead generation " INT64_FORMAT,
+							stream, shard, from_node, generation),
+					 errhint("The shard moved on meanwhile; felix_shards shows its leader.")));
+		to = cp_snapshot_node(&snap, to_node);
+		if (to == NULL || !cp_shard_has_replica(s, to_node) || strcmp(to_node, from_node) == 0 ||
+			!snap.have_alive || !cp_alive_has(&snap.alive, to_node) ||
+			cp_node_unable(to, stream, shard))
+		{
+			StringInfoData set;
+
+			initStringInfo(&set);
+			for (int i = 0; i < s->nreplicas; i++)
+				appendStringInfo(&set, "%s%s", i ? ", " : "", s->replicas[i]);
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("stream \"%s\" shard %d: node \"%s\" cannot take the shard over",
+							stream, shard, to_node),
+					 errdetail("It must be another alive member of the replica set that can serve the shard."),
+					 errhint("The replica set is %s; felix_nodes shows which nodes are alive.", set.data)));
+		}
+		/*
+		 * The caller vouches that it stopped writing at `generation` and
+		 * gave up its lease: the interval a promotion waits out is already
+		 * over.
+		 */
+		next = *s;
+		next.generation = generation + 1;
+		next.leader = to->name;
+		next.leader_incarnation = to->incarnation;
+		next.unplaced_reason = NULL;
+		next.assigned_ms = cp_now_ms();
+		cmps[0].key = cp_key_shard(stream, shard);
+		cmps[0].mod_revision = s->rev;
+		cmps[1].key = cp_key_node(to_node);
+		cmps[1].mod_revision = to->rev;
+		ops[0].key = cmps[0].key;
+		ops[0].value = cp_shard_write(&next);
+		ops[1].key = cp_key_leads(from_node);
+		ops[1].value = cp_leads_value();
+		rc = felix_store_txn(cmps, 2, ops, 2, &rev, ERROR);
+		if (rc == FELIX_STORE_OK)
+		{
+			ereport(LOG,
+					(errmsg("felix: stream \"%s\" shard %d: \"%s\" hands generation " INT64_FORMAT " to \"%s\"",
+							stream, shard, from_node, generation + 1, to_node)));
+			return generation + 1;
+		}
+		if (rc != FELIX_STORE_CONFLICT)
+			store_failed(psprintf("the transfer of stream \"%s\" shard %d", stream, shard));
+
+		/*
+		 * The shard or the target's record changed since the read: a
+		 * heartbeat rewrites its node's record every time, and a leader's
+		 * first claim of its generation rewrites the shard.  Read again:
+		 * only a shard that moved on refuses the transfer.
+		 */
 	}
-	/*
-	 * The caller vouches that it stopped writing at `generation` and gave
-	 * up its lease: the interval a promotion waits out is already over.
-	 */
-	next = *s;
-	next.generation = generation + 1;
-	next.leader = to->name;
-	next.leader_incarnation = to->incarnation;
-	next.unplaced_reason = NULL;
-	next.assigned_ms = cp_now_ms();
-	cmps[0].key = cp_key_shard(stream, shard);
-	cmps[0].mod_revision = s->rev;
-	cmps[1].key = cp_key_node(to_node);
-	cmps[1].mod_revision = to->rev;
-	ops[0].key = cmps[0].key;
-	ops[0].value = cp_shard_write(&next);
-	ops[1].key = cp_key_leads(from_node);
-	ops[1].value = cp_leads_value();
-	rc = felix_store_txn(cmps, 2, ops, 2, &rev, ERROR);
-	if (rc == FELIX_STORE_CONFLICT)
-		ereport(ERROR,
-				(errcode(FELIX_ERRCODE_NOT_LEADER),
-				 errmsg("stream \"%s\" shard %d: node \"%s\" does not lead generation " INT64_FORMAT,
-						stream, shard, from_node, generation),
-				 errhint("The shard moved on meanwhile; felix_shards shows its leader.")));
-	if (rc != FELIX_STORE_OK)
-		store_failed(psprintf("the transfer of stream \"%s\" shard %d", stream, shard));
-	ereport(LOG,
-			(errmsg("felix: stream \"%s\" shard %d: \"%s\" hands generation " INT64_FORMAT " to \"%s\"",
-					stream, shard, from_node, generation + 1, to_node)));
-	return generation + 1;
+	store_failed(psprintf("the transfer of stream \"%s\" shard %d (it kept changing)", stream, shard));
+	pg_unreachable();
 }
 
 char *

@@ -174,6 +174,8 @@ extern int64 cp_node_end(const CpNode *n, const char *stream, int shard);
 extern const CpClaim *cp_node_claim(const CpNode *n, const char *stream, int shard);
 extern bool cp_alive_has(const CpAlive *a, const char *node);
 extern int64 cp_now_ms(void);
+/* How many times a rule retries a store transaction that met a conflict. */
+#define CP_MAX_ATTEMPTS	32
 /* After a lost compare-and-set (etcd): wait a few random ms, interruptibly. */
 extern void cp_backoff(int attempt);
 
