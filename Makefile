@@ -1,7 +1,11 @@
 # felix — PGXS build.  `make && make install`, then see README.md for tests.
 MODULE_big = felix
 EXTENSION  = felix
+# Install scripts: 1.0 as released (never edited), and 1.1 and the update
+# from 1.0 built from shared parts (src/sql/*.sql) so that both paths
+# create the same objects.
 DATA       = src/sql/felix--1.0.sql
+DATA_built = src/sql/felix--1.1.sql src/sql/felix--1.0--1.1.sql
 PGFILEDESC = "felix - replicated log streams for PostgreSQL"
 
 OBJS = \
@@ -89,6 +93,12 @@ EXTRA_CLEAN = tmp_regress tmp_isolation output_iso results regression.diffs regr
 PG_CONFIG ?= /usr/lib/postgresql/15/bin/pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
+
+src/sql/felix--1.1.sql: src/sql/base.sql src/sql/objects.sql
+	cat $^ > $@
+
+src/sql/felix--1.0--1.1.sql: src/sql/update-1.0-1.1.pre.sql src/sql/objects.sql src/sql/update-1.0-1.1.post.sql
+	cat $^ > $@
 
 test/unit/rules_test: test/unit/rules_test.c src/replication/rules.c src/include/replication/rules.h
 	$(CC) $(CPPFLAGS) $(CFLAGS) -o $@ test/unit/rules_test.c src/replication/rules.c \

@@ -16,6 +16,10 @@
 
 #include <time.h>
 
+#include "access/genam.h"
+#include "access/htup_details.h"
+#include "access/stratnum.h"
+#include "access/table.h"
 #include "am/am.h"
 #include "api/catalog.h"
 #include "api/pending.h"
@@ -29,7 +33,11 @@
 #include "postmaster/postmaster.h"
 #include "replication/quorum.h"
 #include "replication/ship.h"
+#include "catalog/pg_extension.h"
+#include "utils/builtins.h"
+#include "utils/fmgroids.h"
 #include "utils/guc.h"
+#include "utils/rel.h"
 #include "worker/heartbeat.h"
 #include "worker/node.h"
 #include "worker/reporter.h"
@@ -292,6 +300,38 @@ felix_require_nargs(FunctionCallInfo fcinfo, int nargs, const char *function)
 						function, PG_NARGS(), nargs),
 				 errdetail("The function's SQL declaration is from another felix version than the library loaded."),
 				 errhint("Run ALTER EXTENSION felix UPDATE in every database with felix, and the same felix version on every node.")));
+}
+
+/*
+ * The version of felix installed in this database ("" if none), into buf;
+ * true if it is the one this library serves.  Needs a transaction.
+ */
+bool
+felix_extension_version(char *buf, Size len)
+{
+	Relation	rel;
+	ScanKeyData key;
+	SysScanDesc scan;
+	HeapTuple	tup;
+
+	buf[0] = '\0';
+	rel = table_open(ExtensionRelationId, AccessShareLock);
+	ScanKeyInit(&key, Anum_pg_extension_extname, BTEqualStrategyNumber, F_NAMEEQ,
+				CStringGetDatum("felix"));
+	scan = systable_beginscan(rel, ExtensionNameIndexId, true, NULL, 1, &key);
+	tup = systable_getnext(scan);
+	if (HeapTupleIsValid(tup))
+	{
+		bool		isnull;
+		Datum		d = heap_getattr(tup, Anum_pg_extension_extversion,
+									 RelationGetDescr(rel), &isnull);
+
+		if (!isnull)
+			text_to_cstring_buffer(DatumGetTextPP(d), buf, len);
+	}
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	return strcmp(buf, FELIX_SQL_VERSION) == 0;
 }
 
 PG_FUNCTION_INFO_V1(felix_require_preload_sql);

@@ -66,6 +66,7 @@ static MemoryContext cache_cxt = NULL;
 static HTAB *by_name = NULL;
 static HTAB *by_relid = NULL;
 static Oid	streams_relid = InvalidOid;	/* felix.streams, seen at last fill */
+static bool version_checked = false;	/* felix is installed at the library's version */
 
 /*
  * Forget every entry.  Callers may still hold pointers obtained earlier in
@@ -86,6 +87,7 @@ cache_reset(void)
 	}
 	by_name = NULL;
 	by_relid = NULL;
+	version_checked = false;
 }
 
 static void
@@ -341,12 +343,24 @@ felix_stream_settings_match(const FelixStream *stream, const FelixStreamSettings
 static void
 require_extension_schema(void)
 {
+	char		installed[NAMEDATALEN];
+
 	felix_require_preload();
+	if (version_checked)
+		return;
 	if (!OidIsValid(get_namespace_oid("felix", true)))
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("the felix extension is not installed in this database"),
 				 errhint("Run CREATE EXTENSION felix.")));
+	/* the SQL objects this library reads must be the ones it was built for */
+	if (!felix_extension_version(installed, sizeof(installed)) && installed[0] != '\0')
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("felix %s is installed in this database, and the felix library loaded is %s",
+						installed, FELIX_SQL_VERSION),
+				 errhint("Run ALTER EXTENSION felix UPDATE.")));
+	version_checked = true;
 }
 
 const FelixStream *

@@ -517,8 +517,10 @@ consider(const CpSnapshot *snap, CpShard *s, int64 now)
 
 	leader = cp_snapshot_node(snap, s->leader);
 	if (leader && is_alive(leader, now) &&
-		(s->nreplicas == 1 || (s->leader_incarnation &&
-							   strcmp(leader->incarnation, s->leader_incarnation) == 0)) &&
+		(s->nreplicas == 1 ||
+		 (s->leader_incarnation &&
+		  (strcmp(leader->incarnation, s->leader_incarnation) == 0 ||
+		   strcmp(s->leader_incarnation, CP_INCARNATION_UNKNOWN) == 0))) &&
 		!cp_node_unable(leader, s->stream, s->shard) &&
 		leader_holds_reported(snap, s, leader))
 	{

@@ -93,6 +93,12 @@ extern void felix_stream_dir(Oid dboid, Oid relid, char *buf);
 /* Raise an error unless felix was loaded through shared_preload_libraries. */
 extern void felix_require_preload(void);
 extern void felix_require_nargs(FunctionCallInfo fcinfo, int nargs, const char *function);
+
+/* The version of felix's SQL objects this library serves (felix.control). */
+#define FELIX_SQL_VERSION	"1.1"
+/* The version installed in this database ("" if none) into buf; true if
+ * it is FELIX_SQL_VERSION.  In a transaction. */
+extern bool felix_extension_version(char *buf, Size len);
 extern bool felix_preloaded;
 
 /* ---- shared-memory registry (src/shmem.c) ----

@@ -62,7 +62,6 @@
 #include "access/xact.h"
 #include "api/catalog.h"
 #include "api/stream.h"
-#include "commands/extension.h"
 #include "common/hashfn.h"
 #include "control/client.h"
 #include "control/cpcall.h"
@@ -656,22 +655,34 @@ apply_rows(HbRow *rows, int nrows)
  * ---------------------------------------------------------------------
  */
 
-/* Has CREATE EXTENSION felix run in felix.database? */
+/*
+ * Is felix installed in felix.database, at the version this library
+ * serves?  Until it is (CREATE EXTENSION felix, or ALTER EXTENSION felix
+ * UPDATE after the binaries were replaced), the node does not join.
+ */
 static bool
 local_extension_ready(void)
 {
 	bool		ready;
+	char		installed[NAMEDATALEN];
 
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
-	ready = OidIsValid(get_extension_oid("felix", true));
+	ready = felix_extension_version(installed, sizeof(installed));
 	CommitTransactionCommand();
 	MemoryContextSwitchTo(cycle_cxt);
 
 	if (!ready && !waiting_logged)
-		ereport(LOG,
-				(errmsg("felix heartbeat: waiting for CREATE EXTENSION felix in database \"%s\" before joining the cluster",
-						felix_database)));
+	{
+		if (installed[0] == '\0')
+			ereport(LOG,
+					(errmsg("felix heartbeat: waiting for CREATE EXTENSION felix in database \"%s\" before joining the cluster",
+							felix_database)));
+		else
+			ereport(LOG,
+					(errmsg("felix heartbeat: felix %s is installed in database \"%s\", and this library is %s: waiting for ALTER EXTENSION felix UPDATE before joining the cluster",
+							installed, felix_database, FELIX_SQL_VERSION)));
+	}
 	waiting_logged = !ready;
 	return ready;
 }

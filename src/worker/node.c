@@ -32,7 +32,6 @@
 #include "access/xact.h"
 #include "api/catalog.h"
 #include "catalog/namespace.h"
-#include "commands/extension.h"
 #include "control/client.h"
 #include "control/conninfo.h"
 #include "control/nodes.h"
@@ -105,13 +104,14 @@ static void
 tend_all(void)
 {
 	ListCell   *lc;
+	char		installed[NAMEDATALEN];
 
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
 	PushActiveSnapshot(GetTransactionSnapshot());
 	pgstat_report_activity(STATE_RUNNING, "felix: opening shards and applying retention");
 
-	if (OidIsValid(get_extension_oid("felix", true)))
+	if (felix_extension_version(installed, sizeof(installed)))
 	{
 		foreach(lc, felix_stream_list())
 		{

@@ -169,6 +169,15 @@ extern const char *cp_leads_value(void);
 /* Helpers over records. */
 extern bool cp_shard_has_replica(const CpShard *s, const char *node);
 extern bool cp_node_unable(const CpNode *n, const char *stream, int shard);
+/*
+ * The incarnation named by state migrated from felix 1.0, which had none
+ * (the nil uuid): a shard's leader granted then, and the followers its
+ * reports speak of.  Such a leader may be any incarnation of its node,
+ * provided its log holds what its reports say (cp_duty.c); such a report
+ * qualifies no follower.
+ */
+#define CP_INCARNATION_UNKNOWN	"00000000-0000-0000-0000-000000000000"
+
 /* The log end n last gave for (stream, shard) in this boot; -1 if none. */
 extern int64 cp_node_end(const CpNode *n, const char *stream, int shard);
 extern const CpClaim *cp_node_claim(const CpNode *n, const char *stream, int shard);
