@@ -677,26 +677,30 @@ uint64
 shard_append_locked(FelixShard *s, uint64 generation, StringInfo *batches, int n,
 					const TimestampTz *stamps, int64 at)
 {
-	uint64		base = s->log.next_seq;
+	uint64		base;
 	TimestampTz now = GetCurrentTimestamp();
 	MemoryContext oldcxt = CurrentMemoryContext;
 	char		dir[MAXPGPATH];
 	char	   *what = shard_what(s);
 
-	if (at >= 0 && base != 0)
+	if (at >= 0 && s->log.next_seq != s->log.start_seq)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("%s: cannot restore records into it: the shard already holds records (its next seq is " UINT64_FORMAT ")",
-						what, base),
+						what, s->log.next_seq),
 				 errdetail("Restored records keep the seqs they were dumped with; felix never renumbers them."),
 				 errhint("Restore into a stream that holds no records: a fresh database, or drop and restore the stream.")));
-	if (at > 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("%s: cannot restore records from seq " INT64_FORMAT ": a restored shard must begin at seq 0",
-						what, at),
-				 errdetail("The dump holds no records below seq " INT64_FORMAT ", probably because retention removed them.", at),
-				 errhint("felix cannot yet start a restored shard past seq 0; restore from a dump taken before retention removed records, or publish the records anew.")));
+	if (at >= 0 && (uint64) at != s->log.start_seq)
+	{
+		/*
+		 * The dump begins past seq 0 (retention had removed the records
+		 * before it): the empty shard begins where the dump does, as a
+		 * copy bootstrapped from a trimmed leader does.  Nothing is
+		 * discarded but an empty log.
+		 */
+		shard_begin_at_locked(s, (uint64) at, generation);
+	}
+	base = s->log.next_seq;
 	shard_dir(s, dir);
 	PG_TRY();
 	{

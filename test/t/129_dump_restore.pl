@@ -6,7 +6,9 @@
 # pg_restore.  Every stream comes back as a stream: the same name, schema,
 # shards, replication factor, consistency, payload type, storage,
 # retention, owner and grants, and every record with the same (shard, seq,
-# key, payload, published_at).  A restore into a stream that already holds
+# key, payload, published_at) -- a stream whose oldest records retention
+# removed begins, restored, at the seq its dump begins at.  A restore into
+# a stream that already holds
 # records is refused, and so are rows whose seqs are not contiguous in
 # their shard: nothing is renumbered.
 use strict;
@@ -20,7 +22,8 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
-my $src = felix_node('dsrc');
+# Small segments, so that retention removes the oldest records of 'old'.
+my $src = felix_node('dsrc', "felix.segment_bytes = '64kB'");
 my $roles = q{
 	CREATE ROLE app LOGIN;
 	CREATE ROLE reader;
@@ -33,6 +36,7 @@ $src->safe_psql('postgres', q{
 	SELECT felix_create_stream('j', shards => 3, retention_bytes => 1000000000);
 	SELECT felix_create_stream('t', shards => 2, payload_type => 'text', retention => '30 days');
 	SELECT felix_create_stream('b', shards => 2, payload_type => 'bytea');
+	SELECT felix_create_stream('old', retention_bytes => 150000);
 	SET search_path = ops, public;
 	SELECT felix_create_stream('audit', shards => 1);
 	RESET search_path;
@@ -42,7 +46,12 @@ $src->safe_psql('postgres', q{
 	SELECT count(felix_publish('t', repeat(chr(65 + i % 26), i))) FROM generate_series(1, 200) i;
 	SELECT count(felix_publish('b', decode(md5(i::text), 'hex'), shard => i % 2)) FROM generate_series(1, 100) i;
 	INSERT INTO ops.audit (key, payload) SELECT NULL, to_jsonb(i) FROM generate_series(1, 20) i;
+	SELECT count(felix_publish('old', jsonb_build_object('i', i, 'pad', repeat('x', 1000)))) FROM generate_series(1, 400) i;
+	SET ROLE app;
+	SELECT felix_enforce_retention('old');
 });
+my $old_start = $src->safe_psql('postgres', "SELECT start_seq FROM felix_shards WHERE stream = 'old'");
+cmp_ok($old_start, '>', 0, "retention removed the oldest records of stream old (it begins at seq $old_start)");
 # a transactional history: a rolled-back transaction, a rolled-back
 # savepoint, rows of several shards in one commit
 $src->safe_psql('postgres', q{
@@ -121,12 +130,18 @@ my ($rc, $out, $err) = $plain->psql('postgres', undef,
 is($rc, 0, 'psql -f restores the plain dump') or diag($err);
 is(streams_of($plain), $streams, 'plain restore: every stream, with its settings, owner and grants');
 is(records_of($plain), $records, 'plain restore: every record, same (shard, seq, key, payload, published_at)');
+is($plain->safe_psql('postgres', "SELECT start_seq FROM felix_shards WHERE stream = 'old'"), $old_start,
+	'plain restore: the trimmed stream begins where its dump does');
 
 my $custom = fresh_node('dcustom');
 $custom->command_ok([ "$bindir/pg_restore", '-d', $custom->connstr('postgres'), '--exit-on-error', "$tmp/custom.dump" ],
 	'pg_restore restores the custom dump');
 is(streams_of($custom), $streams, 'custom restore: every stream, with its settings, owner and grants');
 is(records_of($custom), $records, 'custom restore: every record, same (shard, seq, key, payload, published_at)');
+is($custom->safe_psql('postgres', "SELECT start_seq FROM felix_shards WHERE stream = 'old'"), $old_start,
+	'custom restore: the trimmed stream begins where its dump does');
+is($custom->safe_psql('postgres', q{SELECT (felix_publish('old', '{"after": "restore"}'::jsonb)).seq}),
+	$src->safe_psql('postgres', q{SELECT max(seq) + 1 FROM old}), 'and publishes after its restored records');
 
 # The restored streams take new records after the restored ones.
 my $last = $custom->safe_psql('postgres', 'SELECT max(seq) FROM j WHERE shard = 0');
