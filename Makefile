@@ -30,6 +30,7 @@ OBJS = \
 	src/am/tableam.o \
 	src/am/scan.o \
 	src/am/refuse.o \
+	src/am/remote.o \
 	src/api/catalog.o \
 	src/api/stream.o \
 	src/api/seclabel.o \

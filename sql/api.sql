@@ -476,3 +476,19 @@ PREPARE TRANSACTION 'felix_drop';
 \echo SQLSTATE :SQLSTATE
 SELECT count(*) AS still_there FROM felix_streams WHERE stream = 'drop_prepared';
 SELECT felix_drop_stream('drop_prepared');
+-- felix.read_shard, the replica's side of a read of a shard a node holds
+-- no copy of: this node's copy, within the range asked for, at most
+-- max_records; the stream must be the one of that creation.
+SELECT creation_id AS blobs_id FROM felix.streams WHERE name = 'blobs' \gset
+SELECT seq, key, payload, visible_end > seq AS below_end
+  FROM felix.read_shard('blobs', :'blobs_id', 0, 0, 1000, 1);
+SELECT count(*) = (SELECT count(*) FROM blobs WHERE shard = 1) AS whole_shard
+  FROM felix.read_shard('blobs', :'blobs_id', 1, 0, 1000, 1000);
+SELECT * FROM felix.read_shard('blobs', '00000000-0000-4000-8000-000000000000', 0, 0, 10, 10);
+\echo SQLSTATE :SQLSTATE
+SELECT * FROM felix.read_shard('blobs', :'blobs_id', 2, 0, 10, 10);
+\echo SQLSTATE :SQLSTATE
+SELECT * FROM felix.read_shard('blobs', :'blobs_id', 0, 5, 1, 10);
+\echo SQLSTATE :SQLSTATE
+SELECT * FROM felix.read_shard('blobs', :'blobs_id', 0, 0, 10, NULL);
+\echo SQLSTATE :SQLSTATE

@@ -297,6 +297,9 @@ SELECT felix_rebuild(NULL, NULL, NULL);
 SELECT felix_rebuild_halted() AS asked;
 -- 52: the halted listing shows only what the role may read
 SELECT count(*) AS halted_visible FROM felix_halted;
+-- 53: reading a stream it may not SELECT through the node-to-node read
+SELECT count(*) FROM felix.read_shard('hx', :'hx_id', 0, 0, 10, 10);
+\echo SQLSTATE :SQLSTATE
 RESET SESSION AUTHORIZATION;
 
 -- =====================================================================

@@ -4,8 +4,9 @@
  *	  The felix table access method.  A stream's table owns no heap pages:
  *	  its rows are the records of its shards' segment logs.  Reading walks
  *	  shards 0..N-1 and, in each, seqs [start_seq, hwm_end) through the
- *	  storage layer's reader, so rows always come out in (shard, seq)
- *	  order.  Writing (INSERT, COPY) hands each row to pending.c, which
+ *	  storage layer's reader -- or, for a shard this node holds no copy
+ *	  of, from one of its replicas (remote.c) -- so rows always come out
+ *	  in (shard, seq) order.  Writing (INSERT, COPY) hands each row to pending.c, which
  *	  buffers it and appends at commit.  Everything a log cannot do —
  *	  change or remove one row, lock it, find it by ctid, index it — raises
  *	  a clear error here; refuse.c usually refuses the same statements
@@ -38,6 +39,7 @@
 #include "access/transam.h"
 #include "access/xact.h"
 #include "am/am.h"
+#include "am/remote.h"
 #include "api/catalog.h"
 #include "api/pending.h"
 #include "catalog/index.h"
@@ -68,6 +70,8 @@ static BlockNumber sample_layout(const FelixStream *stream, BlockNumber *first,
 typedef struct CursorShard
 {
 	bool		taken;
+	bool		elsewhere;		/* no copy here: read from a replica */
+	bool		end_known;		/* elsewhere: end fixed by the first read */
 	uint64		start;			/* visible [start, end) */
 	uint64		end;
 	FelixShard *slot;
@@ -93,9 +97,13 @@ struct FelixCursor
 	 */
 	bool		sampling;
 
+	/* Read only this node's copies (felix.read_shard answering a peer). */
+	bool		local_only;
+
 	/* position */
 	int32		cur;			/* shard being read; shard_hi when done */
 	FelixLogReader *reader;		/* open on shard `cur`, or NULL */
+	FelixRemoteReader *remote;	/* ... or this, for a shard held elsewhere */
 	char	   *what;			/* shard_what() of `cur`, for the reader */
 	uint64		next_seq;		/* seq the next record should have */
 	uint64		cur_hi;			/* stop before this seq in `cur` */
@@ -135,6 +143,11 @@ cursor_close_reader(FelixCursor *c)
 		log_reader_close(c->reader);
 		c->reader = NULL;
 	}
+	if (c->remote != NULL)
+	{
+		remote_reader_close(c->remote);
+		c->remote = NULL;
+	}
 	if (c->what != NULL)
 	{
 		pfree(c->what);
@@ -156,6 +169,12 @@ felix_cursor_set_range(FelixCursor *c, int32 shard_lo, int32 shard_hi,
 	c->cur = c->shard_lo;
 	c->next_seq = 0;
 	c->cur_hi = 0;
+}
+
+void
+felix_cursor_set_local(FelixCursor *c)
+{
+	c->local_only = true;
 }
 
 void
@@ -186,7 +205,20 @@ cursor_take(FelixCursor *c, int32 i)
 	if (!cs->taken)
 	{
 		cs->slot = felix_stream_shard(&c->stream, i);
-		shard_visible(cs->slot, &cs->start, &cs->end);
+		/*
+		 * A shard this node holds no copy of is read from a replica; its
+		 * visible end is that replica's mark, learned by the first read.
+		 * (ANALYZE samples only what is here.)
+		 */
+		cs->elsewhere = !c->local_only && !c->sampling &&
+			remote_shard_elsewhere(cs->slot);
+		if (cs->elsewhere)
+		{
+			cs->start = 0;
+			cs->end = PG_UINT64_MAX;
+		}
+		else
+			shard_visible(cs->slot, &cs->start, &cs->end);
 		cs->taken = true;
 	}
 	return cs;
@@ -204,6 +236,24 @@ cursor_open(FelixCursor *c)
 
 	if (lo >= hi)
 		return false;
+
+	if (cs->elsewhere)
+	{
+		uint64		end;
+
+		old = MemoryContextSwitchTo(c->mcxt);
+		c->remote = remote_reader_open(&c->stream, c->cur, lo, hi, &end);
+		MemoryContextSwitchTo(old);
+		if (!cs->end_known)
+		{
+			/* the first read fixes what this cursor sees of the shard */
+			cs->end = Max(end, lo);
+			cs->end_known = true;
+		}
+		c->next_seq = lo;
+		c->cur_hi = Min(hi, cs->end);
+		return true;
+	}
 
 	old = MemoryContextSwitchTo(c->mcxt);
 	shard_dir(cs->slot, dir);
@@ -307,7 +357,7 @@ felix_cursor_next(FelixCursor *c, TupleTableSlot *slot)
 
 		CHECK_FOR_INTERRUPTS();
 
-		if (c->reader == NULL)
+		if (c->reader == NULL && c->remote == NULL)
 		{
 			if (c->cur >= c->shard_hi)
 				break;
@@ -329,7 +379,8 @@ felix_cursor_next(FelixCursor *c, TupleTableSlot *slot)
 		}
 
 		old = MemoryContextSwitchTo(c->mcxt);
-		got = log_reader_next(c->reader, &rec);
+		got = c->remote != NULL ? remote_reader_next(c->remote, &rec) :
+			log_reader_next(c->reader, &rec);
 		MemoryContextSwitchTo(old);
 		if (!got)
 		{
@@ -1342,4 +1393,5 @@ felix_am_init(void)
 {
 	felix_scan_init();
 	felix_refuse_init();
+	remote_init();
 }

@@ -221,7 +221,7 @@ validate_settings(const char *name, const char *payload_type, const FelixStreamS
  */
 static char *
 register_stream(const char *name, const char *schema, const char *payload_type,
-				const FelixStreamSettings *st)
+				const FelixStreamSettings *st, bool lead_here)
 {
 	char	   *creation_id;
 
@@ -230,7 +230,8 @@ register_stream(const char *name, const char *schema, const char *payload_type,
 										 st->retention_bytes > 0 ? st->retention_bytes : -1,
 										 st->retention == NULL ? NULL :
 										 DatumGetCString(DirectFunctionCall1(interval_out,
-																			 PointerGetDatum(st->retention))));
+																			 PointerGetDatum(st->retention))),
+										 lead_here);
 	(void) note_stream(&registered, InvalidOid, name, creation_id);
 	return creation_id;
 }
@@ -281,7 +282,7 @@ felix_create_stream(PG_FUNCTION_ARGS)
 	/* A name taken here locally is refused before asking. */
 	felix_stream_lock_name(name, true);
 	felix_stream_check_name_free(name, schema);
-	creation_id = register_stream(name, schema, payload_type, &st);
+	creation_id = register_stream(name, schema, payload_type, &st, false);
 	relid = felix_stream_create_local(name, schema, creation_id, payload_type, &st);
 	felix_heartbeat_apply_stream(name);
 	PG_RETURN_OID(relid);
@@ -446,7 +447,8 @@ felix_stream_adopt(Oid relid, const FelixStreamSettings *st)
 				(errcode(ERRCODE_DUPLICATE_OBJECT),
 				 errmsg("stream \"%s\" already exists", name),
 				 errhint("Restore into a database where the stream does not exist, or drop it with felix_drop_stream('%s') first.", name)));
-	creation_id = register_stream(name, schema, payload_type, st);
+	/* the restore writes every shard's records from here: lead them all */
+	creation_id = register_stream(name, schema, payload_type, st, true);
 	make_stream_local(relid, name, creation_id, shape.payload_type, st);
 	table_close(rel, NoLock);
 	felix_heartbeat_apply_stream(name);

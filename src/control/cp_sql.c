@@ -290,6 +290,7 @@ felix_cp_create_stream_sql(PG_FUNCTION_ARGS)
 	const char *names[] = {"shards", "replication_factor", "consistency",
 	"payload_type", "storage"};
 
+	felix_require_nargs(fcinfo, 10, "felix.cp_create_stream");
 	memset(&a, 0, sizeof(a));
 	a.name = text_arg(fcinfo, 0);
 	if (a.name == NULL || a.name[0] == '\0')
@@ -321,6 +322,7 @@ felix_cp_create_stream_sql(PG_FUNCTION_ARGS)
 		a.retention_usec = iv->time;
 	}
 	a.schema = text_arg(fcinfo, 8);
+	a.lead_caller = !PG_ARGISNULL(9) && PG_GETARG_BOOL(9);
 	AS_OWNER(id = cp_create_stream(&a));
 	PG_RETURN_DATUM(DirectFunctionCall1(uuid_in, CStringGetDatum(id)));
 }

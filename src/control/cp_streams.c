@@ -214,7 +214,10 @@ cp_create_stream(const CpCreateArgs *a)
 				 nalive == 0
 				 ? errdetail("No node has heartbeated to the control plane in the last %d ms (felix.node_expiry).", felix_node_expiry)
 				 : errdetail("Alive nodes (heartbeat within %d ms): %s.", felix_node_expiry, names.data),
-				 errhint("Start more felix nodes that heartbeat to this control plane, or use a smaller replication_factor; felix_nodes lists the nodes.")));
+				 a->lead_caller
+				 ? errhint("The stream's label (its settings in the dump) asks for %d replicas: restore into a felix cluster with at least %d alive nodes, or edit replication_factor in the dump's SECURITY LABEL FOR felix; felix_nodes lists the nodes.",
+						   a->replication_factor, a->replication_factor)
+				 : errhint("Start more felix nodes that heartbeat to this control plane, or use a smaller replication_factor; felix_nodes lists the nodes.")));
 	}
 
 	memset(&st, 0, sizeof(st));
@@ -248,6 +251,18 @@ cp_create_stream(const CpCreateArgs *a)
 			sc[i].score = cp_score(alive[i], a->name, k);
 		}
 		qsort(sc, nalive, sizeof(Scored), scored_cmp);
+		/* a restore's node first: it writes every shard's records */
+		for (int i = 1; a->lead_caller && a->caller != NULL && i < nalive; i++)
+		{
+			if (strcmp(sc[i].node, a->caller) == 0)
+			{
+				Scored		caller = sc[i];
+
+				memmove(&sc[1], &sc[0], sizeof(Scored) * i);
+				sc[0] = caller;
+				break;
+			}
+		}
 		memset(&sh, 0, sizeof(sh));
 		sh.stream = (char *) a->name;
 		sh.shard = k;

@@ -862,7 +862,7 @@ char *
 felix_cp_create_stream(const char *name, const char *schema, int shards,
 					   int replication_factor, const char *consistency,
 					   const char *payload_type, const char *storage,
-					   int64 retention_bytes, const char *retention)
+					   int64 retention_bytes, const char *retention, bool lead_here)
 {
 	FelixCpSession s;
 	char	   *volatile creation_id = NULL;
@@ -898,6 +898,7 @@ felix_cp_create_stream(const char *name, const char *schema, int shards,
 			a.has_retention_bytes = retention_bytes >= 0;
 			a.retention_bytes = retention_bytes;
 			a.caller = felix_node_name_resolved();
+			a.lead_caller = lead_here;
 			if (retention != NULL)
 			{
 				Interval   *iv = DatumGetIntervalP(DirectFunctionCall3(interval_in,
@@ -917,7 +918,7 @@ felix_cp_create_stream(const char *name, const char *schema, int shards,
 			char		shards_s[16];
 			char		rf_s[16];
 			char		rb_s[32];
-			const char *values[9];
+			const char *values[10];
 
 			snprintf(shards_s, sizeof(shards_s), "%d", shards);
 			snprintf(rf_s, sizeof(rf_s), "%d", replication_factor);
@@ -931,10 +932,11 @@ felix_cp_create_stream(const char *name, const char *schema, int shards,
 			values[6] = storage;
 			values[7] = retention_bytes < 0 ? NULL : rb_s;
 			values[8] = retention;
+			values[9] = lead_here ? "true" : "false";
 			creation_id = single_value(remote(&s, "felix.cp_create_stream",
 											  "SELECT felix.cp_create_stream($1, $3::integer, $4::integer, $5, $6, $7, "
-											  "$8::bigint, $9::interval, schema => $2)",
-											  9, values, ERROR),
+											  "$8::bigint, $9::interval, schema => $2, lead_here => $10::boolean)",
+											  10, values, ERROR),
 									   "felix.cp_create_stream");
 		}
 	}

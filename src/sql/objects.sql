@@ -91,8 +91,9 @@ CREATE EVENT TRIGGER felix_sql_drop ON sql_drop EXECUTE FUNCTION felix.on_sql_dr
 -- Every node logs in to its peers and to the control plane as a role of
 -- its own, felix_node_<name> (felix_create_node_role), a member of the
 -- group felix_replication.  The group gets EXECUTE on the cp_* functions
--- and felix.replicate and nothing else; they run as the extension's owner,
--- and each checks that its caller acts for the node it names.  Roles are
+-- and the node-to-node calls (felix.replicate, felix.read_shard, ...) and
+-- nothing else; the cp_* functions run as the extension's owner, and each
+-- checks that its caller acts for the node it names.  Roles are
 -- cluster-wide: DROP EXTENSION keeps them.
 DO $$
 BEGIN
@@ -249,7 +250,8 @@ CREATE FUNCTION felix.cp_create_stream(
     storage            text     DEFAULT 'local',
     retention_bytes    bigint   DEFAULT NULL,
     retention          interval DEFAULT NULL,
-    schema             text     DEFAULT 'public')
+    schema             text     DEFAULT 'public',
+    lead_here          boolean  DEFAULT false)
 RETURNS uuid
     AS 'MODULE_PATHNAME', 'felix_cp_create_stream_sql' LANGUAGE C CALLED ON NULL INPUT VOLATILE;
 CREATE FUNCTION felix.cp_drop_stream(name text, creation_id uuid, missing_ok boolean DEFAULT false)
@@ -281,14 +283,14 @@ CREATE FUNCTION felix.cp_score(node text, stream text, shard integer) RETURNS in
 -- Internal: the cp_* entry points are for felix_replication (and
 -- superusers) only.
 REVOKE ALL ON FUNCTION felix.cp_heartbeat(text, text, text, bigint, text, text[], integer, jsonb, text[]),
-    felix.cp_create_stream(text, integer, integer, text, text, text, bigint, interval, text),
+    felix.cp_create_stream(text, integer, integer, text, text, text, bigint, interval, text, boolean),
     felix.cp_drop_stream(text, uuid, boolean), felix.cp_report(text, jsonb, bigint, text),
     felix.cp_tick(text, text), felix.cp_nodes(), felix.cp_halted(),
     felix.cp_transfer(text, integer, bigint, text, text),
     felix.cp_move_replica(text, integer, text, text), felix.cp_remove_node(text)
     FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION felix.cp_heartbeat(text, text, text, bigint, text, text[], integer, jsonb, text[]),
-    felix.cp_create_stream(text, integer, integer, text, text, text, bigint, interval, text),
+    felix.cp_create_stream(text, integer, integer, text, text, text, bigint, interval, text, boolean),
     felix.cp_drop_stream(text, uuid, boolean), felix.cp_report(text, jsonb, bigint, text),
     felix.cp_tick(text, text), felix.cp_nodes(), felix.cp_halted(),
     felix.cp_transfer(text, integer, bigint, text, text),
@@ -368,6 +370,18 @@ RETURNS TABLE(status text, seq bigint)
     AS 'MODULE_PATHNAME', 'felix_replicate' LANGUAGE C CALLED ON NULL INPUT VOLATILE ROWS 1;
 REVOKE ALL ON FUNCTION felix.replicate(text, integer, bigint, text, text, text, bigint, bigint, bytea) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION felix.replicate(text, integer, bigint, text, text, text, bigint, bigint, bytea) TO felix_replication;
+
+-- A node reads a shard it holds no copy of from a replica: this node's
+-- own copy of seqs [from_seq, to_seq), at most max_records of them, up to
+-- its high-water mark (visible_end); payloads as their bytes, publication
+-- times as microseconds since 2000-01-01.  Refused when this node holds
+-- no copy or knows another stream of that name (creation_id).
+CREATE FUNCTION felix.read_shard(stream text, creation_id text, shard integer,
+                                 from_seq bigint, to_seq bigint, max_records integer)
+RETURNS TABLE(seq bigint, key text, payload bytea, published_at bigint, visible_end bigint)
+    AS 'MODULE_PATHNAME', 'felix_read_shard' LANGUAGE C CALLED ON NULL INPUT VOLATILE;
+REVOKE ALL ON FUNCTION felix.read_shard(text, text, integer, bigint, bigint, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION felix.read_shard(text, text, integer, bigint, bigint, integer) TO felix_replication;
 
 -- Who this node is: its name and the incarnation of its felix data
 -- directory.  A node checks at registration that its own conninfo reaches

@@ -50,6 +50,8 @@ extern FelixCursor *felix_cursor_begin(const FelixStream *stream);
 /* Restart at a new range (hi bounds exclusive); an empty range reads nothing. */
 extern void felix_cursor_set_range(FelixCursor *c, int32 shard_lo, int32 shard_hi,
 								   uint64 seq_lo, uint64 seq_hi);
+/* Read only this node's own copies, never a replica's (answering a peer). */
+extern void felix_cursor_set_local(FelixCursor *c);
 /* Only fill the columns marked true (FELIX_NATTS entries); others read as NULL. */
 extern void felix_cursor_set_columns(FelixCursor *c, const bool *needed);
 extern bool felix_cursor_next(FelixCursor *c, TupleTableSlot *slot);

@@ -119,6 +119,7 @@ typedef struct CpCreateArgs
 	int32		retention_days;
 	int64		retention_usec;
 	const char *caller;			/* the creating node (counted alive) */
+	bool		lead_caller;	/* the caller leads every shard (a restore) */
 } CpCreateArgs;
 
 /* The checks of a creation's arguments (the same wherever it is asked). */

@@ -100,8 +100,9 @@ extern int	felix_cp_report(const char *reports, int64 token, int elevel);
  * Backend calls (each on a session of its own, ERROR on failure).
  * Creating first registers this node (a heartbeat), so a stream can be
  * created before the heartbeat worker's first beat; it returns the
- * stream's creation id.  A drop forgets only the stream registered under
- * that name with that creation id.
+ * stream's creation id; with lead_here (a restore, which writes every
+ * shard from here) this node leads every shard.  A drop forgets only the
+ * stream registered under that name with that creation id.
  */
 extern char *felix_cp_create_stream(const char *name, const char *schema,
 									int shards, int replication_factor,
@@ -109,7 +110,8 @@ extern char *felix_cp_create_stream(const char *name, const char *schema,
 									const char *payload_type,
 									const char *storage,
 									int64 retention_bytes,
-									const char *retention);
+									const char *retention,
+									bool lead_here);
 extern void felix_cp_drop_stream(const char *name, const char *creation_id);
 /* As a transaction aborts: never raises; false (a WARNING) on failure. */
 extern bool felix_cp_unregister_stream(const char *name, const char *creation_id);
