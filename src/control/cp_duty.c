@@ -404,7 +404,18 @@ disqualified(const CpSnapshot *snap, const CpShard *s, const CpStream *st,
 		return "new data directory";
 	if (row->halted)
 		return psprintf("halted %s", row->halted);
-	if (!row->caught_up)
+
+	/*
+	 * Quorum: only a follower holding every acknowledged record may lead
+	 * (report before mark makes "caught up" true of every acknowledged
+	 * record).  Leader consistency acknowledges without the followers, so
+	 * under steady publishing no follower is ever level with the leader:
+	 * requiring it would leave the shard unplaced for good once its
+	 * leader's disk is lost.  There the most advanced follower recently
+	 * reported is promoted, and what is lost is at most its lag -- the
+	 * stream's documented loss window (docs/replication.md).
+	 */
+	if (!row->caught_up && strcmp(st->consistency, "quorum") == 0)
 		return "behind";
 	if (cp_node_unable(n, s->stream, s->shard))
 		return "cannot serve it";
