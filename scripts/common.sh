@@ -19,6 +19,11 @@ FELIX_PACKAGES=(
 	etcd-server
 	openssl
 	build-essential
+	spin
+	faketime
+	nftables
+	python3-psycopg2
+	iproute2
 )
 
 felix_log() { printf '==> %s\n' "$*"; }

@@ -16,7 +16,9 @@
  *						  when it is unset or empty)
  *	 FELIX_FAULT_TRIGGER  only while this file exists; if its content begins
  *						  with "once", the first failure removes it (claimed
- *						  by unlink, so exactly one call in one process fails)
+ *						  by unlink, so exactly one call in one process fails);
+ *						  if it begins with "slow N", calls do not fail but
+ *						  each sleeps N milliseconds first (a slow disk)
  *	 FELIX_FAULT_SUFFIX	  optional: only files whose name ends with this,
  *						  such as ".seg"
  *	 FELIX_FAULT_LOG	  optional: a line is appended here for every failure
@@ -36,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 static int	(*real_fsync) (int) = NULL;
@@ -113,17 +116,31 @@ should_fail(int fd, const char *fn)
 
 	/* a one-shot trigger: whoever removes it gets the failure */
 	{
-		char		buf[4];
+		char		buf[32];
 		int			tfd = open(trigger, O_RDONLY | O_CLOEXEC);
 		ssize_t		got = -1;
 
 		if (tfd >= 0)
 		{
-			got = read(tfd, buf, sizeof(buf));
+			got = read(tfd, buf, sizeof(buf) - 1);
 			close(tfd);
 		}
-		if (got == 4 && memcmp(buf, "once", 4) == 0 && unlink(trigger) != 0)
+		if (got >= 4 && memcmp(buf, "once", 4) == 0 && unlink(trigger) != 0)
 			goto out;
+		if (got >= 5 && memcmp(buf, "slow ", 5) == 0)
+		{
+			/* a slow disk: the call goes through, late */
+			long		ms;
+			struct timespec ts;
+
+			buf[got] = '\0';
+			ms = strtol(buf + 5, NULL, 10);
+			ts.tv_sec = ms / 1000;
+			ts.tv_nsec = (ms % 1000) * 1000000L;
+			while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+				;
+			goto out;
+		}
 	}
 
 	log_failure(fn, path);
