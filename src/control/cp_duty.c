@@ -68,7 +68,7 @@
 
 #define NS_PER_MS	INT64CONST(1000000)
 /* FELIX_REASON_LEN (storage/shard.h): an unplaced reason fits a shard slot */
-#define CP_REASON_LEN	160
+#define CP_REASON_LEN	400
 
 typedef struct ShardObs
 {
@@ -357,17 +357,9 @@ newest_reported_generation(const CpReports *r)
 	return g;
 }
 
-/*
- * Does the lapsed leader of s still hold what it had?  Its reports of the
- * newest generation say how far its followers held the log, and it
- * acknowledged nothing beyond those (report before mark); a leader whose
- * log, as it gave it in this boot, ends before that is a copy restored
- * from a backup (or otherwise older than itself) and must not lead: it
- * would serve, and ship over, a log missing acknowledged records.  With
- * no report there is nothing to compare (a single replica).
- */
-static bool
-leader_holds_reported(const CpSnapshot *snap, const CpShard *s, const CpNode *leader)
+/* The largest acknowledged end the newest generation's reports give. */
+static int64
+newest_reported_end(const CpSnapshot *snap, const CpShard *s)
 {
 	CpReports  *r = cp_snapshot_reports(snap, s->stream, s->shard);
 	int64		newest = newest_reported_generation(r);
@@ -376,6 +368,27 @@ leader_holds_reported(const CpSnapshot *snap, const CpShard *s, const CpNode *le
 	for (int i = 0; r && i < r->n; i++)
 		if (r->rows[i].generation == newest)
 			reported = Max(reported, r->rows[i].acked_end);
+	return reported;
+}
+
+/*
+ * Does the lapsed leader of s still hold what it had?  The reports say how
+ * far its followers held the log, and it acknowledged nothing beyond what
+ * it reported (report before mark); and it held at least the shard's
+ * acked_floor when it was made leader.  A leader whose log, as it gave it
+ * in this boot, ends before either is a copy restored from a backup (or
+ * otherwise older than itself) and must not lead: it would serve, and
+ * ship over, a log missing acknowledged records.  The floor matters when
+ * the reports alone say too little: a leader that fell just after its
+ * promotion may have reported its followers before they answered it (the
+ * fault harness found a leader restored from an old copy re-promoted so).
+ * With neither there is nothing to compare (a single replica).
+ */
+static bool
+leader_holds_reported(const CpSnapshot *snap, const CpShard *s, const CpNode *leader)
+{
+	int64		reported = Max(s->acked_floor, newest_reported_end(snap, s));
+
 	return reported == 0 || cp_node_end(leader, s->stream, s->shard) >= reported;
 }
 
@@ -390,6 +403,7 @@ disqualified(const CpSnapshot *snap, const CpShard *s, const CpStream *st,
 	CpNode	   *n = cp_snapshot_node(snap, follower);
 	const CpReport *row = NULL;
 	NodeObs    *no;
+	int64		end;
 
 	for (int i = 0; r && i < r->n; i++)
 		if (strcmp(r->rows[i].follower, follower) == 0)
@@ -402,6 +416,15 @@ disqualified(const CpSnapshot *snap, const CpShard *s, const CpStream *st,
 		return "report of an older generation";
 	if (strcmp(row->incarnation, n->incarnation) != 0)
 		return "new data directory";
+
+	/*
+	 * Its log, as its heartbeat gave it in this boot, must still hold what
+	 * the report says it acknowledged: a felix directory put back from an
+	 * older copy keeps its identity but not its records.
+	 */
+	end = cp_node_end(n, s->stream, s->shard);
+	if (end >= 0 && end < row->acked_end)
+		return "its log ends before what it was reported to hold (restored from a copy?)";
 	if (row->halted)
 		return psprintf("halted %s", row->halted);
 
@@ -579,6 +602,16 @@ consider(const CpSnapshot *snap, CpShard *s, int64 now)
 		next.leader_incarnation = best.node->incarnation;
 		next.unplaced_reason = NULL;
 		next.assigned_ms = cp_now_ms();
+		/*
+		 * What every later leader must hold: a returning leader held the
+		 * floor and what it reported; a promoted follower holds what its
+		 * report says (on a leader stream, records beyond it are the loss
+		 * window and are gone).
+		 */
+		next.acked_floor = best.is_leader ?
+			Max(s->acked_floor, newest_reported_end(snap, s)) :
+			(strcmp(st->consistency, "quorum") == 0 ?
+			 Max(s->acked_floor, best.acked_end) : best.acked_end);
 		ops[0].key = cp_key_shard(s->stream, s->shard);
 		ops[0].value = cp_shard_write(&next);
 		ops[1].key = cp_key_leads(s->leader ? s->leader : best.node->name);

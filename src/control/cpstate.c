@@ -405,6 +405,7 @@ cp_shard_read(const FelixKV *kv, CpShard *s)
 	s->taken_boot = opt_string(o, "taken_boot");
 	s->unplaced_reason = opt_string(o, "unplaced_reason");
 	s->assigned_ms = opt_int64(o, "assigned_ms", 0);
+	s->acked_floor = opt_int64(o, "acked_floor", 0);
 	/* nothing outside the replica set ever leads: it holds no copy */
 	if (s->leader && !cp_shard_has_replica(s, s->leader))
 		return malformed(kv, "shard assignment");
@@ -440,6 +441,8 @@ cp_shard_write(const CpShard *s)
 	if (s->unplaced_reason)
 		felix_json_put_string(&b, "unplaced_reason", s->unplaced_reason);
 	felix_json_put_int64(&b, "assigned_ms", s->assigned_ms);
+	if (s->acked_floor > 0)
+		felix_json_put_int64(&b, "acked_floor", s->acked_floor);
 	appendStringInfoChar(&b, '}');
 	return b.data;
 }

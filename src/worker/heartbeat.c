@@ -115,7 +115,7 @@ typedef struct HbRow
 	bool		created;		/* ... and this cycle created it */
 	bool		applied;		/* the assignment reached the local shard */
 	int			slot;			/* its local shard's slot if it names this
-								 * node leader, else -1 */
+								 * node a replica, else -1 */
 	FelixShardKey key;			/* ... and that shard */
 } HbRow;
 
@@ -130,18 +130,19 @@ static HTAB *row_errors = NULL;
 /* Shards whose assignment could not be applied here, and since when. */
 static HTAB *unserved = NULL;
 /*
- * The shards the control plane last named this node the leader of, whose
- * log ends the next heartbeat gives (led_ends); NULL: none known yet.
+ * The shards the control plane last named this node a replica of (leader
+ * or follower), whose log ends the next heartbeat gives (held_ends); NULL:
+ * none known yet.
  */
-typedef struct LedShard
+typedef struct HeldShard
 {
 	char		stream[NAMEDATALEN];
 	int			shard;
 	int			slot;
 	FelixShardKey key;
-} LedShard;
-static LedShard *led = NULL;
-static int	nled = 0;
+} HeldShard;
+static HeldShard *held = NULL;
+static int	nheld = 0;
 
 /*
  * shard_streams_forgotten() just before this heartbeat's rows were asked
@@ -322,6 +323,19 @@ refuse_bad_row(const HbRow *r)
 				 errhint("Run the same felix version on every node and on the control plane.")));
 }
 
+/* Is this node in the assignment's replica set (or joining it)? */
+static bool
+holds_copy(const FelixAssignment *a)
+{
+	if (felix_is_this_node(a->leader) ||
+		(a->joining[0] != '\0' && felix_is_this_node(a->joining)))
+		return true;
+	for (int i = 0; i < a->nreplicas; i++)
+		if (felix_is_this_node(a->replicas[i]))
+			return true;
+	return false;
+}
+
 /* Apply one assignment to its local shard (inside a subtransaction). */
 static void
 apply_row_guts(void *arg)
@@ -376,7 +390,7 @@ apply_row_guts(void *arg)
 	s = felix_stream_shard(&stream, r->c.shard);
 	lease_apply_assignment(s, &r->c.a);
 	r->applied = true;
-	if (felix_is_this_node(r->c.a.leader))
+	if (holds_copy(&r->c.a))
 	{
 		r->slot = shard_slot_index(s);
 		r->key = s->key;
@@ -737,51 +751,52 @@ note_served(HbRow *rows, int nrows)
 	}
 }
 
-/* Remember the shards this heartbeat named this node the leader of. */
+/* Remember the shards this heartbeat named this node a replica of. */
 static void
-note_led(HbRow *rows, int nrows)
+note_held(HbRow *rows, int nrows)
 {
-	if (led)
-		pfree(led);
-	led = MemoryContextAllocZero(TopMemoryContext, sizeof(LedShard) * (nrows + 1));
-	nled = 0;
+	if (held)
+		pfree(held);
+	held = MemoryContextAllocZero(TopMemoryContext, sizeof(HeldShard) * (nrows + 1));
+	nheld = 0;
 	for (int i = 0; i < nrows; i++)
 	{
 		if (rows[i].slot < 0)
 			continue;
-		strlcpy(led[nled].stream, rows[i].c.stream, NAMEDATALEN);
-		led[nled].shard = rows[i].c.shard;
-		led[nled].slot = rows[i].slot;
-		led[nled].key = rows[i].key;
-		nled++;
+		strlcpy(held[nheld].stream, rows[i].c.stream, NAMEDATALEN);
+		held[nheld].shard = rows[i].c.shard;
+		held[nheld].slot = rows[i].slot;
+		held[nheld].key = rows[i].key;
+		nheld++;
 	}
 }
 
 /*
- * The durable log ends, now, of the shards this node was last named the
- * leader of ("stream/shard=end"), for the heartbeat to give; NULL before
+ * The durable log ends, now, of the shards this node was last named a
+ * replica of ("stream/shard=end"), for the heartbeat to give; NULL before
  * the first heartbeat of this boot has named any.  The duty holder gives
- * a lapsed leader its shard back only if its log still ends at or after
- * what it reported its followers to hold: a node restored from a backup
- * (same identity, fewer records) does not.
+ * a lapsed leader its shard back, and promotes a follower, only if its log
+ * still ends at or after what the reports say it held: a node whose felix
+ * directory was put back from an older copy (same identity, fewer records)
+ * does not lead.
  */
 static char **
-led_ends(int *n)
+held_ends(int *n)
 {
 	char	  **out;
 
 	*n = 0;
-	if (led == NULL)
+	if (held == NULL)
 		return NULL;
-	out = palloc0(sizeof(char *) * (nled + 1));
-	for (int i = 0; i < nled; i++)
+	out = palloc0(sizeof(char *) * (nheld + 1));
+	for (int i = 0; i < nheld; i++)
 	{
 		FelixShardPositions pos;
 
-		shard_read_positions(shard_slot(led[i].slot), &pos);
-		if (!pos.in_use || memcmp(&pos.key, &led[i].key, sizeof(FelixShardKey)) != 0)
+		shard_read_positions(shard_slot(held[i].slot), &pos);
+		if (!pos.in_use || memcmp(&pos.key, &held[i].key, sizeof(FelixShardKey)) != 0)
 			continue;			/* closed or reused since */
-		out[(*n)++] = psprintf("%s/%d=" UINT64_FORMAT, led[i].stream, led[i].shard,
+		out[(*n)++] = psprintf("%s/%d=" UINT64_FORMAT, held[i].stream, held[i].shard,
 							   pos.flushed_end);
 	}
 	return out;
@@ -878,7 +893,7 @@ heartbeat_once(void)
 		return;
 	felix_node_note(me, my_conninfo);
 	unable = unable_list(&nunable);
-	ends = led_ends(&nends);
+	ends = held_ends(&nends);
 
 	beats++;
 	if (!cp_connect())
@@ -929,7 +944,7 @@ heartbeat_once(void)
 	note_leaders(rows, nrows);
 	apply_rows(rows, nrows);
 	note_served(rows, nrows);
-	note_led(rows, nrows);
+	note_held(rows, nrows);
 
 	/*
 	 * The duties, if this node holds them or may take them over.  A node

@@ -41,6 +41,12 @@ DURATION = {
 }
 
 
+# Faults that destroy a node's copy.  A replication factor 3 shard survives
+# the loss of one copy, not two (the seeds' failure model: a minority), so a
+# schedule destroys at most one; crashes, pauses and the rest come freely.
+DESTRUCTIVE = ("wipe", "restore_old")
+
+
 def make_schedule(seed, n_nodes, store, length, nfaults):
     """[(start, kind, target, duration, extra)] for this seed."""
     rng = random.Random(seed)
@@ -48,6 +54,8 @@ def make_schedule(seed, n_nodes, store, length, nfaults):
     out = []
     for _ in range(nfaults):
         kind = rng.choice(kinds)
+        if kind in DESTRUCTIVE:
+            kinds = [k for k in kinds if k not in DESTRUCTIVE]
         lo, hi = DURATION[kind]
         dur = round(rng.uniform(lo, hi), 2)
         start = round(rng.uniform(1.5, max(1.6, length - dur)), 2)

@@ -17,6 +17,7 @@ directory (server logs, history.json, final.json) and makes the run fail.
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import struct
@@ -46,10 +47,15 @@ BATCH_MAGIC = 0x31425846
 BATCH_RECORDS = 1
 
 
-def batch_generations(shard_dir):
-    """[(base_seq, count, generation)] of the record batches of a shard's
-    segment files (docs/storage-format.md), in seq order."""
-    out = []
+ID = re.compile(rb"w\d+-\d+")
+
+
+def read_segments(shard_dir):
+    """What a shard's segment files hold (docs/storage-format.md): the
+    record batches as [base_seq, count, generation], and every record as
+    [seq, id] (the id read from the payload's bytes: the workload's ids
+    are unique ASCII strings), in seq order."""
+    out, recs = [], []
     for name in sorted(os.listdir(shard_dir)):
         if not name.endswith(".seg"):
             continue
@@ -62,9 +68,17 @@ def batch_generations(shard_dir):
                 break
             if kind == BATCH_RECORDS:
                 out.append([base, count, gen])
+                pos = off + BATCH_HEADER.size
+                for i in range(count):
+                    klen, plen = struct.unpack_from("<II", data, pos)
+                    pos += 8 + (0 if klen == 0xFFFFFFFF else klen)
+                    m = ID.search(data[pos:pos + plen])
+                    recs.append([base + i, m.group().decode() if m else None])
+                    pos += plen
             off += BATCH_HEADER.size + blen + 8
     out.sort()
-    return out
+    recs.sort()
+    return out, recs
 
 
 def converge(c, timeout):
@@ -111,7 +125,7 @@ def final_state(c, state, ok):
     record batches (read from its segment files)."""
     out = {}
     for (stream, shard), (leader, replicas) in sorted(state.items()):
-        f = {"leader": leader, "replicas": {}, "gens": {}, "converged": ok.get((stream, shard), False)}
+        f = {"leader": leader, "replicas": {}, "gens": {}, "stored": {}, "converged": ok.get((stream, shard), False)}
         for r in replicas:
             try:
                 rows = c.node(r).sql("SELECT seq, payload->>'id' FROM %s WHERE shard = %%s ORDER BY seq"
@@ -124,7 +138,7 @@ def final_state(c, state, ok):
                 ids = c.node(r).sql(
                     "SELECT d.oid, c.oid FROM pg_database d, pg_class c "
                     "WHERE d.datname = current_database() AND c.oid = %s::regclass", (stream,))
-                f["gens"][r] = batch_generations(os.path.join(
+                f["gens"][r], f["stored"][r] = read_segments(os.path.join(
                     c.node(r).dir, "felix-mnt", "felix", str(ids[0][0]), str(ids[0][1]), str(shard)))
             except Exception:
                 pass
@@ -161,8 +175,8 @@ def run_schedule(args, store, seed, profile, template, shim, run_no):
         state, ok = converge(c, 60)
         final = final_state(c, state, ok)
         consistency = {n: cons for n, (cons, _) in STREAMS.items()}
-        violations, figures = checker.check(h.events, final, consistency)
-        result.update(violations=violations, figures=dict(figures),
+        violations, figures, unavailable = checker.check(h.events, final, consistency)
+        result.update(violations=violations, figures=dict(figures), unavailable=unavailable,
                       unavailability=checker.unavailability(h.events),
                       faults=[e["kind"] for e in h.events if e["k"] == "fault"],
                       injector_errors=inj.errors)
@@ -217,10 +231,12 @@ def main():
             r["seconds"] = round(time.monotonic() - t0, 1)
             results.append(r)
             f = r.get("figures", {})
-            print("seed %d %-8s %s  %5.1fs  acked %d lost %d (leader window %d) deposed %d  faults %s" % (
+            print("seed %d %-8s %s  %5.1fs  acked %d lost %d (leader window %d) deposed %d%s  faults %s" % (
                 seed, store, "FAIL" if r["violations"] else "ok  ", r["seconds"],
                 f.get("acknowledged", 0), f.get("lost", 0), f.get("lost_in_leader_window", 0),
-                f.get("deposed_acks", 0), ",".join(r.get("faults", []))), flush=True)
+                f.get("deposed_acks", 0),
+                "  UNAVAILABLE %s" % ",".join(r["unavailable"]) if r.get("unavailable") else "",
+                ",".join(r.get("faults", []))), flush=True)
             if r["violations"]:
                 print("  replay: test/fault/run --profile %s --store %s --seed %d" % (args.profile, store, seed))
                 print("  schedule: %s" % json.dumps(r["schedule"]))

@@ -35,68 +35,81 @@ CONS = {"q": "quorum", "l": "leader"}
 class Checks(unittest.TestCase):
     def test_clean(self):
         h = [grant(1, "node1", 0.5), pub("a", 0), pub("b", 1)]
-        v, f = checker.check(h, final([(0, "a"), (1, "b")]), CONS)
+        v, f, _ = checker.check(h, final([(0, "a"), (1, "b")]), CONS)
         self.assertEqual(v, [])
         self.assertEqual(f["acknowledged"], 2)
 
     def test_quorum_loss(self):
         h = [grant(1, "node1", 0.5), pub("a", 0), pub("b", 1), grant(2, "node2", 2.0)]
-        v, _ = checker.check(h, final([(0, "a")], leader="node2"), CONS)
+        v, _, _ = checker.check(h, final([(0, "a")], leader="node2"), CONS)
         self.assertTrue(any("is lost" in x for x in v), v)
 
     def test_leader_window(self):
         h = [grant(1, "node1", 0.5, "l"), pub("a", 0, stream="l"), pub("b", 1, stream="l"),
              grant(2, "node2", 2.0, "l")]
-        v, f = checker.check(h, final([(0, "a"), (1, "c")], "l", leader="node2"), CONS)
+        v, f, _ = checker.check(h, final([(0, "a"), (1, "c")], "l", leader="node2"), CONS)
         self.assertEqual(v, [])
         self.assertEqual(f["lost_in_leader_window"], 1)
 
     def test_leader_loss_without_failover(self):
         h = [grant(1, "node1", 0.5, "l"), pub("a", 0, stream="l"), pub("b", 1, stream="l")]
-        v, _ = checker.check(h, final([(0, "a")], "l"), CONS)
+        v, _, _ = checker.check(h, final([(0, "a")], "l"), CONS)
         self.assertTrue(any("is lost" in x for x in v), v)
 
     def test_deposed_ack(self):
         # b was written at generation 1 and acknowledged for a publish begun
         # after generation 2 was granted
         h = [grant(1, "node1", 0.5), pub("a", 0), grant(2, "node2", 2.0), pub("b", 1, inv=3.0)]
-        v, f = checker.check(h, final([(0, "a"), (1, "b")], gens=[[0, 2, 1]]), CONS)
+        v, f, _ = checker.check(h, final([(0, "a"), (1, "b")], gens=[[0, 2, 1]]), CONS)
         self.assertTrue(any("after generation 2 was granted" in x for x in v), v)
         self.assertEqual(f["deposed_acks"], 1)
 
     def test_ack_at_new_generation(self):
         h = [grant(1, "node1", 0.5), pub("a", 0), grant(2, "node2", 2.0), pub("b", 1, node="node2", inv=3.0)]
-        v, _ = checker.check(h, final([(0, "a"), (1, "b")], gens=[[0, 1, 1], [1, 1, 2]]), CONS)
+        v, _, _ = checker.check(h, final([(0, "a"), (1, "b")], gens=[[0, 1, 1], [1, 1, 2]]), CONS)
         self.assertEqual(v, [])
 
     def test_read_of_another_payload(self):
         h = [grant(1, "node1", 0.5), pub("a", 0),
              {"k": "read", "stream": "q", "shard": 0, "node": "node2", "t": 1.5, "ret": 1.6,
               "rows": [[0, "x"]]}]
-        v, _ = checker.check(h, final([(0, "a")]), CONS)
+        v, _, _ = checker.check(h, final([(0, "a")]), CONS)
         self.assertTrue(any("was read on node2" in x for x in v), v)
 
     def test_read_gap(self):
         h = [{"k": "read", "stream": "q", "shard": 0, "node": "node2", "t": 1.5, "ret": 1.6,
               "rows": [[0, "a"], [2, "c"]]}]
-        v, _ = checker.check(h, final([(0, "a"), (1, "b"), (2, "c")]), CONS)
+        v, _, _ = checker.check(h, final([(0, "a"), (1, "b"), (2, "c")]), CONS)
         self.assertTrue(any("gap" in x for x in v), v)
 
     def test_replicas_disagree(self):
-        v, _ = checker.check([], final([(0, "a"), (1, "b")], others={"node2": [(0, "a"), (1, "z")]}), CONS)
+        v, _, _ = checker.check([], final([(0, "a"), (1, "b")], others={"node2": [(0, "a"), (1, "z")]}), CONS)
         self.assertTrue(any("replica node2 serves z" in x for x in v), v)
 
     def test_not_contiguous(self):
-        v, _ = checker.check([], final([(0, "a"), (2, "b")]), CONS)
+        v, _, _ = checker.check([], final([(0, "a"), (2, "b")]), CONS)
         self.assertTrue(any("not contiguous" in x for x in v), v)
 
     def test_stored_twice(self):
-        v, _ = checker.check([], final([(0, "a"), (1, "a")]), CONS)
+        v, _, _ = checker.check([], final([(0, "a"), (1, "a")]), CONS)
         self.assertTrue(any("stored 2 times" in x for x in v), v)
 
     def test_not_served(self):
-        v, _ = checker.check([], final([(0, "a")], converged=False), CONS)
-        self.assertTrue(any("not served at the end" in x for x in v), v)
+        # judged on what the copies store; unavailable, not lost
+        f = final([(0, "a")], converged=False)
+        f["q/0"]["stored"] = {"node1": [[0, "a"], [1, "b"]], "node2": [[0, "a"]]}
+        h = [grant(1, "node1", 0.5), pub("a", 0), pub("b", 1)]
+        v, fig, unavailable = checker.check(h, f, CONS)
+        self.assertEqual(v, [])
+        self.assertEqual(unavailable, ["q/0"])
+        self.assertEqual(fig["acknowledged_unavailable"], 2)
+
+    def test_not_served_and_lost(self):
+        f = final([(0, "a")], converged=False)
+        f["q/0"]["stored"] = {"node1": [[0, "a"]]}
+        h = [grant(1, "node1", 0.5), pub("a", 0), pub("b", 1)]
+        v, _, _ = checker.check(h, f, CONS)
+        self.assertTrue(any("is lost" in x for x in v), v)
 
 
 if __name__ == "__main__":

@@ -98,6 +98,15 @@ typedef struct CpShard
 	char	   *taken_boot;		/* ... by this boot of its leader */
 	char	   *unplaced_reason;
 	int64		assigned_ms;
+
+	/*
+	 * A leader of this shard must hold at least this much of the log: the
+	 * acknowledged end its last promotion was based on (the promoted
+	 * follower's report, or the reports a returning leader was checked
+	 * against).  Reports are replaced as a new leader makes its own, and
+	 * its first ones may say its followers hold nothing yet; this stays.
+	 */
+	int64		acked_floor;
 	int64		rev;
 } CpShard;
 

@@ -76,7 +76,7 @@ typedef enum FelixRole
 #define FELIX_SHARD_ERROR_LEN 512
 #define FELIX_MAX_REPLICAS		7
 #define FELIX_CONNINFO_LEN		256
-#define FELIX_REASON_LEN		160
+#define FELIX_REASON_LEN		400
 
 typedef struct FelixShard
 {
