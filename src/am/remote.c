@@ -70,9 +70,13 @@ typedef struct OpenRead
 
 static List *open_reads = NIL;
 
+/* Bumped whenever open_reads is cleared at a transaction's end. */
+static uint64 open_reads_epoch = 0;
+
 struct FelixRemoteReader
 {
-	OpenRead   *open;
+	OpenRead   *open;			/* valid while epoch == open_reads_epoch */
+	uint64		epoch;
 	char		stream[NAMEDATALEN];
 	char		creation_id[FELIX_CREATION_ID_LEN];
 	int			shard;
@@ -127,6 +131,7 @@ remote_xact_callback(XactEvent event, void *arg)
 	}
 	list_free(open_reads);
 	open_reads = NIL;
+	open_reads_epoch++;
 }
 
 void
@@ -224,6 +229,7 @@ remote_reader_open(const FelixStream *stream, int shard, uint64 lo, uint64 hi,
 	r->hi = hi;
 	old = MemoryContextSwitchTo(TopMemoryContext);
 	r->open = palloc0(sizeof(OpenRead));
+	r->epoch = open_reads_epoch;
 	open_reads = lappend(open_reads, r->open);
 	MemoryContextSwitchTo(old);
 
@@ -319,9 +325,13 @@ remote_reader_next(FelixRemoteReader *r, FelixRecord *rec)
 void
 remote_reader_close(FelixRemoteReader *r)
 {
-	open_read_close(r->open);
-	open_reads = list_delete_ptr(open_reads, r->open);
-	pfree(r->open);
+	/* a reader ended after its transaction: the connection went with it */
+	if (r->epoch == open_reads_epoch)
+	{
+		open_read_close(r->open);
+		open_reads = list_delete_ptr(open_reads, r->open);
+		pfree(r->open);
+	}
 	if (r->buf != NULL)
 		pfree(r->buf);
 	pfree(r);

@@ -203,6 +203,21 @@ cp_report(const char *leader, const CpReportRow *rows, int nrows, int64 token,
 				row.generation = r->generation;
 				row.leader = (char *) leader;
 				row.acked_end = r->acked_end;
+
+				/*
+				 * Within one generation a follower's copy (the same
+				 * incarnation) only grows; a lower acknowledged end means the
+				 * reporter has not heard from it yet -- a leader restarted at
+				 * its generation reports its followers before they answer.
+				 * Keeping the higher end keeps the evidence the duty holder
+				 * checks a returning leader's log against (leader_holds_reported
+				 * in cp_duty.c; the fault harness found a leader put back from
+				 * an older copy re-promoted after such reports).  Whether the
+				 * follower is caught up is the new report's word.
+				 */
+				if (have && have->generation == r->generation &&
+					strcmp(have->incarnation, r->incarnation) == 0)
+					row.acked_end = Max(row.acked_end, have->acked_end);
 				row.caught_up = r->caught_up;
 				row.halted = r->halted;
 				/* a halt is as old as the first report of it */

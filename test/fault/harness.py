@@ -237,13 +237,14 @@ def main():
                 f.get("deposed_acks", 0),
                 "  UNAVAILABLE %s" % ",".join(r["unavailable"]) if r.get("unavailable") else "",
                 ",".join(r.get("faults", []))), flush=True)
+            # after every schedule, so that an interrupted run keeps its figures
+            with open(os.path.join(args.dir, "results.json"), "w") as f:
+                json.dump(results, f)
             if r["violations"]:
                 print("  replay: test/fault/run --profile %s --store %s --seed %d" % (args.profile, store, seed))
                 print("  schedule: %s" % json.dumps(r["schedule"]))
                 for line in r["violations"][:20]:
                     print("  " + line)
-    with open(os.path.join(args.dir, "results.json"), "w") as f:
-        json.dump(results, f)
     failed = [r for r in results if r["violations"]]
     print("%d schedules, %d failed, %.0f s; results in %s" % (
         len(results), len(failed), time.monotonic() - t_start, os.path.join(args.dir, "results.json")))
