@@ -1,0 +1,81 @@
+# A follower that answers a shipment with a gap has its last record
+# compared before the leader ships on (found by the fault harness,
+# test/fault: seed 2005 of the long profile, embedded store).
+#
+# An old leader A holds a record R at seq N that nobody adopted: written
+# there at generation 1, not acknowledged (its quorum wait timed out, its
+# ship worker stopped), then A died.  Generation 2 (B) wrote its own
+# records from N, and generation 3 (C) took over after B.  A, started
+# again, is behind generation 3's start, so it answers C's first shipment
+# with a gap at its tail N + 1.  The leader used to resume exactly there:
+# R at N was never compared, stayed in A's log below the mark, and A
+# served it as the acknowledged record at N.  Now the leader resumes one
+# record below the tail, so R is compared with generation 2's record at N,
+# found to be an unadopted proposal and dropped, and A ends with exactly
+# the leader's records.
+use strict;
+use warnings;
+
+use FindBin;
+use lib $FindBin::RealBin;
+use FelixTest;
+use FelixCluster;
+
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my $c = FelixCluster->new(nodes => 4);
+my ($stream, @set) = $c->pick_stream_name('gap', 3, sub { !grep { $_ eq 'node1' } @_ });
+$c->create_stream(1, $stream, replication_factor => 3, consistency => 'quorum');
+my ($a, $g1) = $c->wait_leader($stream, 0);
+my $an = $a->{felix_name};
+$c->wait_shipping($a, $stream, 0, 2);
+
+sub next_seq
+{
+	my ($node) = @_;
+	return $c->node($node)->safe_psql('postgres',
+		"SELECT next_seq FROM felix_shards WHERE stream = '$stream' AND shard = 0");
+}
+
+$a->safe_psql('postgres',
+	"SELECT count(felix_publish('$stream', jsonb_build_object('i', i), shard => 0)) FROM generate_series(1, 50) i");
+FelixCluster::poll(30, sub { !grep { next_seq($_) ne '50' } @set }, 0.1) or die 'replicas not at 50';
+
+# R: written on A at seq 50, shipped nowhere, not acknowledged.
+my $ship = $a->safe_psql('postgres', "SELECT pid FROM pg_stat_activity WHERE backend_type = 'felix ship'");
+kill 'STOP', $ship;
+my ($rc, $out, $err) = $a->psql('postgres',
+	"SET felix.quorum_timeout = '500ms'; SELECT felix_publish('$stream', '{\"R\": true}'::jsonb, shard => 0)");
+isnt($rc, 0, "R at seq 50 on $an is not acknowledged");
+is(next_seq($an), '51', "$an holds R at seq 50");
+$c->kill_node($an);
+
+# Generation 2: B writes its own records from 50.
+my ($b, $g2) = $c->wait_leader($stream, 0, min_generation => $g1 + 1, timeout => 30);
+my $bn = $b->{felix_name};
+my ($cn) = grep { $_ ne $an && $_ ne $bn } @set;
+$b->safe_psql('postgres',
+	"SELECT count(felix_publish('$stream', jsonb_build_object('g2', i), shard => 0)) FROM generate_series(1, 20) i");
+FelixCluster::poll(30, sub { next_seq($cn) eq '70' }, 0.1) or die "$cn not at 70";
+
+# Generation 3: C, after B.
+$c->kill_node($b);
+my ($cc, $g3) = $c->wait_leader($stream, 0, min_generation => $g2 + 1, timeout => 30);
+is($cc->{felix_name}, $cn, "$cn leads generation $g3");
+
+# A returns, behind generation 3's start: it answers with a gap at 51.
+$c->start_node($an);
+my $want = $cc->safe_psql('postgres', "SELECT seq, payload FROM \"$stream\" WHERE shard = 0 ORDER BY seq");
+my $got;
+ok(defined FelixCluster::poll(30, sub {
+	$got = $a->safe_psql('postgres', "SELECT seq, payload FROM \"$stream\" WHERE shard = 0 ORDER BY seq");
+	$got eq $want }, 0.2),
+	"$an ends with exactly ${cn}'s records")
+  or diag("$an serves at 50: " . $a->safe_psql('postgres',
+	"SELECT payload FROM \"$stream\" WHERE shard = 0 AND seq = 50"));
+is($a->safe_psql('postgres', "SELECT count(*) FROM \"$stream\" WHERE shard = 0 AND payload ? 'R'"), '0',
+	"$an serves no trace of R");
+
+$c->teardown;
+felix_done_testing();
