@@ -1,0 +1,225 @@
+#!/usr/bin/env bash
+#
+# docs/formal/check.sh -- model-check felix's replication models with spin.
+#
+# Runs every model of docs/formal/ (shard.pml, duty.pml) and every variant
+# with spin: spin -a generates the verifier, gcc compiles it, pan searches
+# the state space.  One line per run: whether it behaved as expected, what
+# was expected (pass: no assertion can fail; FAIL: spin must find a
+# counterexample, of the property named), the state count and the time.
+#
+# Exits 0 when every correct model passes and every broken variant yields
+# a counterexample of the expected property; 1 otherwise; 2 when spin or
+# gcc is missing.  Needs only bash, spin and gcc (and coreutils).
+#
+# Usage: docs/formal/check.sh [-j JOBS] [--only REGEX] [--trails] [--deep] [--keep]
+#   -j JOBS   runs at once (default 2)
+#   --only R  only the runs whose name matches the extended regex R
+#   --trails  print the counterexample of each failing run (its MSC lines)
+#   --deep    add larger bounds (minutes each, several GB of memory)
+#   --keep    keep the scratch directory and say where it is
+#
+set -u
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+jobs=2
+trails=0
+deep=0
+keep=0
+only=""
+while [ $# -gt 0 ]; do
+	case "$1" in
+		-j) jobs="$2"; shift 2 ;;
+		-j*) jobs="${1#-j}"; shift ;;
+		--trails) trails=1; shift ;;
+		--deep) deep=1; shift ;;
+		--keep) keep=1; shift ;;
+		--only) only="$2"; shift 2 ;;
+		-h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+		*) echo "check.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
+	esac
+done
+
+for tool in spin gcc; do
+	if ! command -v "$tool" >/dev/null 2>&1; then
+		echo "check.sh: '$tool' is not installed (Debian: apt-get install -y $tool)" >&2
+		exit 2
+	fi
+done
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/felix-formal.XXXXXX")" || exit 2
+if [ "$keep" = 1 ]; then
+	trap 'echo "scratch kept in $work"' EXIT
+else
+	trap 'rm -rf "$work"' EXIT
+fi
+trap 'exit 130' INT TERM
+
+# name | model | spin -D flags | gcc -O level (O0 compiles 5x faster; O2
+# searches faster), "+bfs" for a breadth-first search (the shortest
+# counterexample; duty.pml only) | expect: pass, or the property tags a
+# counterexample must break (a regex over the tag after the failed assert)
+runs=(
+	"shard: implemented design, 2 records, gen<=2|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=0|O2|pass"
+	"shard: implemented design, 1 record, gen<=3|shard.pml|-DNREC=1 -DMAXGEN=3 -DMAXCRASH=0|O2|pass"
+	"shard: implemented design, 1 record, a crash|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1|O2|pass"
+	"shard: report in flight across steps|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=0 -DREPORT_WINDOW|O2|pass"
+	"shard: BROKEN_REPORT_ORDER|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=0 -DBROKEN_REPORT_ORDER|O0|P1"
+	"shard: BROKEN_WAITER_GENERATION|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=0 -DBROKEN_WAITER_GENERATION|O0|P2: at the publisher"
+	"shard: BROKEN_WAITER_GENERATION, P1 only, 3 rec|shard.pml|-DNREC=3 -DMAXGEN=2 -DMAXCRASH=0 -DBROKEN_WAITER_GENERATION -DONLY_P1|O2|P1"
+	"shard: guard deleted: lease at the mark|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=0 -DNO_LEASE_AT_MARK|O0|P2: at the mark"
+	"shard: guard deleted: lease_recheck|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=0 -DNO_RECHECK|O0|P3"
+	"shard: guard deleted: caught-up gate|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=0 -DPROMOTE_ANY|O0|P1"
+	"shard: finding: leader restored from a copy|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT|O0|P1"
+	"duty: implemented design, rates 1..2|duty.pml||O0|pass"
+	"duty: implemented design, rates 2..3|duty.pml|-DRMIN=2 -DRMAX=3 -DLEASE=6 -DEPS=1 -DMARGIN=2|O0|pass"
+	"duty: BROKEN_GRANT_AT_ONCE|duty.pml|-DBROKEN_GRANT_AT_ONCE|O0+bfs|D1|D2"
+	"duty: BROKEN_GRANT_AT_ONCE, two leaders|duty.pml|-DBROKEN_GRANT_AT_ONCE -DTWO_LEADERS_ONLY|O0+bfs|D2"
+	"duty: guard deleted: claim compare|duty.pml|-DNO_CLAIM_CAS|O0+bfs|D1|D2"
+	"duty: no epsilon, no margin, rates 1..2|duty.pml|-DEPS=0 -DMARGIN=0|O0+bfs|D1|D2"
+	"duty: no margin, rates 2..3|duty.pml|-DRMIN=2 -DRMAX=3 -DLEASE=6 -DEPS=1 -DMARGIN=0|O0+bfs|D1|D2"
+	"duty: duty-key compare removed (redundant)|duty.pml|-DNO_DUTY_CAS|O0|pass"
+)
+if [ "$deep" = 1 ]; then
+	runs+=(
+		"deep shard: any caught-up follower, no order|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=0 -DANY_CAUGHT_UP|O2|pass"
+		"deep shard: 2 records, gen<=3|shard.pml|-DNREC=2 -DMAXGEN=3 -DMAXCRASH=0|O2|pass"
+		"deep shard: 2 records, a crash|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=1|O2|pass"
+		"deep shard: 2 records, report in flight|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=0 -DREPORT_WINDOW|O2|pass"
+		"deep duty: 5 generations|duty.pml|-DMAXGEN=5|O2|pass"
+	)
+fi
+
+if [ -n "$only" ]; then
+	kept=()
+	for spec in "${runs[@]}"; do
+		if echo "${spec%%|*}" | grep -Eq -- "$only"; then kept+=("$spec"); fi
+	done
+	runs=("${kept[@]+"${kept[@]}"}")
+	if [ ${#runs[@]} -eq 0 ]; then
+		echo "check.sh: no run matches '$only'" >&2
+		exit 2
+	fi
+fi
+
+# One run, in its own directory: writes result (one line) and, for a
+# counterexample, trail.txt.
+run_one() {
+	local idx="$1" spec="$2"
+	local name model defs opt expect want
+	IFS='|' read -r name model defs opt expect <<<"$spec"
+	[ "$expect" = "pass" ] && want="pass" || want="FAIL"
+	local dir="$work/$idx"
+	mkdir -p "$dir"
+	cp "$here/$model" "$dir/"
+	local cflags="" hashw=24
+	case "$name" in deep*) cflags="-DCOLLAPSE"; hashw=26 ;; esac
+	case "$opt" in *+bfs) opt="${opt%+bfs}"; cflags="$cflags -DBFS"; defs="$defs -DTRAIL_BFS" ;; esac
+	local t0 t1 secs states errors outcome verdict tag line
+	t0=$(date +%s.%N)
+	(
+		cd "$dir" || exit 1
+		# shellcheck disable=SC2086
+		spin -a $defs "$model" >spin.out 2>&1 &&
+		gcc -w -$opt -DSAFETY -DNOBOUNDCHECK $cflags -o pan pan.c >gcc.out 2>&1 &&
+		./pan -m500000 -w$hashw >pan.out 2>&1
+	)
+	local built=$?
+	t1=$(date +%s.%N)
+	secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
+	if [ ! -s "$dir/pan.out" ]; then
+		printf 'FAIL|%s|%s|could not build or run (see spin.out, gcc.out)|-|%s\n' \
+			"$name" "$want" "$secs" >"$dir/result"
+		return
+	fi
+	states=$(awk '/states, stored/ { print $1; exit }' "$dir/pan.out")
+	errors=$(sed -n 's/.*errors: \([0-9][0-9]*\).*/\1/p' "$dir/pan.out" | head -1)
+	[ -n "$states" ] || states="-"
+	[ -n "$errors" ] || errors="?"
+	if [ "$errors" = "0" ]; then
+		if grep -q "max search depth too small" "$dir/pan.out" ||
+			! grep -q "Full statespace search" "$dir/pan.out"; then
+			outcome="incomplete search"
+		else
+			outcome="no counterexample"
+		fi
+	elif [ "$errors" = "?" ]; then
+		outcome="pan did not finish (exit $built)"
+	else
+		# replay the trail: a counterexample must be real
+		(cd "$dir" && spin -t $defs "$model" >trail.out 2>&1)
+		line=$(sed -n "s/^spin: $model:\([0-9][0-9]*\), Error: assertion violated.*/\1/p" "$dir/trail.out" | head -1)
+		if [ -n "$line" ]; then
+			tag=$(sed -n "${line}p" "$dir/$model" | sed -n 's|.*/\* *\([A-Z][0-9A-Z]*: [^*]*\)\*/.*|\1|p; s|.*/\* *\([A-Z][0-9]*\) *\*/.*|\1|p' | head -1)
+			tag="$(echo "$tag" | sed 's/ *$//')"
+			[ -n "$tag" ] || tag="assertion at $model:$line"
+			outcome="counterexample: $tag"
+			grep 'MSC:' "$dir/trail.out" | sed 's/^[[:space:]]*MSC: /    /' >"$dir/trail.txt"
+			grep -E '^spin: .*Error' "$dir/trail.out" | head -2 | sed 's/^/    /' >>"$dir/trail.txt"
+		else
+			outcome="error without a replayable trail"
+		fi
+	fi
+	if [ "$expect" = "pass" ]; then
+		[ "$outcome" = "no counterexample" ] && verdict=ok || verdict=FAIL
+	else
+		verdict=FAIL
+		case "$outcome" in
+			"counterexample: "*)
+				tag="${outcome#counterexample: }"
+				if echo "$tag" | grep -Eq "^($expect)"; then verdict=ok; fi ;;
+		esac
+	fi
+	printf '%s|%s|%s|%s|%s|%s\n' "$verdict" "$name" "$want" "$outcome" "$states" "$secs" >"$dir/result"
+}
+
+print_result() {
+	local idx="$1" verdict name want outcome states secs
+	IFS='|' read -r verdict name want outcome states secs <"$work/$idx/result"
+	printf '%-4s %-47s expect %-4s  %-46s %9s states %6ss\n' \
+		"$verdict" "$name" "$want" "$outcome" "$states" "$secs"
+	if [ "$trails" = 1 ] && [ -s "$work/$idx/trail.txt" ]; then
+		cat "$work/$idx/trail.txt"
+	fi
+	[ "$verdict" = ok ]
+}
+
+echo "felix formal models: $(spin -V 2>&1 | head -1); $(gcc --version | head -1); $jobs at once"
+start=$(date +%s.%N)
+total=${#runs[@]}
+next=0          # next run to start
+shown=0         # next result to print
+running=0
+failed=0
+declare -A pids=()
+while [ "$shown" -lt "$total" ]; do
+	while [ "$running" -lt "$jobs" ] && [ "$next" -lt "$total" ]; do
+		run_one "$next" "${runs[$next]}" &
+		pids[$next]=$!
+		running=$((running + 1))
+		next=$((next + 1))
+	done
+	wait -n 2>/dev/null || true
+	running=0
+	for i in "${!pids[@]}"; do
+		if kill -0 "${pids[$i]}" 2>/dev/null; then
+			running=$((running + 1))
+		else
+			wait "${pids[$i]}" 2>/dev/null
+			unset "pids[$i]"
+		fi
+	done
+	while [ "$shown" -lt "$total" ] && [ -f "$work/$shown/result" ] &&
+		[ -z "${pids[$shown]+x}" ]; do
+		print_result "$shown" || failed=$((failed + 1))
+		shown=$((shown + 1))
+	done
+done
+end=$(date +%s.%N)
+elapsed=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.0f", b - a }')
+if [ "$failed" -eq 0 ]; then
+	echo "all $total runs as expected, ${elapsed}s"
+	exit 0
+fi
+echo "$failed of $total runs NOT as expected, ${elapsed}s"
+exit 1

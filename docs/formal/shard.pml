@@ -1,0 +1,985 @@
+/*
+ * shard.pml -- a Promela model of ONE replicated felix shard.
+ *
+ * Three nodes, each with a copy of the shard's log; a lease per
+ * generation; the leader's write path; shipping to the two followers and
+ * their answers; replica reports to the control plane and the quorum mark
+ * they gate; the publishers waiting on that mark; lease expiry; promotion
+ * at the next generation by the control plane; truncation of an unadopted
+ * tail on a follower; deposition of an old leader; crashes.  Every
+ * proctype and inline is named after the C function that carries out the
+ * step, with the file it lives in.  docs/formal/README.md explains what is
+ * abstracted and why.
+ *
+ * Properties (assertions; the tag after each assert names it):
+ *   P1 "acknowledged survives": a record a publisher was told is
+ *      acknowledged is held, at the same seq with the same content
+ *      (generation, id), by every node that leads, with a live lease, the
+ *      record's generation or a later one -- in every state -- and,
+ *      durably, by the node the control plane promotes, at the moment it
+ *      promotes it.
+ *   P2 "no acknowledgement without a live lease at the writer's
+ *      generation": the acknowledged word (acked_generation, acked_end)
+ *      passes a record only while the node moving it holds a live lease at
+ *      the record's generation and no later generation has been granted;
+ *      and a publisher returns success only for a record so passed.
+ *   P3 "writes are fenced": no record is appended at generation G once
+ *      the control plane has granted G+1.
+ *   T  no truncation cuts at or below the truncating node's mark.
+ *
+ * Bounds (-D): NREC publishes (record ids 1..NREC, so logs of NREC seqs),
+ * generations up to MAXGEN, at most MAXCRASH node crashes per run.
+ * REPORT_WINDOW keeps a report in flight across other steps (see README).
+ *
+ * Variants (-D), each expected to FAIL:
+ *   BROKEN_REPORT_ORDER       the mark moves, and releases publishers, as
+ *                             soon as a majority holds the records, before
+ *                             any report naming who holds them has landed.
+ *   BROKEN_WAITER_GENERATION  a waiting publisher trusts the high-water
+ *                             mark alone, without checking that this node,
+ *                             at its generation, moved it.
+ *                             (ONLY_P1 silences P2 at the publisher, to let
+ *                             the search reach the record actually lost.)
+ * Guard deletions (mutation tests, also expected to FAIL):
+ *   NO_LEASE_AT_MARK          may_release ignores the lease.
+ *   NO_RECHECK                leader_publish skips lease_recheck.
+ *   PROMOTE_ANY               the control plane promotes any follower of
+ *                             the newest reporting generation, caught up
+ *                             or not, in no particular order.
+ * Expected to PASS (shows a rule P1 does not rest on):
+ *   ANY_CAUGHT_UP             any follower reported caught up, not the
+ *                             furthest ahead first.
+ * Fault (expected to FAIL; README "Findings"):
+ *   RESTORE_FAULT             the shard's leader may come back from an
+ *                             older copy of its data directory (same
+ *                             identity, fewer records) -- the case
+ *                             leader_holds_reported is there for.
+ *   REPORT_NEEDS_LEASE        (with RESTORE_FAULT) a what-if, not felix:
+ *                             only a leader holding its lease reports.
+ */
+
+#ifndef NREC
+#define NREC     2      /* publishes, record ids 1..NREC */
+#endif
+#ifndef MAXGEN
+#define MAXGEN   2      /* generations 1..MAXGEN */
+#endif
+#ifndef MAXCRASH
+#define MAXCRASH 0      /* node crashes (restarts) in one run */
+#endif
+
+#define NN       3
+#define MAXLOG   NREC   /* a log never holds more seqs than records exist */
+#define NONE     255
+
+#define FOLLOWER 0
+#define LEADER   1
+
+/* a record's content: the generation it was written at and its id */
+#define ENC(g,id)  ((g)*4+(id))
+#define GEN_OF(c)  ((c)/4)
+
+/* answers of felix.replicate, as the leader's ship worker sees them */
+#define A_NONE     0
+#define A_STORED   1
+#define A_GAP      2
+#define A_CONFLICT 3
+#define A_FENCED   4
+#define A_REFUSED  5    /* an error: 55F02, 55F04, 42501, genmap refusal */
+
+/* a replica report request, as report.c / cp_report.c see it */
+#define M_NONE     0
+#define M_INNET    1    /* sent, fate unknown */
+
+/* publishers */
+#define W_IDLE     0
+#define W_WAITING  1
+#define W_ACKED    2
+#define W_FAILED   3
+
+#define LOG(n,s)   logc[(n)*MAXLOG+(s)]
+#define GM(n,g)    gm[(n)*(MAXGEN+1)+(g)]
+#define IX(n,f)    ((n)*NN+(f))
+
+/* ---------------- per node: the shard's storage and lease ---------------- */
+byte logc[NN*MAXLOG];       /* content per seq, 0 = none */
+byte wend[NN];              /* written end (next_seq) */
+byte flushed[NN];           /* durable end */
+byte hwm[NN];               /* high-water mark this node knows */
+byte gm[NN*(MAXGEN+1)];     /* generation map: first seq of each generation, NONE if absent */
+byte role[NN];
+byte gen[NN];               /* generation the node knows */
+byte lknown[NN];            /* the leader it knows for gen, NONE if none */
+bit  live[NN];              /* lease live by this node's own clock (lease_live_locked) */
+bit  took[NN];              /* this boot claimed the current generation */
+byte ackg[NN];              /* acked_generation (quorum.c) */
+byte acke[NN];              /* acked_end */
+byte boot[NN];
+
+/* ---------------- per leader n, per follower f: ship.c / state.c ---------------- */
+byte fack[NN*NN];           /* follower's acknowledged end */
+bit  answered[NN*NN];
+bit  halted[NN*NN];
+byte ans[NN*NN];            /* answer on its way back, A_* */
+byte anseq[NN*NN];
+
+/* ---------------- per leader: report.c ---------------- */
+bit  conf[NN];              /* a report of this leadership has landed */
+bit  infl[NN];              /* in_flight */
+bit  lastc[NN*NN];          /* last landed row says caught up */
+bit  doubt[NN*NN];          /* a row saying caught up was sent, not seen to land */
+byte mst[NN];               /* the request's fate, M_* */
+byte mgen[NN];
+byte mmark[NN];             /* the mark riding on it, 0 if none */
+bit  mpres[NN*NN];
+bit  mcaught[NN*NN];
+byte macked[NN*NN];
+
+/* ---------------- control plane: assignment and stored reports ---------------- */
+byte cp_gen = 1;
+byte cp_leader = 0;
+bit  cp_taken = 1;          /* the generation's lease was claimed by some boot */
+bit  rpres[NN];             /* a row for follower f exists */
+byte rgen[NN];
+byte racked[NN];
+bit  rcaught[NN];
+byte ncrash = 0;
+
+/* ---------------- ghosts for the properties ---------------- */
+byte wst[NREC+1];
+byte w_node[NREC+1];
+byte w_gen[NREC+1];
+byte w_seq[NREC+1];
+bit  released[NREC+1];      /* the acknowledged word passed it under a live lease */
+
+/* scratch, not part of the state */
+hidden byte t_i, t_j, t_s, t_g, t_lg, t_mg, t_mm, t_stop, t_from, t_se, t_hp, t_a, t_b, t_c, t_mark, t_best, t_newest, t_rep;
+hidden byte t_ok;
+
+/* ===================================================================== */
+
+/* log.last_generation: the generation of the last record, 0 if none */
+inline log_last_generation(n, res) {
+	if
+	:: wend[n] > 0 -> res = GEN_OF(LOG(n, wend[n]-1))
+	:: else -> res = 0
+	fi
+}
+
+/* the newest generation the map holds, 0 if none (genmap.c) */
+inline genmap_last(n, res) {
+	res = 0;
+	t_j = 1;
+	do
+	:: t_j <= MAXGEN -> if :: GM(n, t_j) != NONE -> res = t_j :: else -> skip fi; t_j++
+	:: else -> break
+	od
+}
+
+/* genmap_note (genmap.c): append (g, s) unless it is there; refuse going back */
+inline genmap_note(n, g, s, ok) {
+	genmap_last(n, t_mg);
+	ok = 1;
+	if
+	:: t_mg == g -> skip
+	:: t_mg != g && (t_mg > g || (t_mg > 0 && s < GM(n, t_mg))) -> ok = 0
+	:: else -> GM(n, g) = s
+	fi
+}
+
+/* shard_advance_hwm (shard.c) without a condition */
+inline shard_advance_hwm(n, v) {
+	if
+	:: v > hwm[n] && v <= flushed[n] -> hwm[n] = v
+	:: else -> skip
+	fi
+}
+
+/* shard_truncate_after_locked (shard.c) / genmap_truncate: keep [0, cut) */
+inline shard_truncate_after_locked(n, cut) {
+	assert(cut >= hwm[n]);    /* T: no cut at or below the mark (log_truncate_after refuses) */
+	t_j = cut;
+	do
+	:: t_j < wend[n] -> LOG(n, t_j) = 0; t_j++
+	:: else -> break
+	od;
+	wend[n] = cut;
+	if :: flushed[n] > cut -> flushed[n] = cut :: else -> skip fi;
+	t_j = 1;
+	do
+	:: t_j <= MAXGEN -> if :: GM(n, t_j) != NONE && GM(n, t_j) >= cut -> GM(n, t_j) = NONE :: else -> skip fi; t_j++
+	:: else -> break
+	od
+}
+
+/* a node that no longer leads keeps no follower state: ship_scan (ship.c)
+ * clears the slot at its next pass, and answers to it are dropped */
+inline repl_state_clear(n) {
+	t_j = 0;
+	do
+	:: t_j < NN ->
+		fack[IX(n,t_j)] = 0; answered[IX(n,t_j)] = 0; halted[IX(n,t_j)] = 0;
+		ans[IX(n,t_j)] = A_NONE; anseq[IX(n,t_j)] = 0;
+		lastc[IX(n,t_j)] = 0; doubt[IX(n,t_j)] = 0;
+		t_j++
+	:: else -> break
+	od;
+	conf[n] = 0
+}
+
+/* repl_state_reset (state.c; ship.c at a new generation) and
+ * consider_slot's reset (report.c): a new leadership starts with no
+ * follower state and no report confirmed; the fresh cursor
+ * (fresh_cursor_fn) is computed where it is used, in felix_replicate */
+inline repl_state_reset(n) {
+	repl_state_clear(n)
+}
+
+/* a report request that is over leaves nothing behind */
+inline report_forget(n) {
+	mst[n] = M_NONE; mgen[n] = 0; mmark[n] = 0;
+	t_j = 0;
+	do
+	:: t_j < NN -> mpres[IX(n,t_j)] = 0; mcaught[IX(n,t_j)] = 0; macked[IX(n,t_j)] = 0; t_j++
+	:: else -> break
+	od
+}
+
+#define WAITS1(x) (wst[1] == W_WAITING && w_node[1] == (x))
+#if NREC == 1
+#define WAITS_ON(x) (WAITS1(x))
+#elif NREC == 2
+#define WAITS_ON(x) (WAITS1(x) || (wst[2] == W_WAITING && w_node[2] == (x)))
+#else
+#define WAITS_ON(x) (WAITS1(x) || (wst[2] == W_WAITING && w_node[2] == (x)) || (wst[3] == W_WAITING && w_node[3] == (x)))
+#endif
+
+/* Model reduction: the acknowledged word of a node that does not lead is
+ * read only by publishers still waiting there; with none, forget it */
+inline ack_word_gc(n) {
+	if
+	:: role[n] != LEADER && !WAITS_ON(n) -> ackg[n] = 0; acke[n] = 0
+	:: else -> skip
+	fi
+}
+
+/* ----------------------------- properties ----------------------------- */
+
+/* node x leads, with a live lease, generation g or a later one */
+#define LEADS_SINCE(x, g)   (role[x] == LEADER && live[x] && gen[x] >= (g))
+/* node x holds record id at its seq, below end[x] (wend or flushed) */
+#define HOLDS(x, id, end)   (w_seq[id] < end[x] && LOG(x, w_seq[id]) == ENC(w_gen[id], id))
+
+/* P1, in every state: every node leading, with a live lease, a
+ * generation at or after an acknowledged record's holds it at its seq */
+inline acked_survive() {
+	t_i = 1;
+	do
+	:: t_i <= NREC ->
+		if
+		:: wst[t_i] == W_ACKED ->
+			t_j = 0;
+			do
+			:: t_j < NN ->
+				assert(!LEADS_SINCE(t_j, w_gen[t_i]) || HOLDS(t_j, t_i, wend));   /* P1: every state */
+				t_j++
+			:: else -> break
+			od
+		:: else -> skip
+		fi;
+		t_i++
+	:: else -> break
+	od
+}
+
+/* P1 at a promotion: the chosen node holds, durably, every acknowledged record */
+inline holds_every_acked(b) {
+	t_i = 1;
+	do
+	:: t_i <= NREC ->
+		assert(wst[t_i] != W_ACKED || HOLDS(b, t_i, flushed));   /* P1: at promotion */
+		t_i++
+	:: else -> break
+	od
+}
+
+/* ======================= lease.c ======================= */
+
+/* lease_step_down_locked (lease.c): a newer generation exists; stop leading,
+ * forget the lease and the leader; every waiter wakes (and fails) */
+inline lease_step_down(n) {
+	role[n] = FOLLOWER;
+	live[n] = 0;
+	lknown[n] = NONE;
+	repl_state_clear(n);
+	ack_word_gc(n)
+}
+
+/* ======================= quorum.c ======================= */
+
+/* quorum_release with may_release (quorum.c) and shard_advance_hwm
+ * (shard.c): this leadership, under its live lease, moves the mark and
+ * its acknowledged word together */
+inline quorum_release(n, g, mark) {
+	if
+	:: mark > hwm[n] && mark <= flushed[n] &&
+#ifdef NO_LEASE_AT_MARK
+	   role[n] == LEADER && gen[n] == g ->
+#else
+	   live[n] && role[n] == LEADER && gen[n] == g ->
+#endif
+		hwm[n] = mark;
+		ackg[n] = g;
+		acke[n] = mark;
+		printf("MSC: node %d moves its quorum mark to %d at generation %d\n", n, mark, g);
+		/* P2: the lease is live, at the records' generation, and no
+		 * successor generation exists */
+		assert(cp_gen == g);    /* P2: at the mark */
+		t_i = 1;
+		do
+		:: t_i <= NREC ->
+			if
+			:: wst[t_i] == W_WAITING && w_node[t_i] == n && w_gen[t_i] == g && w_seq[t_i] < mark ->
+				released[t_i] = 1
+			:: else -> skip
+			fi;
+			t_i++
+		:: else -> break
+		od
+	:: else -> skip
+	fi
+}
+
+/* ======================= leader.c: the write path ======================= */
+
+/* leader_publish (leader.c): lease_admit, then under the tail lease_recheck
+ * and shard_append_locked, then (the group flush is the node's) the wait
+ * in quorum_acknowledge */
+proctype leader_publish(byte id) {
+	byte n, g, b, s;
+
+	/* lease_admit (lease.c): a node holding a live lease; remember G */
+end_admit:
+	atomic {
+		/* Model reduction: publishers are admitted in id order (the ids
+		 * are symmetric; README explains why this loses nothing) */
+		(id == 1 || wst[id-1] != W_IDLE) ->
+		if
+		:: role[0] == LEADER && live[0] -> n = 0
+		:: role[1] == LEADER && live[1] -> n = 1
+		:: role[2] == LEADER && live[2] -> n = 2
+		fi;
+		g = gen[n];
+		b = boot[n]
+	}
+
+	/* shard_lock_tail; lease_recheck (lease.c); shard_append_locked (storage).
+	 * One step: the time between the re-check and the bytes is what
+	 * felix.lease_epsilon covers (README). */
+	atomic {
+		if
+#ifdef NO_RECHECK
+		:: boot[n] == b && wend[n] < MAXLOG ->
+#else
+		:: boot[n] == b && role[n] == LEADER && live[n] && gen[n] == g && wend[n] < MAXLOG ->
+#endif
+			s = wend[n];
+			LOG(n, s) = ENC(g, id);
+			wend[n]++;
+#if MAXCRASH == 0
+			flushed[n] = wend[n];   /* no crash: the flush's timing is invisible */
+#endif
+			printf("MSC: node %d appends record %d at seq %d, generation %d\n", n, id, s, g);
+			/* P3: nothing is written at G once G+1 exists */
+			assert(cp_gen == g);    /* P3: write fenced */
+			w_node[id] = n; w_gen[id] = g; w_seq[id] = s;
+			wst[id] = W_WAITING
+		:: else ->
+			wst[id] = W_FAILED      /* 55F02 / 55F03 (or a full model log) */
+		fi
+	}
+
+	/* quorum_acknowledge (quorum.c): released only on this leadership's own
+	 * word; a leadership that moved first is 55F02 */
+end_wait:
+	atomic {
+#ifdef BROKEN_WAITER_GENERATION
+		(wst[id] == W_FAILED || boot[n] != b || hwm[n] > s || role[n] != LEADER || gen[n] != g) ->
+		if
+		:: wst[id] == W_FAILED -> skip      /* refused at the append */
+		:: wst[id] != W_FAILED && boot[n] == b && hwm[n] > s ->
+#else
+		(wst[id] == W_FAILED || boot[n] != b || (ackg[n] == g && acke[n] > s) || role[n] != LEADER || gen[n] != g) ->
+		if
+		:: wst[id] == W_FAILED -> skip      /* refused at the append */
+		:: wst[id] != W_FAILED && boot[n] == b && ackg[n] == g && acke[n] > s ->
+#endif
+			/* P2: only a record its node passed under a live lease at G */
+#ifndef ONLY_P1
+			assert(released[id]);    /* P2: at the publisher */
+#endif
+			printf("MSC: publisher of record %d (node %d, seq %d, generation %d) is told: acknowledged\n", id, n, s, g);
+			wst[id] = W_ACKED
+		:: else ->
+			printf("MSC: publisher of record %d fails (55F02 or crash)\n", id);
+			wst[id] = W_FAILED      /* 55F02, or the node crashed */
+		fi;
+		/* Model reduction: what nothing reads any more is forgotten */
+		if
+		:: wst[id] == W_FAILED -> w_node[id] = 0; w_gen[id] = 0; w_seq[id] = 0; released[id] = 0
+		:: else -> skip
+		fi;
+		ack_word_gc(n);
+		n = 0; g = 0; b = 0; s = 0
+	}
+}
+
+/* ============ append.c / rules.c: the follower's side of a shipment ============ */
+
+/* felix_replicate (append.c) with replicate_decide (rules.c),
+ * gather_facts, divergence_droppable and append_shipped, called by
+ * leader n for follower f with the batches [cursor, written end) */
+inline felix_replicate(n, f) {
+	t_g = gen[n];
+	/* the cursor: where this generation began, one record below
+	 * (fresh_cursor_fn); a follower whose log ends before that answers
+	 * 'gap' and the leader rewinds to its tail -- folded in here */
+	t_from = (GM(n, gen[n]) != NONE && GM(n, gen[n]) > 0 -> GM(n, gen[n]) - 1 : 0);
+	if :: t_from > wend[f] -> t_from = wend[f] :: else -> skip fi;
+	t_se = wend[n];
+	t_hp = (hwm[n] < t_se -> hwm[n] : t_se);     /* Min(hwm_end, sent_end) */
+	if
+	:: t_g < gen[f] ->
+		/* 2. a superseded leader stores or discards nothing */
+		ans[IX(n,f)] = A_FENCED; anseq[IX(n,f)] = wend[f]
+	:: else ->
+		if
+		:: role[f] == LEADER ->
+			/* 3. we lead: a newer generation deposes us (55F04); ours is refused */
+			if
+			:: t_g > gen[f] -> lease_step_down(f);
+				printf("MSC: node %d learns of generation %d from a shipment and steps down\n", f, t_g)
+			:: else -> skip
+			fi;
+			ans[IX(n,f)] = A_REFUSED
+		:: else ->
+			if
+			:: t_g > gen[f] || lknown[f] != n ->
+				/* 4. only the leader we know for this generation ships */
+				ans[IX(n,f)] = A_REFUSED
+			:: else ->
+				if
+				:: t_from > wend[f] ->
+					/* 6. we lack what comes before */
+					ans[IX(n,f)] = A_GAP; anseq[IX(n,f)] = wend[f]
+				:: else ->
+					/* compare the overlap */
+					t_mm = NONE;
+					t_s = t_from;
+					do
+					:: t_s < wend[f] && t_s < t_se ->
+						if
+						:: LOG(f, t_s) != LOG(n, t_s) -> t_mm = t_s; break
+						:: else -> t_s++
+						fi
+					:: else -> break
+					od;
+					if
+					:: t_mm != NONE ->
+						/* 7. divergence_droppable: a newer generation's batch,
+						 * at or after where our last generation began, above
+						 * our mark, and never seq 0 */
+						log_last_generation(f, t_lg);
+						if
+						:: t_mm > 0 && GEN_OF(LOG(n, t_mm)) > t_lg && t_lg > 0 &&
+						   GM(f, t_lg) != NONE && t_mm >= GM(f, t_lg) && t_mm >= hwm[f] ->
+							printf("MSC: node %d drops its records from seq %d (unadopted)\n", f, t_mm);
+							shard_truncate_after_locked(f, t_mm);
+							ans[IX(n,f)] = A_GAP; anseq[IX(n,f)] = t_mm
+						:: else ->
+							ans[IX(n,f)] = A_CONFLICT; anseq[IX(n,f)] = t_mm
+						fi
+					:: else ->
+						/* 8. append_shipped: what we lack, noting new generations */
+						t_stop = NONE;
+						t_ok = 1;
+						t_s = wend[f];
+						do
+						:: t_s < t_se ->
+							log_last_generation(f, t_lg);
+							if
+							:: GEN_OF(LOG(n, t_s)) > t_lg ->
+								genmap_last(f, t_mg);
+								if
+								:: GEN_OF(LOG(n, t_s)) < t_mg -> t_stop = t_s; break
+								:: GEN_OF(LOG(n, t_s)) > t_mg ->
+									genmap_note(f, GEN_OF(LOG(n, t_s)), t_s, t_ok);
+									if :: !t_ok -> break :: else -> skip fi
+								:: else -> skip
+								fi
+							:: else -> skip
+							fi;
+							LOG(f, t_s) = LOG(n, t_s);
+							wend[f]++;
+							t_s++
+						:: else -> break
+						od;
+						if
+						:: !t_ok ->
+							/* an error: the whole call is cut back (shard_cut_back) */
+							do
+							:: wend[f] > flushed[f] -> wend[f]--; LOG(f, wend[f]) = 0
+							:: else -> break
+							od;
+							ans[IX(n,f)] = A_REFUSED
+						:: else ->
+							/* durable before the answer */
+							flushed[f] = wend[f];
+							if
+							:: t_stop != NONE ->
+								t_a = (t_hp < t_stop -> t_hp : t_stop);
+								shard_advance_hwm(f, t_a);
+								ans[IX(n,f)] = A_CONFLICT; anseq[IX(n,f)] = t_stop
+							:: else ->
+								shard_advance_hwm(f, t_hp);
+								printf("MSC: node %d stores up to %d from node %d (generation %d); its mark is %d\n", f, t_se, n, t_g, hwm[f]);
+								ans[IX(n,f)] = A_STORED; anseq[IX(n,f)] = t_se
+							fi
+						fi
+					fi
+				fi
+			fi
+		fi
+	fi
+}
+
+/* ============ report.c: the quorum mark and the rows of a report ============ */
+
+/* quorum_mark_joint / quorum_mark (rules.c) and the rows consider_slot
+ * (report.c) builds: majority-th largest of {leader's durable end, each
+ * answering, non-halted follower's acknowledged end}, never past the
+ * leader's durable end; caught up = acked_end >= Max(hwm_end, mark) */
+inline quorum_mark(n) {
+	t_a = flushed[n];
+	t_b = ((answered[IX(n,(n+1)%NN)] && !halted[IX(n,(n+1)%NN)]) -> fack[IX(n,(n+1)%NN)] : NONE);
+	t_c = ((answered[IX(n,(n+2)%NN)] && !halted[IX(n,(n+2)%NN)]) -> fack[IX(n,(n+2)%NN)] : NONE);
+	if
+	:: t_b == NONE && t_c == NONE -> t_mark = 0
+	:: t_b != NONE && t_c == NONE -> t_mark = (t_a < t_b -> t_a : t_b)
+	:: t_b == NONE && t_c != NONE -> t_mark = (t_a < t_c -> t_a : t_c)
+	:: t_b != NONE && t_c != NONE ->
+		/* the median of three */
+		if
+		:: (t_a >= t_b && t_a <= t_c) || (t_a <= t_b && t_a >= t_c) -> t_mark = t_a
+		:: (t_b >= t_a && t_b <= t_c) || (t_b <= t_a && t_b >= t_c) -> t_mark = t_b
+		:: else -> t_mark = t_c
+		fi
+	fi;
+	if :: t_mark > flushed[n] -> t_mark = flushed[n] :: else -> skip fi
+}
+
+/* report_still_true (report.c), with may_believe_caught_up: every follower
+ * the control plane may take for caught up holds everything below mark */
+inline report_still_true(n, mark, res) {
+	res = conf[n];
+	t_j = 0;
+	do
+	:: t_j < NN ->
+		if
+		:: t_j != n && (doubt[IX(n,t_j)] || lastc[IX(n,t_j)]) &&
+		   !(answered[IX(n,t_j)] && fack[IX(n,t_j)] >= mark) -> res = 0
+		:: else -> skip
+		fi;
+		t_j++
+	:: else -> break
+	od
+}
+
+/* apply_answer (ship.c): the follower's answer moves its cursor and
+ * acknowledged end, halts it, or deposes this node */
+inline apply_answer(n, f) {
+	if
+	:: role[n] == LEADER ->
+		if
+		:: ans[IX(n,f)] == A_STORED ->
+			fack[IX(n,f)] = anseq[IX(n,f)];
+			answered[IX(n,f)] = 1
+		:: ans[IX(n,f)] == A_GAP ->
+			if :: fack[IX(n,f)] > anseq[IX(n,f)] -> fack[IX(n,f)] = anseq[IX(n,f)] :: else -> skip fi
+		:: ans[IX(n,f)] == A_CONFLICT ->
+			halted[IX(n,f)] = 1
+		:: ans[IX(n,f)] == A_FENCED ->
+			/* the follower is at a newer generation: deposed, at once */
+			halted[IX(n,f)] = 1;
+			printf("MSC: node %d hears 'fenced' from node %d and steps down\n", n, f);
+			lease_step_down(n)
+		:: ans[IX(n,f)] == A_REFUSED -> skip
+		fi
+	:: else -> skip     /* the shard moved on since it was sent */
+	fi;
+	ans[IX(n,f)] = A_NONE; anseq[IX(n,f)] = 0
+}
+
+/* finish_request (report.c): the request is over.  Landed and seen to
+ * land: only now may the publishers waiting on the mark be released, and
+ * the rows become what the control plane believes.  Otherwise (refused,
+ * lost, or landed after the connection failed) the doubts stay. */
+inline finish_request(n, landed) {
+	if
+	:: landed ->
+		if :: mmark[n] > 0 -> quorum_release(n, mgen[n], mmark[n]) :: else -> skip fi;
+		if
+		:: role[n] == LEADER && gen[n] == mgen[n] ->
+			conf[n] = 1;
+			t_j = 0;
+			do
+			:: t_j < NN -> lastc[IX(n,t_j)] = mcaught[IX(n,t_j)]; doubt[IX(n,t_j)] = 0; t_j++
+			:: else -> break
+			od
+		:: else -> skip
+		fi
+	:: else ->
+		printf("MSC: node %d does not see its report land (refused, lost or unconfirmed)\n", n)
+	fi;
+	infl[n] = 0;
+	report_forget(n)
+}
+
+/* consider_slot (report.c), first half: the mark moves at once when the
+ * standing report is still true of it */
+inline mark_on_standing_report(n) {
+	quorum_mark(n);
+#ifdef BROKEN_REPORT_ORDER
+	/* the acknowledgement does not wait for the control plane */
+	t_ok = 1;
+#else
+	report_still_true(n, t_mark, t_ok);
+#endif
+	if
+	:: t_ok && t_mark > hwm[n] -> quorum_release(n, gen[n], t_mark)
+	:: else -> skip
+	fi
+}
+
+/* cp_report (cp_report.c): a report lands only while its sender leads the
+ * shard at its generation; followers it leaves out are no longer caught up */
+inline cp_report(n) {
+	if
+	:: cp_leader == n && cp_gen == mgen[n] ->
+		t_j = 0;
+		do
+		:: t_j < NN ->
+			if
+			:: t_j != n && mpres[IX(n,t_j)] ->
+				rpres[t_j] = 1; rgen[t_j] = mgen[n];
+				racked[t_j] = macked[IX(n,t_j)]; rcaught[t_j] = mcaught[IX(n,t_j)]
+			:: else ->
+				rcaught[t_j] = 0
+			fi;
+			t_j++
+		:: else -> break
+		od;
+		printf("MSC: the report of node %d lands\n", n);
+		/* the leader sees it land, or its connection fails first */
+		if
+		:: true -> finish_request(n, 1)
+		:: true -> finish_request(n, 0)
+		fi
+	:: else ->
+		finish_request(n, 0)
+	fi
+}
+
+/* ======================= the nodes ======================= */
+
+proctype node(byte n) {
+	byte f;
+end_node:
+	do
+	/* ---- heartbeat.c / cp_heartbeat.c (the claim) and
+	 *      lease_apply_assignment (lease.c) ---- */
+	:: atomic {
+		t_ok = 0;
+		if
+		:: cp_leader == n && (!cp_taken || took[n]) ->
+			/* first claim of the generation records this boot; after that
+			 * only this boot renews it */
+			cp_taken = 1; took[n] = 1; t_ok = 1
+		:: else -> skip
+		fi;
+		if
+		:: cp_gen < gen[n] -> skip      /* never lower the generation */
+		:: cp_gen >= gen[n] && cp_leader == n && (cp_gen > gen[n] || role[n] != LEADER) ->
+			/* taking the shard: record where the generation begins, before
+			 * any write of it can exist */
+			genmap_note(n, cp_gen, wend[n], t_a);
+			if
+			:: t_a ->
+				role[n] = LEADER; gen[n] = cp_gen; lknown[n] = n; live[n] = t_ok;
+				printf("MSC: node %d takes the shard at generation %d (lease live: %d)\n", n, cp_gen, t_ok);
+				repl_state_reset(n);
+				acked_survive()         /* P1 at the takeover */
+			:: else -> skip
+			fi
+		:: cp_gen == gen[n] && cp_leader == n && role[n] == LEADER ->
+			/* renewal at the same generation, anchored at the send */
+			if :: t_ok -> live[n] = 1 :: else -> skip fi
+		:: cp_gen >= gen[n] && cp_leader != n ->
+			if
+			:: role[n] == LEADER || gen[n] != cp_gen ->
+				printf("MSC: node %d follows node %d at generation %d\n", n, cp_leader, cp_gen)
+			:: else -> skip
+			fi;
+			if :: role[n] == LEADER -> repl_state_clear(n) :: else -> skip fi;
+			role[n] = FOLLOWER; gen[n] = cp_gen; live[n] = 0; lknown[n] = cp_leader;
+			ack_word_gc(n)
+		fi
+	   }
+
+	/* ---- the lease runs out by this node's clock (lease_writable) ---- */
+	:: atomic { live[n] -> live[n] = 0; printf("MSC: node %d's lease runs out\n", n) }
+
+#if MAXCRASH > 0
+	/* ---- the group flush (storage: shard_flush) ---- */
+	:: atomic { flushed[n] < wend[n] -> flushed[n] = wend[n] }
+#endif
+
+	/* ---- ship_follower (ship.c), felix_replicate on the follower,
+	 *      and apply_answer (ship.c) on its answer, in one step ---- */
+	:: atomic {
+		role[n] == LEADER && !halted[IX(n,(n+1)%NN)] ->
+		f = (n+1)%NN; felix_replicate(n, f); apply_answer(n, f); f = 0
+	   }
+	:: atomic {
+		role[n] == LEADER && !halted[IX(n,(n+2)%NN)] ->
+		f = (n+2)%NN; felix_replicate(n, f); apply_answer(n, f); f = 0
+	   }
+
+	/* ---- consider_slot (report.c): the mark moves on the standing report ---- */
+	:: atomic { role[n] == LEADER -> mark_on_standing_report(n) }
+
+	/* ---- consider_slot / report_tick (report.c): a report is sent ---- */
+	:: atomic {
+#ifdef REPORT_NEEDS_LEASE
+		/* what-if, not felix: only a leader holding its lease reports */
+		role[n] == LEADER && live[n] && !infl[n] && mst[n] == M_NONE ->
+#else
+		role[n] == LEADER && !infl[n] && mst[n] == M_NONE ->
+#endif
+		quorum_mark(n);
+		t_c = (hwm[n] > t_mark -> hwm[n] : t_mark);     /* caught_up_at */
+		t_j = 0;
+		do
+		:: t_j < NN ->
+			if
+			:: t_j != n && (answered[IX(n,t_j)] || halted[IX(n,t_j)]) ->
+				mpres[IX(n,t_j)] = 1;
+				macked[IX(n,t_j)] = fack[IX(n,t_j)];
+				mcaught[IX(n,t_j)] = (!halted[IX(n,t_j)] && fack[IX(n,t_j)] >= t_c)
+			:: else ->
+				mpres[IX(n,t_j)] = 0; macked[IX(n,t_j)] = 0; mcaught[IX(n,t_j)] = 0
+			fi;
+			t_j++
+		:: else -> break
+		od;
+		mgen[n] = gen[n];
+#ifdef BROKEN_REPORT_ORDER
+		mmark[n] = 0;
+#else
+		mmark[n] = (t_mark > hwm[n] -> t_mark : 0);
+#endif
+		/* Model reduction, not felix: a report that carries no mark, would
+		 * write exactly the rows the control plane holds, and would leave
+		 * the leader's beliefs as they are, changes nothing; skip it. */
+		t_ok = (mmark[n] == 0 && conf[n] && cp_leader == n && cp_gen == gen[n]);
+		t_j = 0;
+		do
+		:: t_j < NN ->
+			if
+			:: t_j != n && (doubt[IX(n,t_j)] || lastc[IX(n,t_j)] != mcaught[IX(n,t_j)] ||
+			                (mpres[IX(n,t_j)] && !(rpres[t_j] && rgen[t_j] == gen[n] &&
+			                   racked[t_j] == macked[IX(n,t_j)] && rcaught[t_j] == mcaught[IX(n,t_j)])) ||
+			                (!mpres[IX(n,t_j)] && rcaught[t_j])) -> t_ok = 0
+			:: else -> skip
+			fi;
+			t_j++
+		:: else -> break
+		od;
+		if
+		:: t_ok -> report_forget(n)
+		:: else ->
+			t_j = 0;
+			do
+			:: t_j < NN ->
+				/* from now on the control plane may believe it */
+				if :: mcaught[IX(n,t_j)] -> doubt[IX(n,t_j)] = 1 :: else -> skip fi;
+				t_j++
+			:: else -> break
+			od;
+			mst[n] = M_INNET;
+			infl[n] = 1;
+			printf("MSC: node %d sends a report (gen %d, mark %d): caught up %d %d %d, acked %d %d %d\n", n, gen[n], mmark[n],
+				mcaught[IX(n,0)], mcaught[IX(n,1)], mcaught[IX(n,2)], macked[IX(n,0)], macked[IX(n,1)], macked[IX(n,2)]);
+#ifndef REPORT_WINDOW
+			/* felix.cp_report answers within this step (README: why this
+			 * loses nothing); or the request is lost */
+			if
+			:: true -> cp_report(n)
+			:: true -> finish_request(n, 0)
+			fi
+#else
+			skip
+#endif
+		fi
+	   }
+
+	/* ---- a crash and restart (recovery.c: shard_open) ---- */
+	:: atomic {
+		ncrash < MAXCRASH ->
+		ncrash++;
+		boot[n]++;
+		printf("MSC: node %d crashes and restarts\n", n);
+#ifdef RESTORE_FAULT
+		/* the shard's leader comes back from an older copy of its data
+		 * directory (same identity): any shorter durable prefix */
+		do
+		:: n == cp_leader && flushed[n] > 0 -> flushed[n]--
+		:: true -> break
+		od;
+#endif
+		/* what was not flushed is gone */
+		do
+		:: wend[n] > flushed[n] -> wend[n]--; LOG(n, wend[n]) = 0
+		:: else -> break
+		od;
+		/* (the generation map is durable and kept as it is) */
+		hwm[n] = 0;             /* the durable mark may be older: take the least */
+		log_last_generation(n, t_lg);
+		genmap_last(n, t_mg);
+		gen[n] = (t_lg > t_mg -> t_lg : t_mg);
+		role[n] = FOLLOWER; lknown[n] = NONE; live[n] = 0; took[n] = 0;
+		ackg[n] = 0; acke[n] = 0;
+		repl_state_clear(n);
+		infl[n] = 0;
+		report_forget(n)    /* (landing it first is another interleaving) */
+	   }
+	od
+}
+
+/* ======================= the control plane ======================= */
+
+/* leader_holds_reported (cp_duty.c): the lapsed leader's durable end
+ * (the heartbeat's `ends`) is at or after the largest acknowledged end of
+ * the newest reporting generation */
+inline leader_holds_reported(l, res) {
+	t_newest = 0;
+	t_rep = 0;
+	t_j = 0;
+	do
+	:: t_j < NN -> if :: rpres[t_j] && rgen[t_j] > t_newest -> t_newest = rgen[t_j] :: else -> skip fi; t_j++
+	:: else -> break
+	od;
+	t_j = 0;
+	do
+	:: t_j < NN ->
+		if :: rpres[t_j] && rgen[t_j] == t_newest && racked[t_j] > t_rep -> t_rep = racked[t_j] :: else -> skip fi;
+		t_j++
+	:: else -> break
+	od;
+	res = (t_rep == 0 || flushed[l] >= t_rep)
+}
+
+/* disqualified (cp_duty.c) for a follower of a quorum stream: a row of
+ * the newest reporting generation saying caught up */
+#ifdef PROMOTE_ANY
+/* guard deletion: any follower with a row of the newest generation */
+#define QUALIFIES(x) ((x) != cp_leader && rpres[x] && rgen[x] == t_newest)
+#else
+#define QUALIFIES(x) ((x) != cp_leader && rpres[x] && rgen[x] == t_newest && rcaught[x])
+#endif
+#if defined(PROMOTE_ANY) || defined(ANY_CAUGHT_UP)
+/* no order: whichever qualifies (the placement score alone) */
+#define FURTHEST(x)  (QUALIFIES(x))
+#else
+#define FURTHEST(x)  (QUALIFIES(x) && \
+	(!QUALIFIES((x+1)%NN) || racked[x] >= racked[(x+1)%NN]) && \
+	(!QUALIFIES((x+2)%NN) || racked[x] >= racked[(x+2)%NN]))
+#endif
+
+proctype control_plane() {
+end_cp:
+	do
+#ifdef REPORT_WINDOW
+	/* ---- felix.cp_report lands a request, or refuses it ---- */
+	:: atomic { mst[0] == M_INNET -> cp_report(0) }
+	:: atomic { mst[1] == M_INNET -> cp_report(1) }
+	:: atomic { mst[2] == M_INNET -> cp_report(2) }
+	/* ---- ... or the request never arrives ---- */
+	:: atomic { mst[0] == M_INNET -> finish_request(0, 0) }
+	:: atomic { mst[1] == M_INNET -> finish_request(1, 0) }
+	:: atomic { mst[2] == M_INNET -> finish_request(2, 0) }
+#endif
+
+	/* ---- consider (cp_duty.c): the lease lapsed (the safety interval is
+	 * duty.pml's: by the time the holder may grant, the leader's own clock
+	 * has run out), so promote at G+1 ---- */
+	:: atomic {
+		!live[cp_leader] && cp_gen < MAXGEN ->
+		leader_holds_reported(cp_leader, t_ok);
+		t_best = NONE;
+		if
+		:: t_ok -> t_best = cp_leader            /* the last leader comes first ... */
+		:: true ->
+			/* ... if it is heard from again after the lapse; else, or while
+			 * it is not, */
+			/* the furthest ahead of those reported caught up; the
+			 * placement score (any of them here) breaks ties */
+			if
+			:: FURTHEST(0) -> t_best = 0
+			:: FURTHEST(1) -> t_best = 1
+			:: FURTHEST(2) -> t_best = 2
+			:: else -> skip                      /* unplaced */
+			fi
+		fi;
+		if
+		:: t_best != NONE ->
+			printf("MSC: the control plane grants generation %d to node %d\n", cp_gen+1, t_best);
+			holds_every_acked(t_best);           /* P1 at the promotion */
+			cp_gen++;
+			cp_leader = t_best;
+			cp_taken = 0;
+			took[0] = 0; took[1] = 0; took[2] = 0
+		:: else -> skip
+		fi;
+		t_best = 0
+	   }
+
+	/* ---- P1 in every state ---- */
+	:: d_step { acked_survive(); t_i = 0 }
+	od
+}
+
+init {
+	byte i;
+	atomic {
+		/* generation 1: node 0 leads with a live lease, all logs empty */
+		i = 0;
+		do
+		:: i < NN*(MAXGEN+1) -> gm[i] = NONE; i++
+		:: else -> break
+		od;
+		GM(0, 1) = 0;
+		role[0] = LEADER; gen[0] = 1; lknown[0] = 0; live[0] = 1; took[0] = 1;
+		gen[1] = 1; lknown[1] = 0;
+		gen[2] = 1; lknown[2] = 0;
+		i = 0;
+		run control_plane();
+		run node(0); run node(1); run node(2);
+		i = 1;
+		do
+		:: i <= NREC -> run leader_publish(i); i++
+		:: else -> break
+		od;
+		i = 0
+	}
+}
