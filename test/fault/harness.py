@@ -36,7 +36,7 @@ STREAMS = {"q": ("quorum", 2), "l": ("leader", 2)}
 
 PROFILES = {
     # schedules per store, nodes, seconds of faults, faults per schedule
-    "short": dict(schedules=5, nodes=3, length=12.0, nfaults=3),
+    "short": dict(schedules=4, nodes=3, length=12.0, nfaults=3),
     "long": dict(schedules=125, nodes=3, length=15.0, nfaults=4),
     "long5": dict(schedules=125, nodes=5, length=15.0, nfaults=5),
 }
