@@ -16,7 +16,9 @@
 #   -j JOBS   runs at once (default 2)
 #   --only R  only the runs whose name matches the extended regex R
 #   --trails  print the counterexample of each failing run (its MSC lines)
-#   --deep    add larger bounds (minutes each, several GB of memory)
+#   --deep    add larger bounds, searched with bitstate hashing (about
+#             0.5-1 GB and up to ten minutes each; how complete a search
+#             is, is the hash factor pan reports)
 #   --keep    keep the scratch directory and say where it is
 #
 set -u
@@ -35,7 +37,7 @@ while [ $# -gt 0 ]; do
 		--deep) deep=1; shift ;;
 		--keep) keep=1; shift ;;
 		--only) only="$2"; shift 2 ;;
-		-h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+		-h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 		*) echo "check.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
 	esac
 done
@@ -48,17 +50,25 @@ for tool in spin gcc; do
 done
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/felix-formal.XXXXXX")" || exit 2
+declare -A pids=()
+# each run is a job with its own process group (set -m), so an interrupt
+# stops its spin, gcc and pan too
+set -m
+stop_runs() {
+	for i in "${!pids[@]}"; do kill -TERM -- "-${pids[$i]}" 2>/dev/null; done
+}
 if [ "$keep" = 1 ]; then
-	trap 'echo "scratch kept in $work"' EXIT
+	trap 'stop_runs; echo "scratch kept in $work"' EXIT
 else
-	trap 'rm -rf "$work"' EXIT
+	trap 'stop_runs; rm -rf "$work"' EXIT
 fi
 trap 'exit 130' INT TERM
 
-# name | model | spin -D flags | gcc -O level (O0 compiles 5x faster; O2
-# searches faster), "+bfs" for a breadth-first search (the shortest
-# counterexample; duty.pml only) | expect: pass, or the property tags a
-# counterexample must break (a regex over the tag after the failed assert)
+# name | model | spin -D flags | gcc -O level (O0 compiles 5x faster, O2
+# searches faster), with "+bfs" for a breadth-first search (the shortest
+# counterexample; duty.pml only) or "+mN" for a search depth of N |
+# expect: pass, or the property tags a counterexample must break (a regex
+# over the tag written after the failed assert)
 runs=(
 	"shard: implemented design, 2 records, gen<=2|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=0|O2|pass"
 	"shard: implemented design, 1 record, gen<=3|shard.pml|-DNREC=1 -DMAXGEN=3 -DMAXCRASH=0|O2|pass"
@@ -71,6 +81,9 @@ runs=(
 	"shard: guard deleted: lease_recheck|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=0 -DNO_RECHECK|O0|P3"
 	"shard: guard deleted: caught-up gate|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=0 -DPROMOTE_ANY|O0|P1"
 	"shard: finding: leader restored from a copy|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT|O0|P1"
+	"shard: finding: ... and reports need a lease|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DREPORT_NEEDS_LEASE|O0|P1"
+	"shard: finding: ... and restored after claiming|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DREPORT_NEEDS_LEASE -DRESTORE_TAKEN_ONLY|O0|P1"
+	"shard: finding: no repair at seq 0|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=0 -DPROBE_REPAIR_AT_ZERO|O2|R"
 	"duty: implemented design, rates 1..2|duty.pml||O0|pass"
 	"duty: implemented design, rates 2..3|duty.pml|-DRMIN=2 -DRMAX=3 -DLEASE=6 -DEPS=1 -DMARGIN=2|O0|pass"
 	"duty: BROKEN_GRANT_AT_ONCE|duty.pml|-DBROKEN_GRANT_AT_ONCE|O0+bfs|D1|D2"
@@ -86,7 +99,8 @@ if [ "$deep" = 1 ]; then
 		"deep shard: 2 records, gen<=3|shard.pml|-DNREC=2 -DMAXGEN=3 -DMAXCRASH=0|O2|pass"
 		"deep shard: 2 records, a crash|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=1|O2|pass"
 		"deep shard: 2 records, report in flight|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=0 -DREPORT_WINDOW|O2|pass"
-		"deep duty: 5 generations|duty.pml|-DMAXGEN=5|O2|pass"
+		"deep duty: 5 generations, rates 2..3|duty.pml|-DMAXGEN=5 -DRMIN=2 -DRMAX=3 -DLEASE=6 -DEPS=1 -DMARGIN=2|O2+m5000000|pass"
+		"deep duty: takeover after a lease unchanged|duty.pml|-DDUTY_TIMING|O2+m5000000|pass"
 	)
 fi
 
@@ -112,9 +126,10 @@ run_one() {
 	local dir="$work/$idx"
 	mkdir -p "$dir"
 	cp "$here/$model" "$dir/"
-	local cflags="" hashw=24
-	case "$name" in deep*) cflags="-DCOLLAPSE"; hashw=26 ;; esac
+	local cflags="" hashw=24 depth=500000
+	case "$name" in deep*) cflags="-DBITSTATE"; hashw=32 ;; esac
 	case "$opt" in *+bfs) opt="${opt%+bfs}"; cflags="$cflags -DBFS"; defs="$defs -DTRAIL_BFS" ;; esac
+	case "$opt" in *+m*) depth="${opt#*+m}"; opt="${opt%%+m*}" ;; esac
 	local t0 t1 secs states errors outcome verdict tag line
 	t0=$(date +%s.%N)
 	(
@@ -122,7 +137,7 @@ run_one() {
 		# shellcheck disable=SC2086
 		spin -a $defs "$model" >spin.out 2>&1 &&
 		gcc -w -$opt -DSAFETY -DNOBOUNDCHECK $cflags -o pan pan.c >gcc.out 2>&1 &&
-		./pan -m500000 -w$hashw >pan.out 2>&1
+		./pan -m"$depth" -w$hashw >pan.out 2>&1
 	)
 	local built=$?
 	t1=$(date +%s.%N)
@@ -138,8 +153,10 @@ run_one() {
 	[ -n "$errors" ] || errors="?"
 	if [ "$errors" = "0" ]; then
 		if grep -q "max search depth too small" "$dir/pan.out" ||
-			! grep -q "Full statespace search" "$dir/pan.out"; then
+			! grep -Eq "(Full|Bit) statespace search" "$dir/pan.out"; then
 			outcome="incomplete search"
+		elif grep -q "Bit statespace search" "$dir/pan.out"; then
+			outcome="no counterexample (bitstate, hash factor $(awk '/hash factor:/ { print $3; exit }' "$dir/pan.out"))"
 		else
 			outcome="no counterexample"
 		fi
@@ -161,7 +178,7 @@ run_one() {
 		fi
 	fi
 	if [ "$expect" = "pass" ]; then
-		[ "$outcome" = "no counterexample" ] && verdict=ok || verdict=FAIL
+		case "$outcome" in "no counterexample"*) verdict=ok ;; *) verdict=FAIL ;; esac
 	else
 		verdict=FAIL
 		case "$outcome" in
@@ -191,7 +208,6 @@ next=0          # next run to start
 shown=0         # next result to print
 running=0
 failed=0
-declare -A pids=()
 while [ "$shown" -lt "$total" ]; do
 	while [ "$running" -lt "$jobs" ] && [ "$next" -lt "$total" ]; do
 		run_one "$next" "${runs[$next]}" &

@@ -5,27 +5,40 @@
  *
  * Three nodes.  Each may lead the shard, and each may run the duties
  * (cp_duty.c): the holder rewrites the `duty` key every tick; another node
- * that sees the key unchanged for a lease on its own clock takes the
- * duties over; the holder grants generation G+1 only after a lease plus
- * margin has passed, on its own clock, since it first saw the leader's
- * last claim -- and a new holder, knowing nothing, counts from its first
- * look after taking over.  A grant is a compare-and-set on the duty key's
- * revision, the shard's assignment and the old leader's node record.
- * Leaders claim their lease with a heartbeat (cp_heartbeat.c) and hold it
- * from the instant they sent it (lease_apply_assignment, lease.c).
+ * takes the duties over with a compare-and-set on the key's revision; the
+ * holder grants generation G+1 only after a lease plus margin has passed,
+ * on its own clock, since it first saw the leader's last claim -- and a
+ * new holder, knowing nothing, counts from its first look after taking
+ * over.  A grant is a compare-and-set on the duty key's revision, the
+ * shard's assignment and the old leader's node record.  Leaders claim
+ * their lease with a heartbeat (cp_heartbeat.c) and hold it from the
+ * instant they sent it (lease_apply_assignment, lease.c).
  *
  * Time: a `clock` process makes real time pass in ticks.  At each tick
  * every node's monotonic clock advances by RMIN or RMAX units, chosen
  * freely per node and per tick: clocks drift within a bound and never
  * agree.  Every timer below is a countdown on its node's own clock.  A
  * paused process (SIGSTOP) is one that takes no step while ticks go by;
- * its clock keeps running, and it resumes with the beliefs it had.
+ * its clock keeps running, and it resumes with the beliefs it had -- in
+ * particular a holder may decide a promotion, stop, and commit it later.
+ *
+ * Abstracted (README): a node may take the duties over at any time, not
+ * only after the key went a lease unchanged, and a holder may give them
+ * up at any time; only takeovers whose compare-and-set succeeds are
+ * modelled.  Each only adds behaviours.  -DDUTY_TIMING models the real
+ * timing instead (a watcher takes over once the key has gone a lease
+ * unchanged on its own clock; a holder stops once its last confirmed
+ * refresh is a lease old), at about thirty times the states.
  *
  * Property, checked at every acknowledgement (a leader may acknowledge
  * whenever its own clock says its lease is live -- quorum_release's
  * lease_live_locked):
- *   - no other node believes it holds a live lease for the shard, and
- *   - no generation after the acknowledging leader's has been granted.
+ *   D1  no generation after the acknowledging leader's has been granted;
+ *   D2  no other node believes it holds a live lease for the shard.
+ *
+ * Parameters (-D): RMIN, RMAX clock units per tick; LEASE, EPS, MARGIN in
+ * clock units; MAXGEN generations; NN nodes.  The design needs
+ * ceil((LEASE+MARGIN)/RMAX) >= ceil((LEASE-EPS)/RMIN) ticks.
  *
  * Variants (-D), each expected to FAIL:
  *   BROKEN_GRANT_AT_ONCE   a new holder grants at its first look, without
@@ -33,10 +46,11 @@
  *   NO_CLAIM_CAS           a grant does not compare the old leader's node
  *                          record, so a claim made after the holder looked
  *                          does not stop it.
- *   MARGIN=0               no margin: the wait does not cover the drift.
- * (TWO_LEADERS_ONLY checks only the first half of the property, to show
- * the two-leader form of a counterexample.)
- * And one expected to PASS (a guard that this property does not need):
+ *   EPS=0 MARGIN=0         nothing covers the clocks' drift.
+ * (TWO_LEADERS_ONLY checks D2 alone, to show the two-leader form of a
+ * counterexample; TRAIL_BFS lets pan search breadth-first, for the
+ * shortest trail.)
+ * And one expected to PASS (a guard this property does not need):
  *   NO_DUTY_CAS            a grant does not compare the duty key.
  */
 
@@ -81,6 +95,11 @@ byte hbt[NN];           /* ... the lease it would give, counted from its send */
 byte kowner = 1;        /* who wrote the duty key last: its duty_rev is the key's
                            revision; everyone else's compare fails */
 bit  hold[NN];          /* `holding` */
+#ifdef DUTY_TIMING
+byte ref[NN];           /* lease left since its last confirmed refresh (refreshed_ns) */
+bit  kchg[NN];          /* the key was written since it last looked (duty_seen_rev) */
+byte dk[NN];            /* lease left before the key, unchanged, may be taken (duty_seen_ns) */
+#endif
 byte obsg[NN];          /* generation its shard observation is of, 0: none since takeover */
 byte wt[NN];            /* wait left before the lapse (claim_seen_ns + lease + margin) */
 bit  cdirty[NN];        /* the leader's record changed since it looked */
@@ -99,8 +118,9 @@ inline dec(x, r) {
 	if :: x > r -> x = x - r :: else -> x = 0 fi
 }
 
-/* ---- a leader acknowledges: quorum_release under lease_live_locked ---- */
-inline acknowledge(n) {
+/* ---- quorum_release (quorum.c): a leader acknowledges, which it does only
+ *      while lease_live_locked says its lease is live ---- */
+inline quorum_release(n) {
 	printf("MSC: node %d acknowledges at generation %d (lease left %d)\n", n, lgen[n], lease[n]);
 #ifndef TWO_LEADERS_ONLY
 	/* no generation after ours exists */
@@ -115,8 +135,10 @@ inline acknowledge(n) {
 	t_i = 0
 }
 
-/* ---- heartbeat.c sends; cp_heartbeat.c claims; lease.c applies ---- */
-inline heartbeat_send(n) {
+/* ---- heartbeat_once (worker/heartbeat.c) sends, anchoring the lease;
+ *      cp_heartbeat (control/cp_heartbeat.c) claims and lease_apply_assignment
+ *      (lease.c) applies, when the answer comes back ---- */
+inline heartbeat_once(n) {
 	printf("MSC: node %d sends a heartbeat\n", n);
 	hbp[n] = 1;
 	hbt[n] = LE         /* anchored at the send */
@@ -150,8 +172,8 @@ inline cp_heartbeat(n) {
 	hbt[n] = 0
 }
 
-/* ---- hold_duty / take_over / write_duty (cp_duty.c) ---- */
-inline write_duty_by(n) {
+/* ---- write_duty, hold_duty and take_over (cp_duty.c) ---- */
+inline write_duty(n) {
 	/* a write of the key changes its revision under everyone else */
 	if
 	:: kowner != n ->
@@ -160,34 +182,72 @@ inline write_duty_by(n) {
 		obsg[kowner] = 0; wt[kowner] = 0; cdirty[kowner] = 0
 	:: else -> skip
 	fi;
-	kowner = n
+	kowner = n;
+#ifdef DUTY_TIMING
+	/* counted from the write: it may have landed then */
+	ref[n] = LEASE;
+	t_i = 0;
+	do
+	:: t_i < NN -> if :: t_i != n && !hold[t_i] -> kchg[t_i] = 1 :: else -> skip fi; t_i++
+	:: else -> break
+	od;
+	t_i = 0
+#else
+	skip
+#endif
 }
 
 /* Model reduction: what only a holder reads is forgotten when it stops
  * holding (a later takeover forgets it anyway) */
 inline stop_holding(n) {
-	hold[n] = 0; obsg[n] = 0; wt[n] = 0; cdirty[n] = 0
+	hold[n] = 0; obsg[n] = 0; wt[n] = 0; cdirty[n] = 0;
+#ifdef DUTY_TIMING
+	/* it watches the key afresh (its duty_seen_rev is stale) */
+	ref[n] = 0; kchg[n] = 1; dk[n] = 0
+#else
+	skip
+#endif
 }
+
+#ifdef DUTY_TIMING
+#define MAY_STOP(n)     (ref[n] == 0)       /* its last refresh is a lease old */
+#define MAY_REFRESH(n)  (ref[n] > 0)
+#define WATCH(n)        (!hold[n] && kchg[n])
+#define MAY_TAKE(n)     (!hold[n] && !kchg[n] && dk[n] == 0)
+#else
+#define MAY_STOP(n)     (1)                 /* abstracted: at any time */
+#define MAY_REFRESH(n)  (1)
+#define WATCH(n)        (0)
+#define MAY_TAKE(n)     (!hold[n])          /* abstracted: at any time */
+#endif
 
 inline hold_duty(n) {
 	if
-	:: hold[n] ->
-		/* its own clock says its last refresh is a lease old: it stops
-		 * (abstracted: it may stop at any time, which only grants less) */
+	:: hold[n] && MAY_STOP(n) ->
+		/* its own clock says its last refresh is a lease old: it stops */
 		stop_holding(n)
-	:: hold[n] && kowner == n ->
+	:: hold[n] && MAY_REFRESH(n) && kowner == n ->
 		/* refresh: a compare-and-set on its own last revision */
-		write_duty_by(n)
-	:: hold[n] && kowner != n ->
+		write_duty(n)
+	:: hold[n] && MAY_REFRESH(n) && kowner != n ->
 		/* the refresh is refused: another node took over */
 		stop_holding(n)
-	:: !hold[n] ->
-		/* the key seen unchanged for a lease on its own clock (abstracted:
-		 * at any time -- an early takeover only helps a counterexample):
-		 * take over with a compare-and-set on the revision it read; one
-		 * that fails changes nothing, so only those that succeed are
-		 * modelled */
-		write_duty_by(n);
+#ifdef DUTY_TIMING
+	:: WATCH(n) ->
+		/* the key changed since it looked: watch it for a lease afresh */
+		kchg[n] = 0;
+		dk[n] = LEASE
+	:: !hold[n] && !kchg[n] && dk[n] > 0 -> skip
+#endif
+	:: MAY_TAKE(n) ->
+		/* the key unchanged for a lease on its own clock: take over with a
+		 * compare-and-set on the revision it read (unchanged since, or it
+		 * would have looked again); one that fails changes nothing, so
+		 * only those that succeed are modelled */
+#ifdef DUTY_TIMING
+		dk[n] = 0;
+#endif
+		write_duty(n);
 		hold[n] = 1;
 		/* forget_everything: knows nothing of any claim */
 		obsg[n] = 0; wt[n] = 0; cdirty[n] = 0;
@@ -196,8 +256,9 @@ inline hold_duty(n) {
 	fi
 }
 
-/* ---- consider (cp_duty.c): shard_seen, then the lapse test ---- */
-inline consider_decide(n) {
+/* ---- consider (cp_duty.c) up to its transaction: shard_seen, then the
+ *      lapse test ---- */
+inline consider(n) {
 	if
 	:: obsg[n] == 0 ->
 		/* the first look since taking over */
@@ -224,7 +285,8 @@ inline consider_decide(n) {
 	fi
 }
 
-/* ---- the promotion's transaction, maybe long after the decision ---- */
+/* ---- consider's felix_store_txn (cp_duty.c): the promotion's
+ *      compare-and-set, maybe long after the decision ---- */
 inline consider_commit(n) {
 	if
 #if defined(NO_CLAIM_CAS) && defined(NO_DUTY_CAS)
@@ -260,14 +322,14 @@ inline consider_commit(n) {
 proctype node(byte n) {
 end:
 	do
-	:: atomic { lgen[n] != 0 && lease[n] > 0 -> acknowledge(n) }
+	:: atomic { lgen[n] != 0 && lease[n] > 0 -> quorum_release(n) }
 	/* (only a node with something to claim or to learn heartbeats here:
 	 *  other heartbeats change nothing this model looks at) */
-	:: atomic { !hbp[n] && (cp_leader == n || lease[n] > 0) -> heartbeat_send(n) }
+	:: atomic { !hbp[n] && (cp_leader == n || lease[n] > 0) -> heartbeat_once(n) }
 	:: atomic { hbp[n] -> cp_heartbeat(n) }
 	/* cp_duty_tick: hold_duty, and consider() in the same tick only if it
 	 * still holds (its refresh or takeover just succeeded) */
-	:: atomic { hold_duty(n); if :: hold[n] -> consider_decide(n) :: else -> skip fi }
+	:: atomic { hold_duty(n); if :: hold[n] -> consider(n) :: else -> skip fi }
 	/* the promotion's compare-and-set, after any pause */
 	:: atomic { pg[n] -> consider_commit(n) }
 	od
@@ -290,6 +352,10 @@ end:
 			if :: lease[t_i] == 0 -> lgen[t_i] = 0 :: else -> skip fi;
 			dec(hbt[t_i], t_r);
 			dec(wt[t_i], t_r);
+#ifdef DUTY_TIMING
+			dec(ref[t_i], t_r);
+			dec(dk[t_i], t_r);
+#endif
 			t_i++
 		:: else -> break
 		od;
@@ -306,6 +372,10 @@ init {
 		lgen[0] = 1; lease[0] = LE;
 		/* node 1 runs the duties and saw that claim */
 		hold[1] = 1;
+#ifdef DUTY_TIMING
+		ref[1] = LEASE;
+		kchg[0] = 1; kchg[2] = 1;
+#endif
 		obsg[1] = 1; wt[1] = WAIT;
 		run clock();
 		run node(0); run node(1);

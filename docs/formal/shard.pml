@@ -56,6 +56,10 @@
  *                             leader_holds_reported is there for.
  *   REPORT_NEEDS_LEASE        (with RESTORE_FAULT) a what-if, not felix:
  *                             only a leader holding its lease reports.
+ *   RESTORE_TAKEN_ONLY        (with RESTORE_FAULT) the restore happens only
+ *                             after the generation's lease was claimed.
+ *   PROBE_REPAIR_AT_ZERO      asserts that no divergence the design's
+ *                             repair rule allows is answered 'conflict'.
  */
 
 #ifndef NREC
@@ -497,6 +501,12 @@ inline felix_replicate(n, f) {
 							shard_truncate_after_locked(f, t_mm);
 							ans[IX(n,f)] = A_GAP; anseq[IX(n,f)] = t_mm
 						:: else ->
+#ifdef PROBE_REPAIR_AT_ZERO
+							/* probe, not felix: would replication.md's rule -- newer
+							 * generation, at or after where ours began, above the
+							 * mark -- have dropped what the code halts on? */
+							assert(!(t_mm == 0 && GEN_OF(LOG(n, t_mm)) > t_lg && t_lg > 0 && GM(f, t_lg) != NONE && t_mm >= GM(f, t_lg) && t_mm >= hwm[f]));    /* R: design would repair */
+#endif
 							ans[IX(n,f)] = A_CONFLICT; anseq[IX(n,f)] = t_mm
 						fi
 					:: else ->
@@ -647,7 +657,7 @@ inline finish_request(n, landed) {
 
 /* consider_slot (report.c), first half: the mark moves at once when the
  * standing report is still true of it */
-inline mark_on_standing_report(n) {
+inline consider_slot(n) {
 	quorum_mark(n);
 #ifdef BROKEN_REPORT_ORDER
 	/* the acknowledgement does not wait for the control plane */
@@ -690,75 +700,211 @@ inline cp_report(n) {
 	fi
 }
 
+/* cp_heartbeat (control/cp_heartbeat.c), the claim: the node the
+ * assignment names claims its generation's lease; the first claim of a
+ * generation records the boot, and only that boot claims it again */
+inline cp_heartbeat(n, granted) {
+	granted = 0;
+	if
+	:: cp_leader == n && (!cp_taken || took[n]) ->
+		cp_taken = 1; took[n] = 1; granted = 1
+	:: else -> skip
+	fi
+}
+
+/* lease_apply_assignment (lease.c): the heartbeat's answer applied */
+inline lease_apply_assignment(n, granted) {
+	if
+	:: cp_gen < gen[n] -> skip      /* never lower the generation */
+	:: cp_gen >= gen[n] && cp_leader == n && (cp_gen > gen[n] || role[n] != LEADER) ->
+		/* taking the shard: record where the generation begins, before
+		 * any write of it can exist (genmap_note) */
+		genmap_note(n, cp_gen, wend[n], t_a);
+		if
+		:: t_a ->
+			role[n] = LEADER; gen[n] = cp_gen; lknown[n] = n; live[n] = granted;
+			printf("MSC: node %d takes the shard at generation %d (lease live: %d)\n", n, cp_gen, granted);
+			repl_state_reset(n);
+			acked_survive()         /* P1 at the takeover */
+		:: else -> skip
+		fi
+	:: cp_gen == gen[n] && cp_leader == n && role[n] == LEADER ->
+		/* renewal at the same generation, anchored at the send */
+		if :: granted -> live[n] = 1 :: else -> skip fi
+	:: cp_gen >= gen[n] && cp_leader != n ->
+		if
+		:: role[n] == LEADER || gen[n] != cp_gen ->
+			printf("MSC: node %d follows node %d at generation %d\n", n, cp_leader, cp_gen)
+		:: else -> skip
+		fi;
+		if :: role[n] == LEADER -> repl_state_clear(n) :: else -> skip fi;
+		role[n] = FOLLOWER; gen[n] = cp_gen; live[n] = 0; lknown[n] = cp_leader;
+		ack_word_gc(n)
+	fi
+}
+
+/* heartbeat_once (worker/heartbeat.c): a heartbeat, its claim, and the
+ * assignment it brings back.  One step: the lease is anchored at the send,
+ * so a slow answer only shortens it (duty.pml keeps send and claim apart) */
+inline heartbeat_once(n) {
+	cp_heartbeat(n, t_ok);
+	lease_apply_assignment(n, t_ok)
+}
+
+/* lease_writable (lease.c): this node's monotonic clock passed its lease's
+ * expiry (minus felix.lease_epsilon); the lease is forgotten */
+inline lease_writable(n) {
+	live[n] = 0;
+	printf("MSC: node %d's lease runs out\n", n)
+}
+
+/* shard_flush (storage/shard.c): the group flush makes the written end durable */
+inline shard_flush(n) {
+	flushed[n] = wend[n]
+}
+
+/* ship_follower (ship.c): a shipment of [cursor, written end), felix_replicate
+ * on the follower, and apply_answer on what it answers, in one step (README:
+ * a late answer only makes the leader know less) */
+inline ship_follower(n, f) {
+	felix_replicate(n, f);
+	apply_answer(n, f)
+}
+
+/* report_tick with consider_slot's second half (report.c): the rows of a
+ * report -- caught up = acked_end >= Max(hwm_end, mark) -- and the mark
+ * riding on it; the rows it says are caught up become doubtful until it is
+ * seen to land */
+inline report_tick(n) {
+	quorum_mark(n);
+	t_c = (hwm[n] > t_mark -> hwm[n] : t_mark);     /* caught_up_at */
+	t_j = 0;
+	do
+	:: t_j < NN ->
+		if
+		:: t_j != n && (answered[IX(n,t_j)] || halted[IX(n,t_j)]) ->
+			mpres[IX(n,t_j)] = 1;
+			macked[IX(n,t_j)] = fack[IX(n,t_j)];
+			mcaught[IX(n,t_j)] = (!halted[IX(n,t_j)] && fack[IX(n,t_j)] >= t_c)
+		:: else ->
+			mpres[IX(n,t_j)] = 0; macked[IX(n,t_j)] = 0; mcaught[IX(n,t_j)] = 0
+		fi;
+		t_j++
+	:: else -> break
+	od;
+	mgen[n] = gen[n];
+#ifdef BROKEN_REPORT_ORDER
+	mmark[n] = 0;
+#else
+	mmark[n] = (t_mark > hwm[n] -> t_mark : 0);
+#endif
+	/* Model reduction, not felix: a report that carries no mark, would
+	 * write exactly the rows the control plane holds, and would leave
+	 * the leader's beliefs as they are, changes nothing; skip it. */
+	t_ok = (mmark[n] == 0 && conf[n] && cp_leader == n && cp_gen == gen[n]);
+	t_j = 0;
+	do
+	:: t_j < NN ->
+		if
+		:: t_j != n && (doubt[IX(n,t_j)] || lastc[IX(n,t_j)] != mcaught[IX(n,t_j)] ||
+		                (mpres[IX(n,t_j)] && !(rpres[t_j] && rgen[t_j] == gen[n] &&
+		                   racked[t_j] == macked[IX(n,t_j)] && rcaught[t_j] == mcaught[IX(n,t_j)])) ||
+		                (!mpres[IX(n,t_j)] && rcaught[t_j])) -> t_ok = 0
+		:: else -> skip
+		fi;
+		t_j++
+	:: else -> break
+	od;
+	if
+	:: t_ok -> report_forget(n)
+	:: else ->
+		t_j = 0;
+		do
+		:: t_j < NN ->
+			/* from now on the control plane may believe it */
+			if :: mcaught[IX(n,t_j)] -> doubt[IX(n,t_j)] = 1 :: else -> skip fi;
+			t_j++
+		:: else -> break
+		od;
+		mst[n] = M_INNET;
+		infl[n] = 1;
+		printf("MSC: node %d sends a report (gen %d, mark %d): caught up %d %d %d, acked %d %d %d\n", n, gen[n], mmark[n],
+			mcaught[IX(n,0)], mcaught[IX(n,1)], mcaught[IX(n,2)], macked[IX(n,0)], macked[IX(n,1)], macked[IX(n,2)]);
+#ifndef REPORT_WINDOW
+		/* felix.cp_report answers within this step (README: why this
+		 * loses nothing); or the request is lost */
+		if
+		:: true -> cp_report(n)
+		:: true -> finish_request(n, 0)
+		fi
+#else
+		skip
+#endif
+	fi
+}
+
+/* a crash, then shard_open_locked (storage/shard.c) at the restart: what
+ * was not flushed is gone, the node follows nobody until its heartbeat,
+ * and its publishers fail */
+inline shard_open_locked(n) {
+	ncrash++;
+	boot[n]++;
+	printf("MSC: node %d crashes and restarts\n", n);
+#ifdef RESTORE_FAULT
+	/* the shard's leader comes back from an older copy of its data
+	 * directory (same identity): any shorter durable prefix */
+	do
+#ifdef RESTORE_TAKEN_ONLY
+	/* (only once its generation's lease was claimed) */
+	:: n == cp_leader && cp_taken && flushed[n] > 0 -> flushed[n]--
+#else
+	:: n == cp_leader && flushed[n] > 0 -> flushed[n]--
+#endif
+	:: true -> break
+	od;
+#endif
+	/* what was not flushed is gone */
+	do
+	:: wend[n] > flushed[n] -> wend[n]--; LOG(n, wend[n]) = 0
+	:: else -> break
+	od;
+	/* (the generation map is durable and kept as it is) */
+	hwm[n] = 0;             /* the durable mark may be older: take the least */
+	log_last_generation(n, t_lg);
+	genmap_last(n, t_mg);
+	gen[n] = (t_lg > t_mg -> t_lg : t_mg);
+	role[n] = FOLLOWER; lknown[n] = NONE; live[n] = 0; took[n] = 0;
+	ackg[n] = 0; acke[n] = 0;
+	repl_state_clear(n);
+	infl[n] = 0;
+	report_forget(n)    /* (landing it first is another interleaving) */
+}
+
 /* ======================= the nodes ======================= */
 
 proctype node(byte n) {
 	byte f;
 end_node:
 	do
-	/* ---- heartbeat.c / cp_heartbeat.c (the claim) and
-	 *      lease_apply_assignment (lease.c) ---- */
-	:: atomic {
-		t_ok = 0;
-		if
-		:: cp_leader == n && (!cp_taken || took[n]) ->
-			/* first claim of the generation records this boot; after that
-			 * only this boot renews it */
-			cp_taken = 1; took[n] = 1; t_ok = 1
-		:: else -> skip
-		fi;
-		if
-		:: cp_gen < gen[n] -> skip      /* never lower the generation */
-		:: cp_gen >= gen[n] && cp_leader == n && (cp_gen > gen[n] || role[n] != LEADER) ->
-			/* taking the shard: record where the generation begins, before
-			 * any write of it can exist */
-			genmap_note(n, cp_gen, wend[n], t_a);
-			if
-			:: t_a ->
-				role[n] = LEADER; gen[n] = cp_gen; lknown[n] = n; live[n] = t_ok;
-				printf("MSC: node %d takes the shard at generation %d (lease live: %d)\n", n, cp_gen, t_ok);
-				repl_state_reset(n);
-				acked_survive()         /* P1 at the takeover */
-			:: else -> skip
-			fi
-		:: cp_gen == gen[n] && cp_leader == n && role[n] == LEADER ->
-			/* renewal at the same generation, anchored at the send */
-			if :: t_ok -> live[n] = 1 :: else -> skip fi
-		:: cp_gen >= gen[n] && cp_leader != n ->
-			if
-			:: role[n] == LEADER || gen[n] != cp_gen ->
-				printf("MSC: node %d follows node %d at generation %d\n", n, cp_leader, cp_gen)
-			:: else -> skip
-			fi;
-			if :: role[n] == LEADER -> repl_state_clear(n) :: else -> skip fi;
-			role[n] = FOLLOWER; gen[n] = cp_gen; live[n] = 0; lknown[n] = cp_leader;
-			ack_word_gc(n)
-		fi
-	   }
+	/* ---- heartbeat_once (worker/heartbeat.c) ---- */
+	:: atomic { heartbeat_once(n) }
 
-	/* ---- the lease runs out by this node's clock (lease_writable) ---- */
-	:: atomic { live[n] -> live[n] = 0; printf("MSC: node %d's lease runs out\n", n) }
+	/* ---- the lease runs out by this node's clock ---- */
+	:: atomic { live[n] -> lease_writable(n) }
 
 #if MAXCRASH > 0
-	/* ---- the group flush (storage: shard_flush) ---- */
-	:: atomic { flushed[n] < wend[n] -> flushed[n] = wend[n] }
+	/* ---- the group flush ---- */
+	:: atomic { flushed[n] < wend[n] -> shard_flush(n) }
 #endif
 
-	/* ---- ship_follower (ship.c), felix_replicate on the follower,
-	 *      and apply_answer (ship.c) on its answer, in one step ---- */
-	:: atomic {
-		role[n] == LEADER && !halted[IX(n,(n+1)%NN)] ->
-		f = (n+1)%NN; felix_replicate(n, f); apply_answer(n, f); f = 0
-	   }
-	:: atomic {
-		role[n] == LEADER && !halted[IX(n,(n+2)%NN)] ->
-		f = (n+2)%NN; felix_replicate(n, f); apply_answer(n, f); f = 0
-	   }
+	/* ---- a shipment to either follower, answered ---- */
+	:: atomic { role[n] == LEADER && !halted[IX(n,(n+1)%NN)] -> f = (n+1)%NN; ship_follower(n, f); f = 0 }
+	:: atomic { role[n] == LEADER && !halted[IX(n,(n+2)%NN)] -> f = (n+2)%NN; ship_follower(n, f); f = 0 }
 
-	/* ---- consider_slot (report.c): the mark moves on the standing report ---- */
-	:: atomic { role[n] == LEADER -> mark_on_standing_report(n) }
+	/* ---- the mark moves on the standing report ---- */
+	:: atomic { role[n] == LEADER -> consider_slot(n) }
 
-	/* ---- consider_slot / report_tick (report.c): a report is sent ---- */
+	/* ---- a report is sent ---- */
 	:: atomic {
 #ifdef REPORT_NEEDS_LEASE
 		/* what-if, not felix: only a leader holding its lease reports */
@@ -766,102 +912,13 @@ end_node:
 #else
 		role[n] == LEADER && !infl[n] && mst[n] == M_NONE ->
 #endif
-		quorum_mark(n);
-		t_c = (hwm[n] > t_mark -> hwm[n] : t_mark);     /* caught_up_at */
-		t_j = 0;
-		do
-		:: t_j < NN ->
-			if
-			:: t_j != n && (answered[IX(n,t_j)] || halted[IX(n,t_j)]) ->
-				mpres[IX(n,t_j)] = 1;
-				macked[IX(n,t_j)] = fack[IX(n,t_j)];
-				mcaught[IX(n,t_j)] = (!halted[IX(n,t_j)] && fack[IX(n,t_j)] >= t_c)
-			:: else ->
-				mpres[IX(n,t_j)] = 0; macked[IX(n,t_j)] = 0; mcaught[IX(n,t_j)] = 0
-			fi;
-			t_j++
-		:: else -> break
-		od;
-		mgen[n] = gen[n];
-#ifdef BROKEN_REPORT_ORDER
-		mmark[n] = 0;
-#else
-		mmark[n] = (t_mark > hwm[n] -> t_mark : 0);
-#endif
-		/* Model reduction, not felix: a report that carries no mark, would
-		 * write exactly the rows the control plane holds, and would leave
-		 * the leader's beliefs as they are, changes nothing; skip it. */
-		t_ok = (mmark[n] == 0 && conf[n] && cp_leader == n && cp_gen == gen[n]);
-		t_j = 0;
-		do
-		:: t_j < NN ->
-			if
-			:: t_j != n && (doubt[IX(n,t_j)] || lastc[IX(n,t_j)] != mcaught[IX(n,t_j)] ||
-			                (mpres[IX(n,t_j)] && !(rpres[t_j] && rgen[t_j] == gen[n] &&
-			                   racked[t_j] == macked[IX(n,t_j)] && rcaught[t_j] == mcaught[IX(n,t_j)])) ||
-			                (!mpres[IX(n,t_j)] && rcaught[t_j])) -> t_ok = 0
-			:: else -> skip
-			fi;
-			t_j++
-		:: else -> break
-		od;
-		if
-		:: t_ok -> report_forget(n)
-		:: else ->
-			t_j = 0;
-			do
-			:: t_j < NN ->
-				/* from now on the control plane may believe it */
-				if :: mcaught[IX(n,t_j)] -> doubt[IX(n,t_j)] = 1 :: else -> skip fi;
-				t_j++
-			:: else -> break
-			od;
-			mst[n] = M_INNET;
-			infl[n] = 1;
-			printf("MSC: node %d sends a report (gen %d, mark %d): caught up %d %d %d, acked %d %d %d\n", n, gen[n], mmark[n],
-				mcaught[IX(n,0)], mcaught[IX(n,1)], mcaught[IX(n,2)], macked[IX(n,0)], macked[IX(n,1)], macked[IX(n,2)]);
-#ifndef REPORT_WINDOW
-			/* felix.cp_report answers within this step (README: why this
-			 * loses nothing); or the request is lost */
-			if
-			:: true -> cp_report(n)
-			:: true -> finish_request(n, 0)
-			fi
-#else
-			skip
-#endif
-		fi
+		report_tick(n)
 	   }
 
-	/* ---- a crash and restart (recovery.c: shard_open) ---- */
+	/* ---- a crash, and the restart ---- */
 	:: atomic {
 		ncrash < MAXCRASH ->
-		ncrash++;
-		boot[n]++;
-		printf("MSC: node %d crashes and restarts\n", n);
-#ifdef RESTORE_FAULT
-		/* the shard's leader comes back from an older copy of its data
-		 * directory (same identity): any shorter durable prefix */
-		do
-		:: n == cp_leader && flushed[n] > 0 -> flushed[n]--
-		:: true -> break
-		od;
-#endif
-		/* what was not flushed is gone */
-		do
-		:: wend[n] > flushed[n] -> wend[n]--; LOG(n, wend[n]) = 0
-		:: else -> break
-		od;
-		/* (the generation map is durable and kept as it is) */
-		hwm[n] = 0;             /* the durable mark may be older: take the least */
-		log_last_generation(n, t_lg);
-		genmap_last(n, t_mg);
-		gen[n] = (t_lg > t_mg -> t_lg : t_mg);
-		role[n] = FOLLOWER; lknown[n] = NONE; live[n] = 0; took[n] = 0;
-		ackg[n] = 0; acke[n] = 0;
-		repl_state_clear(n);
-		infl[n] = 0;
-		report_forget(n)    /* (landing it first is another interleaving) */
+		shard_open_locked(n)
 	   }
 	od
 }
@@ -906,6 +963,40 @@ inline leader_holds_reported(l, res) {
 	(!QUALIFIES((x+2)%NN) || racked[x] >= racked[(x+2)%NN]))
 #endif
 
+/* consider (cp_duty.c): promote at G+1 -- the last leader if it holds
+ * what it reported (leader_holds_reported), else the furthest ahead of the
+ * followers reported caught up in the newest reporting generation
+ * (disqualified, better); nobody: the shard stays unplaced */
+inline consider() {
+	leader_holds_reported(cp_leader, t_ok);
+	t_best = NONE;
+	if
+	:: t_ok -> t_best = cp_leader            /* the last leader comes first ... */
+	:: true ->
+		/* ... if it is heard from again after the lapse; else, or while
+		 * it is not, */
+		/* the furthest ahead of those reported caught up; the
+		 * placement score (any of them here) breaks ties */
+		if
+		:: FURTHEST(0) -> t_best = 0
+		:: FURTHEST(1) -> t_best = 1
+		:: FURTHEST(2) -> t_best = 2
+		:: else -> skip                      /* unplaced */
+		fi
+	fi;
+	if
+	:: t_best != NONE ->
+		printf("MSC: the control plane grants generation %d to node %d\n", cp_gen+1, t_best);
+		holds_every_acked(t_best);           /* P1 at the promotion */
+		cp_gen++;
+		cp_leader = t_best;
+		cp_taken = 0;
+		took[0] = 0; took[1] = 0; took[2] = 0
+	:: else -> skip
+	fi;
+	t_best = 0
+}
+
 proctype control_plane() {
 end_cp:
 	do
@@ -920,38 +1011,11 @@ end_cp:
 	:: atomic { mst[2] == M_INNET -> finish_request(2, 0) }
 #endif
 
-	/* ---- consider (cp_duty.c): the lease lapsed (the safety interval is
-	 * duty.pml's: by the time the holder may grant, the leader's own clock
-	 * has run out), so promote at G+1 ---- */
+	/* ---- the lease lapsed: the safety interval is duty.pml's -- by the
+	 * time the holder may grant, the leader's own clock has run out ---- */
 	:: atomic {
 		!live[cp_leader] && cp_gen < MAXGEN ->
-		leader_holds_reported(cp_leader, t_ok);
-		t_best = NONE;
-		if
-		:: t_ok -> t_best = cp_leader            /* the last leader comes first ... */
-		:: true ->
-			/* ... if it is heard from again after the lapse; else, or while
-			 * it is not, */
-			/* the furthest ahead of those reported caught up; the
-			 * placement score (any of them here) breaks ties */
-			if
-			:: FURTHEST(0) -> t_best = 0
-			:: FURTHEST(1) -> t_best = 1
-			:: FURTHEST(2) -> t_best = 2
-			:: else -> skip                      /* unplaced */
-			fi
-		fi;
-		if
-		:: t_best != NONE ->
-			printf("MSC: the control plane grants generation %d to node %d\n", cp_gen+1, t_best);
-			holds_every_acked(t_best);           /* P1 at the promotion */
-			cp_gen++;
-			cp_leader = t_best;
-			cp_taken = 0;
-			took[0] = 0; took[1] = 0; took[2] = 0
-		:: else -> skip
-		fi;
-		t_best = 0
+		consider()
 	   }
 
 	/* ---- P1 in every state ---- */
