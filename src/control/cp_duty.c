@@ -282,6 +282,19 @@ shard_seen(const CpSnapshot *snap, const CpShard *s, int64 now)
 		o->lease_ms = c->lease_ms;
 		o->claim_beat = leader->beat;
 	}
+	else if (o->claim_beat < 0 && leader && s->taken_generation == s->generation &&
+			 s->taken_boot && leader->prev_boot && strcmp(s->taken_boot, leader->prev_boot) == 0)
+	{
+		/*
+		 * The boot that took this generation has ended before this holder
+		 * saw it claim (the holder started, or took the duties over, since):
+		 * its last claim was made at or before its last heartbeat.  Without
+		 * this, a leader-stream shard whose leader came back with a lost or
+		 * restored copy waited for a claim that never comes, and stayed
+		 * unplaced for good (the fault harness, seed 3012 on etcd).
+		 */
+		o->claim_beat = leader->prev_beat;
+	}
 	return o;
 }
 
@@ -372,24 +385,47 @@ newest_reported_end(const CpSnapshot *snap, const CpShard *s)
 }
 
 /*
- * Does the lapsed leader of s still hold what it had?  The reports say how
- * far its followers held the log, and it acknowledged nothing beyond what
- * it reported (report before mark); and it held at least the shard's
- * acked_floor when it was made leader.  A leader whose log, as it gave it
- * in this boot, ends before either is a copy restored from a backup (or
- * otherwise older than itself) and must not lead: it would serve, and
- * ship over, a log missing acknowledged records.  The floor matters when
- * the reports alone say too little: a leader that fell just after its
- * promotion may have reported its followers before they answered it (the
- * fault harness found a leader restored from an old copy re-promoted so).
- * With neither there is nothing to compare (a single replica).
+ * Does the lapsed leader of s still hold what it had?  A leader whose log,
+ * as it gave it in this boot, ends before what it is known to have
+ * acknowledged is a copy restored from a backup (or otherwise older than
+ * itself) and must not lead: it would serve, and ship over, a log missing
+ * acknowledged records.  What it acknowledged is bounded from below by:
+ *   - the shard's acked_floor, set when it was made leader (a leader that
+ *     fell just after its promotion may have reported its followers before
+ *     they answered it: the fault harness found a copy re-promoted so);
+ *   - the largest acknowledged end in the newest generation's reports
+ *     (report before mark);
+ *   - the log of every follower reported caught up, alive at the copy the
+ *     report names: the mark moves without a report only while each such
+ *     follower holds every record below it (report_still_true in
+ *     report.c), so the reported positions alone can lag the mark.
+ * With none of them there is nothing to compare (a single replica).
  */
 static bool
-leader_holds_reported(const CpSnapshot *snap, const CpShard *s, const CpNode *leader)
+leader_holds_reported(const CpSnapshot *snap, const CpShard *s, const CpNode *leader,
+					  int64 now)
 {
 	int64		reported = Max(s->acked_floor, newest_reported_end(snap, s));
+	int64		end = cp_node_end(leader, s->stream, s->shard);
+	CpReports  *r = cp_snapshot_reports(snap, s->stream, s->shard);
+	int64		newest = newest_reported_generation(r);
 
-	return reported == 0 || cp_node_end(leader, s->stream, s->shard) >= reported;
+	if (reported > 0 && end < reported)
+		return false;
+	for (int i = 0; r && i < r->n; i++)
+	{
+		const CpReport *row = &r->rows[i];
+		CpNode	   *f;
+
+		if (row->generation != newest || !row->caught_up)
+			continue;
+		f = cp_snapshot_node(snap, row->follower);
+		if (f == NULL || !is_alive(f, now) || strcmp(f->incarnation, row->incarnation) != 0)
+			continue;
+		if (end < cp_node_end(f, s->stream, s->shard))
+			return false;
+	}
+	return true;
 }
 
 /* Why a follower of s does not qualify (NULL: it does). */
@@ -495,8 +531,8 @@ unplaced_reason(const CpSnapshot *snap, const CpShard *s, const CpStream *st,
 	if (s->leader == NULL)
 		main = psprintf("no replica was reported caught up at generation " INT64_FORMAT " and no leader is known",
 						s->generation);
-	else if (leader && is_alive(leader, now) && !leader_holds_reported(snap, s, leader))
-		main = psprintf("no replica was reported caught up at generation " INT64_FORMAT ", and leader %s %s and is back with a log that ends before what it reported its followers to hold (restored from a backup?)",
+	else if (leader && is_alive(leader, now) && !leader_holds_reported(snap, s, leader, now))
+		main = psprintf("no replica was reported caught up at generation " INT64_FORMAT ", and leader %s %s and is back with a log that ends before what it reported its followers to hold, or before a caught-up follower's (restored from a backup?)",
 						s->generation, s->leader, how);
 	else if (s->nreplicas == 1)
 		main = psprintf("the only copy is on %s, which %s at generation " INT64_FORMAT " and is not alive",
@@ -556,7 +592,7 @@ consider(const CpSnapshot *snap, CpShard *s, int64 now)
 		  (strcmp(leader->incarnation, s->leader_incarnation) == 0 ||
 		   strcmp(s->leader_incarnation, CP_INCARNATION_UNKNOWN) == 0))) &&
 		!cp_node_unable(leader, s->stream, s->shard) &&
-		leader_holds_reported(snap, s, leader))
+		leader_holds_reported(snap, s, leader, now))
 	{
 		NodeObs    *no = hash_search(node_obs, leader->name, HASH_FIND, NULL);
 

@@ -48,6 +48,21 @@
 #define CP_MAX_TAKES_PER_BEAT	64
 /* Attempts before giving up when other writers keep getting there first. */
 
+/* Did boot take a generation that is still its shard's current one? */
+static bool
+took_current(const CpSnapshot *snap, const char *boot)
+{
+	for (int i = 0; i < snap->nshards; i++)
+	{
+		const CpShard *s = &snap->shards[i];
+
+		if (s->taken_generation == s->generation && s->taken_boot &&
+			strcmp(s->taken_boot, boot) == 0)
+			return true;
+	}
+	return false;
+}
+
 void
 cp_check_node_name(const char *node)
 {
@@ -209,6 +224,22 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 		me.starts = a->starts;
 		me.boot = pstrdup(a->boot);
 		me.beat = (prev && strcmp(prev->boot, a->boot) == 0) ? prev->beat + 1 : 1;
+		if (prev && strcmp(prev->boot, a->boot) != 0 && took_current(&snap, prev->boot))
+		{
+			/*
+			 * The boot that ended took a generation still current, and will
+			 * never claim it again: a duty holder that did not see its
+			 * claims bounds the last of them by its last heartbeat count
+			 * (shard_seen in cp_duty.c).
+			 */
+			me.prev_boot = prev->boot;
+			me.prev_beat = prev->beat;
+		}
+		else if (prev)
+		{
+			me.prev_boot = prev->prev_boot;
+			me.prev_beat = prev->prev_beat;
+		}
 		me.registered_ms = prev ? prev->registered_ms : cp_now_ms();
 		me.heartbeat_ms = cp_now_ms();
 		me.peers = a->peers ? pstrdup(a->peers) : (prev ? prev->peers : pstrdup("{}"));
@@ -291,6 +322,18 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 			{
 				/* the first claim of a fresh generation takes it */
 				if (takes >= CP_MAX_TAKES_PER_BEAT)
+					continue;
+
+				/*
+				 * ... with a log, as this boot gave it, that holds the
+				 * acknowledged floor the grant was based on.  The grant
+				 * compared the log of an earlier heartbeat: a felix
+				 * directory put back from an older copy since then must
+				 * not take the generation.  Unclaimed, the grant lapses
+				 * and the duty holder looks again.
+				 */
+				if (s->acked_floor > 0 &&
+					cp_node_end(&me, s->stream, s->shard) < s->acked_floor)
 					continue;
 				takes++;
 				taken = *s;

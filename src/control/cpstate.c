@@ -200,6 +200,8 @@ cp_node_read(const FelixKV *kv, CpNode *n)
 		cl->shard = (int) shard;
 		cl->lease_ms = (int) ms;
 	}
+	n->prev_boot = opt_string(o, "prev_boot");
+	n->prev_beat = opt_int64(o, "prev_beat", 0);
 	n->registered_ms = opt_int64(o, "registered_ms", 0);
 	n->heartbeat_ms = opt_int64(o, "heartbeat_ms", 0);
 	peers = felix_json_object(o, "peers");
@@ -234,6 +236,11 @@ cp_node_write(const CpNode *n)
 		appendStringInfoChar(&b, '}');
 	}
 	appendStringInfoChar(&b, ']');
+	if (n->prev_boot)
+	{
+		felix_json_put_string(&b, "prev_boot", n->prev_boot);
+		felix_json_put_int64(&b, "prev_beat", n->prev_beat);
+	}
 	felix_json_put_int64(&b, "registered_ms", n->registered_ms);
 	felix_json_put_int64(&b, "heartbeat_ms", n->heartbeat_ms);
 	appendStringInfo(&b, ",\"peers\":%s", n->peers ? n->peers : "{}");

@@ -265,7 +265,7 @@ divergence_droppable(FelixShard *s, const char *dir, const char *what,
 	int			nmap;
 	uint64		began = PG_UINT64_MAX;
 
-	if (cut == 0 || b->hdr.generation <= ours)
+	if (b->hdr.generation <= ours)
 		return false;
 	nmap = genmap_load(dir, what, &map);
 	for (int i = 0; i < nmap; i++)
@@ -599,10 +599,10 @@ felix_replicate(PG_FUNCTION_ARGS)
 				/*
 				 * Our records from d.seq on are an earlier leader's proposals
 				 * that a newer generation did not adopt, all above the mark
-				 * (the rule checked; shard_truncate_after refuses otherwise).
+				 * (the rule checked; shard_truncate_to refuses otherwise).
 				 * Answer with our new tail: the leader resends from there.
 				 */
-				shard_truncate_after_locked(s, d.seq - 1);
+				shard_truncate_to_locked(s, d.seq);
 				ereport(LOG,
 						(errmsg("%s: dropped records from seq " UINT64_FORMAT " written at generation " UINT64_FORMAT ", which generation " UINT64_FORMAT " did not adopt",
 								what, d.seq, dropped_generation, batches[f.mismatch].hdr.generation)));

@@ -390,6 +390,18 @@ consider_slot(int slot, FelixReplShard *e, StringInfo json, int *nrows,
 	if (!leads || !key_equal(&key, &e->key))
 		return;
 
+	/*
+	 * Only a leader holding its lease speaks for the shard.  A server
+	 * started again leads its generation without a lease (the claim was
+	 * its earlier boot's), and if its felix directory was put back from an
+	 * older copy, its followers answer its shorter log: reports of those
+	 * answers would lower the positions the control plane compares a
+	 * returning leader's log with (leader_holds_reported), and let the
+	 * copy lead again.  No mark moves without a lease either (may_release).
+	 */
+	if (v.lease_expiry_ns == 0 || now_ns >= v.lease_expiry_ns)
+		return;
+
 	if (!rs->active || !key_equal(&rs->key, &key) || rs->generation != e->generation)
 	{
 		memset(rs, 0, sizeof(ReportSlot));

@@ -116,6 +116,7 @@ typedef struct ShipRequest
 	uint64		from_seq;
 	uint64		sent_end;		/* end of the batches sent */
 	uint64		hwm_sent;		/* leader_hwm_end sent with it */
+	uint64		serial;			/* the connection it was sent on */
 	Size		bytes;
 	int64		sent_ns;
 	/* the answer, as it arrives */
@@ -156,6 +157,8 @@ typedef struct ShipSlot
 	uint64		hwm_sent[FELIX_MAX_REPLICAS];
 	uint64		conn_serial[FELIX_MAX_REPLICAS];	/* connection the mark was
 													 * taken on (0: none) */
+	uint64		answered_serial[FELIX_MAX_REPLICAS];	/* connection of its
+														 * last believed answer */
 	bool		discarded[FELIX_MAX_REPLICAS];	/* REBUILDING: the follower
 												 * answered 'rebuilt' */
 	bool		probed[FELIX_MAX_REPLICAS]; /* the follower took a shipment of
@@ -606,8 +609,27 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 	int			formats[REPLICATE_NPARAMS] = {0, 0, 0, 0, 0, 0, 0, 0, 1};
 	ShipRequest *r;
 
-	if (f->state == FELIX_FOLLOWER_HALTED || ss->in_flight[fidx] ||
-		now_ns < ss->retry_at_ns[fidx])
+	if (f->state == FELIX_FOLLOWER_HALTED)
+		return;
+	p = ss->peer[fidx];
+	if (p != NULL && (!p->used || strcmp(p->name, f->name) != 0))
+		p = ss->peer[fidx] = NULL;
+
+	/*
+	 * What a follower answered is believed while the connection it answered
+	 * on lasts.  A lost connection may be a restarted follower -- one whose
+	 * felix directory may even have been put back from an older copy --
+	 * and neither the quorum mark nor a report may rest on what it held
+	 * before: it counts again once it answers a shipment (reports leave it
+	 * out meanwhile, which the control plane takes for "not caught up").
+	 */
+	if (f->answered && (p == NULL || p->ac.state != FELIX_ASYNC_READY ||
+						p->ac.serial != ss->answered_serial[fidx]))
+	{
+		f->answered = false;
+		repl_state_put_follower(slot, fidx, f);
+	}
+	if (ss->in_flight[fidx] || now_ns < ss->retry_at_ns[fidx])
 		return;
 
 	/*
@@ -621,9 +643,6 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 	else if (f->state == FELIX_FOLLOWER_REBUILDING && !ss->discarded[fidx])
 		op = REPLICATE_REBUILD;
 	probe = op == REPLICATE_SHIP && !ss->probed[fidx];
-	p = ss->peer[fidx];
-	if (p != NULL && (!p->used || strcmp(p->name, f->name) != 0))
-		p = ss->peer[fidx] = NULL;
 	if (p != NULL && now_ns < ss->ident_due_ns[fidx] &&
 		!has_work(ss, fidx, f, snap, p, op, probe))
 		return;
@@ -781,6 +800,7 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 	r->from_seq = from_seq;
 	r->sent_end = sent_end;
 	r->hwm_sent = hwm_param;
+	r->serial = p->ac.serial;
 	r->bytes = buf.len;
 	r->sent_ns = now_ns;
 	p->bytes_in_flight += buf.len;
@@ -1107,6 +1127,7 @@ apply_answer(ShipRequest *r, int64 now_ns)
 		f.acked_end = r->seq;
 		f.cursor = r->seq;
 		f.answered = true;
+		ss->answered_serial[r->fidx] = r->serial;
 		f.last_error[0] = '\0';
 		ss->hwm_sent[r->fidx] = r->hwm_sent;
 	}
@@ -1141,6 +1162,7 @@ apply_answer(ShipRequest *r, int64 now_ns)
 		/* an empty copy beginning at our oldest record: ship from there */
 		f.cursor = f.acked_end = r->seq;
 		f.answered = true;
+		ss->answered_serial[r->fidx] = r->serial;
 		f.last_error[0] = '\0';
 		if (f.state == FELIX_FOLLOWER_BOOTSTRAP)
 			f.state = FELIX_FOLLOWER_SHIPPING;

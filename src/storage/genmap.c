@@ -13,7 +13,7 @@
  * valid one is damage and is reported, never skipped.
  *
  * Locking rule: callers hold the shard's append lock (genmap_note when a
- * generation opens, genmap_truncate from log_truncate_after).  genmap_load
+ * generation opens, genmap_truncate from log_truncate_to).  genmap_load
  * reads without a lock; it may miss an entry being appended, never see a
  * half-written one as valid (the CRC covers it).
  *

@@ -1127,8 +1127,9 @@ shard_trim(FelixShard *s)
 	return removed;
 }
 
+/* Remove every record from seq `cut` on (keeping [start, cut)). */
 void
-shard_truncate_after_locked(FelixShard *s, uint64 seq)
+shard_truncate_to_locked(FelixShard *s, uint64 cut)
 {
 	char		dir[MAXPGPATH];
 	char	   *what = shard_what(s);
@@ -1143,9 +1144,9 @@ shard_truncate_after_locked(FelixShard *s, uint64 seq)
 
 	/*
 	 * INVARIANT: nothing at or below the high-water mark -- in memory or
-	 * the last one made durable -- is ever cut; log_truncate_after refuses.
+	 * the last one made durable -- is ever cut; log_truncate_to refuses.
 	 */
-	log_truncate_after(dir, what, &s->log, seq, hwm_end);
+	log_truncate_to(dir, what, &s->log, cut, hwm_end);
 	shard_mirror_log(s);
 	SpinLockAcquire(&s->mutex);
 	if (s->flushed_end > s->written_end)
@@ -1164,7 +1165,8 @@ shard_truncate_after(FelixShard *s, uint64 seq)
 		shard_check_serving(s);
 		elog(ERROR, "felix: stream \"%s\" shard %d is not open", s->stream_name, s->key.shard);
 	}
-	shard_truncate_after_locked(s, seq);
+	if (seq != PG_UINT64_MAX)
+		shard_truncate_to_locked(s, seq + 1);
 	shard_unlock_tail(s);
 }
 

@@ -1,7 +1,7 @@
 /*-------------------------------------------------------------------------
  *
  * truncate.c
- *	  log_truncate_after: remove every record after a given seq.  This is
+ *	  log_truncate_to: remove every record from a given seq on.  This is
  *	  how a replica drops the part of its log that diverged from a new
  *	  leader's; on a single node nothing calls it with anything to cut.
  *
@@ -88,15 +88,6 @@ segment_logical_size(const FelixLogState *st, const char *path, uint64 base)
 	if (stat(path, &sb) != 0)
 		return 0;
 	return (uint64) sb.st_size;
-}
-
-void
-log_truncate_after(const char *dir, const char *what, FelixLogState *st,
-				   uint64 seq, uint64 hwm_end)
-{
-	if (seq == PG_UINT64_MAX)
-		return;
-	log_truncate_to(dir, what, st, seq + 1, hwm_end);
 }
 
 void
@@ -325,8 +316,8 @@ log_truncate_to(const char *dir, const char *what, FelixLogState *st,
 	genmap_truncate(dir, what, cut);
 
 	ereport(LOG,
-			(errmsg("%s: truncated the log after seq %lld (%llu bytes removed)",
-					what, (long long) cut - 1,
+			(errmsg("%s: truncated the log from seq %llu on (%llu bytes removed)",
+					what, (unsigned long long) cut,
 					(unsigned long long) (removed_bytes + (old_size - w.end_offset)))));
 }
 

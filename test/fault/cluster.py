@@ -23,6 +23,7 @@ directories -- is removed by teardown(), which the harness always calls.
 """
 
 import os
+import re
 import pwd
 import shutil
 import signal
@@ -294,6 +295,14 @@ class Cluster:
     # ---- the network ----------------------------------------------------
     def make_network(self):
         open(os.path.join(os.path.dirname(self.dir), ".run%d" % self.run), "w").close()
+        # what an interrupted run with this number left (its names are ours)
+        for ns in sh("ip", "netns", "list", check=False).split():
+            if ns.startswith("fx%dn" % self.run):
+                sh("ip", "netns", "del", ns, check=False)
+        for line in sh("ip", "-o", "link", "show", check=False).splitlines():
+            name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
+            if re.match(r"fx%d[bvp]\d*$" % self.run, name):
+                sh("ip", "link", "del", name, check=False, quiet=True)
         sh("ip", "link", "add", self.bridge, "type", "bridge")
         sh("ip", "addr", "add", "10.213.%d.254/24" % self.run, "dev", self.bridge)
         sh("ip", "link", "set", self.bridge, "up")

@@ -15,6 +15,7 @@ directory (server logs, history.json, final.json) and makes the run fail.
 """
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -120,12 +121,34 @@ def converge(c, timeout):
         time.sleep(0.5)
 
 
+def why_unconverged(c, stream, shard, replicas):
+    """What the control plane and each replica say of a shard that did not
+    converge: its assignment and every replica's felix_shards row."""
+    why = {}
+    try:
+        why["assignment"] = c.nodes[0].sql(
+            "SELECT value FROM felix.store_read('shards/') WHERE key = %s",
+            ("shards/%s/%06d" % (stream, shard),), timeout=5)[0][0]
+    except Exception as e:
+        why["assignment"] = "unreadable: %s" % e
+    for r in replicas:
+        try:
+            why[r] = [list(map(str, row)) for row in c.node(r).sql(
+                "SELECT role, generation, leader, next_seq, hwm, lease_remaining_ms, state, error, unplaced_reason "
+                "FROM felix_shards WHERE stream = %s AND shard = %s", (stream, shard), timeout=5)]
+        except Exception as e:
+            why[r] = "unreadable: %s" % e
+    return why
+
+
 def final_state(c, state, ok):
     """What every replica of every shard serves, and the generations of its
     record batches (read from its segment files)."""
     out = {}
     for (stream, shard), (leader, replicas) in sorted(state.items()):
         f = {"leader": leader, "replicas": {}, "gens": {}, "stored": {}, "converged": ok.get((stream, shard), False)}
+        if not f["converged"]:
+            f["why"] = why_unconverged(c, stream, shard, replicas)
         for r in replicas:
             try:
                 rows = c.node(r).sql("SELECT seq, payload->>'id' FROM %s WHERE shard = %%s ORDER BY seq"
@@ -154,7 +177,7 @@ def run_schedule(args, store, seed, profile, template, shim, run_no):
     os.chmod(workdir, 0o755)
     c = cluster.Cluster(workdir, run_no, profile["nodes"], store, template, shim)
     h = workload.History()
-    result = {"seed": seed, "store": store, "schedule": sched}
+    result = {"seed": seed, "store": store, "schedule": sched, "build": installed_build()}
     try:
         c.start()
         for name, (consistency, shards) in STREAMS.items():
@@ -188,8 +211,32 @@ def run_schedule(args, store, seed, profile, template, shim, run_no):
         h.dump(os.path.join(workdir, "history.json"))
         c.teardown()
     if not result["violations"] and not args.keep:
-        shutil.rmtree(workdir, ignore_errors=True)
+        if result.get("unavailable"):
+            keep_only_logs(workdir)      # why a shard stayed unavailable
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
     return result
+
+
+def keep_only_logs(workdir):
+    """Remove a schedule's data but keep its logs and history."""
+    for root, dirs, files in os.walk(workdir, topdown=False):
+        for f in files:
+            if not (f.endswith(".log") or f.endswith(".json")):
+                os.unlink(os.path.join(root, f))
+        for d in dirs:
+            try:
+                os.rmdir(os.path.join(root, d))
+            except OSError:
+                pass
+
+
+def installed_build():
+    """The felix library the schedule's servers load, as a short digest: a
+    long run may span a reinstall, and its figures are kept per build."""
+    libdir = cluster.sh("pg_config", "--pkglibdir").strip()
+    with open(os.path.join(libdir, "felix.so"), "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()[:12]
 
 
 def main():

@@ -7,7 +7,11 @@
 # - a difference found by a batch of the follower's own newest generation
 #   (a leader disagreeing with itself) halts: 'conflict', nothing dropped,
 #   and the follower serves nothing from the difference on;
-# - a difference reaching back before the newest generation began halts.
+# - a difference reaching back before the newest generation began halts;
+# - the earlier leader's proposals are dropped the same way when they begin
+#   at seq 0, the log's first record (a failover in a stream's first
+#   moments): found by model-checking (docs/formal, finding 2), where the
+#   follower halted diverged and was rebuilt whole instead.
 #
 # The control plane and the stream's leader are stopped first, so nothing
 # but these calls touches the follower's log.
@@ -32,6 +36,17 @@ my ($fname) = grep { $_ ne 'node1' && $_ ne $leader->{felix_name} } @set;
 my $f = $c->node($fname);
 is($g, 1, 'the stream starts at generation 1');
 
+# A second stream with the same leader, empty: the follower knows its
+# generation 1 and holds nothing.
+my ($empty) = $c->pick_stream_name('repairz', 3, sub { $_[0] eq $leader->{felix_name} });
+$c->create_stream(1, $empty, replication_factor => 3, payload_type => 'text');
+my ($leader0) = $c->wait_leader($empty, 0);
+is($leader0->{felix_name}, $leader->{felix_name}, "$empty has the same leader");
+ok(defined FelixCluster::poll(20, sub {
+	$f->safe_psql('postgres',
+		"SELECT role || ' ' || generation FROM felix_shards WHERE stream = '$empty' AND shard = 0") eq 'follower 1' }, 0.1),
+	"$fname follows $empty at generation 1");
+
 $leader->safe_psql('postgres',
 	"SELECT count(felix_publish('$stream', 'r' || i, shard => 0)) FROM generate_series(0, 2) i");
 my $have = FelixCluster::poll(20, sub {
@@ -53,16 +68,18 @@ sub shipment
 
 sub replicate
 {
-	my ($gen, $from, $hwm, $hex) = @_;
+	my ($gen, $from, $hwm, $hex, $s) = @_;
 	return $f->safe_psql('postgres',
-		replicate_call($f, $stream, 0, $gen, $from, $hex, hwm => $hwm));
+		replicate_call($f, $s // $stream, 0, $gen, $from, $hex, hwm => $hwm));
 }
 
 sub state
 {
+	my ($s) = @_;
+	$s //= $stream;
 	return $f->safe_psql('postgres',
 		"SELECT next_seq || ' ' || coalesce(hwm::text, '-') FROM felix_shards "
-		  . "WHERE stream = '$stream' AND shard = 0");
+		  . "WHERE stream = '$s' AND shard = 0");
 }
 
 my $hwm_before = (split / /, state())[1];
@@ -94,6 +111,20 @@ is(replicate(3, 1, 4, shipment(1, 3, 'Z')), 'conflict 1',
 is(state(), '4 3', 'still nothing dropped');
 is($f->safe_psql('postgres', "SELECT string_agg(payload, ',' ORDER BY seq) FROM $stream"),
 	'r0', 'readers see only what precedes the difference');
+
+# The earlier leader's proposals from seq 0 on: dropped as well.
+is(replicate(1, 0, 0, shipment(0, 1, 'a', 'b'), $empty), 'stored 2',
+	"$empty: generation 1 proposals 0..1 are stored");
+is(state($empty), '2 -', "$empty: no mark, nothing visible");
+is(replicate(2, 0, 0, shipment(0, 2, 'X'), $empty), 'gap 0',
+	"$empty: a generation 2 batch that differs at seq 0 makes $fname drop 0..1 and answer gap 0");
+is(state($empty), '0 -', "$empty: the log is empty again");
+is(replicate(2, 0, 1, shipment(0, 2, 'X'), $empty), 'stored 1',
+	"$empty: the new leader's record is stored at seq 0");
+is($f->safe_psql('postgres', "SELECT string_agg(payload, ',' ORDER BY seq) FROM $empty"),
+	'X', "$empty: readers see the adopted history only");
+is(replicate(2, 0, 1, shipment(0, 2, 'Y'), $empty), 'conflict 0',
+	"$empty: generation 2 contradicting itself at seq 0 still halts");
 
 # The follower knows generation 1 from the control plane: an older
 # shipment would be fenced; generation 0 is not a generation.

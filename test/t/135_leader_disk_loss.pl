@@ -52,24 +52,7 @@ my @acks = $c->acks($pub);
 my ($new, $g2) = $c->wait_leader($stream, 0, min_generation => $g + 1, timeout => 30);
 ok($new && $new != $old, "a follower ($new->{felix_name}) leads at generation $g2")
   or $c->diag_shard($stream, 0);
-my $start = $new->safe_psql('postgres',
-	"SELECT next_seq FROM felix_shards WHERE stream = '$stream' AND shard = 0");
-
-my %held = map { my ($s, $k, $p) = split /\|/, $_, 3; ($s => $p) } split /\n/,
-  $c->records($new, $stream, 0);
-my (@missing_below, @lost);
-for my $a (@acks)
-{
-	my $have = $held{ $a->{seq} };
-	next if defined $have && $have eq $a->{payload};
-	if ($a->{seq} < $start) { push @missing_below, $a->{seq} } else { push @lost, $a->{seq} }
-}
-is(scalar(@missing_below), 0,
-	"every acknowledged record below the new leader's end ($start) is there, unchanged")
-  or diag("missing: @missing_below[0 .. ($#missing_below < 9 ? $#missing_below : 9)]");
-my $last_second = grep { $_->{t} >= $t_kill - 0.5 } @acks;
-cmp_ok(scalar(@lost), '<=', $last_second,
-	scalar(@lost) . " acknowledged records lost, at or above seq $start: no more than were acknowledged in the last half second ($last_second)");
+$c->leader_loss_ok($new, $stream, 0, $t_kill, @acks);
 
 # The node comes back with an empty felix directory and is made a copy.
 $c->start_node($old);

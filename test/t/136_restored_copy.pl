@@ -149,4 +149,74 @@ sub holds_all
 	$c->teardown;
 }
 
+# 3. A leader restored between its new grant and its first claim (found by
+#    model-checking, docs/formal: finding 1, route 2).  A, which holds
+#    every record, is granted generation G+1 (forged here, with the floor
+#    of 1100 the duty holder would write: the window between a grant and
+#    its claim is a heartbeat), and is put back to 100 records before it
+#    claims.  The grant compared a log end A gave before; a new boot may
+#    make a generation's first claim, and A led G+1 from the short copy.
+#    Now the first claim needs a log end, in the claiming boot, at or
+#    after the floor: the grant lapses unclaimed and a follower leads.
+{
+	my ($c, $stream, $a, $victim, $copy, @set) = setup('g', sub { $_[0] });
+	my $an = $a->{felix_name};
+	die "the copy is of $victim, not of the leader $an" unless $victim eq $an;
+	# the duty holder gives a fresh grant as long as this to be claimed in
+	$c->cp->safe_psql('postgres',
+		"ALTER SYSTEM SET felix.lease_duration = '8s'; SELECT pg_reload_conf()");
+	sleep 1;
+	$c->kill_node($a);
+	my $g = $c->state_query("SELECT generation FROM felix.assignments WHERE stream = '$stream' AND shard = 0");
+	$c->store_edit(sprintf('shards/%s/%06d', $stream, 0),
+		"v || jsonb_build_object('generation', (v->>'generation')::bigint + 1, 'acked_floor', 1100)");
+	copy_felix($copy, $a->data_dir . '/felix');
+	$c->start_node($a);
+	my ($who, $g2) = eval { $c->wait_leader($stream, 0, min_generation => $g + 1, timeout => 6) };
+	ok(!defined $who, "$an, back with 100 of 1100 acknowledged records, does not take generation " . ($g + 1))
+	  or diag("$who->{felix_name} leads generation $g2");
+	$c->cp->safe_psql('postgres', "ALTER SYSTEM RESET felix.lease_duration; SELECT pg_reload_conf()");
+	my ($lead) = eval { $c->wait_leader($stream, 0, min_generation => $g + 2, timeout => 30) };
+	ok($lead && $lead != $a, 'the grant lapses and a follower ('
+		  . ($lead ? $lead->{felix_name} : 'none') . ') leads generation ' . ($g + 2))
+	  or $c->diag_shard($stream, 0);
+	ok($lead && holds_all($c, $lead->{felix_name}, $stream), 'it holds all 1100 acknowledged records');
+	$c->teardown;
+}
+
+# 4. A leader restored after its mark moved past its last report (found by
+#    model-checking, docs/formal: finding 1, route 3).  The mark moves
+#    without a report while every follower the control plane may take for
+#    caught up holds the records, so the positions a report gives can trail
+#    what was acknowledged.  Here the last report landed at 100, calling
+#    both followers caught up (forged: in a run it is at most a heartbeat
+#    old), and the mark went on to 1100.  A, put back to 100 records and
+#    started again before its lease lapsed, held everything the reports
+#    gave and was made leader again.  Now a lapsed leader must also hold
+#    the log of every follower reported caught up that is alive.
+{
+	my ($c, $stream, $a, $victim, $copy, @set) = setup('m', sub { $_[0] });
+	my $an = $a->{felix_name};
+	die "the copy is of $victim, not of the leader $an" unless $victim eq $an;
+	# A's claims last long enough for it to be back before they lapse
+	$a->safe_psql('postgres', "ALTER SYSTEM SET felix.lease_duration = '6s'; SELECT pg_reload_conf()");
+	FelixCluster::poll(10, sub {
+		$c->state_query("SELECT bool_and((c->>'lease_ms')::int = 6000) FROM felix.nodes, "
+			  . "jsonb_array_elements(claims) c WHERE name = '$an'") eq 't' }, 0.05)
+	  or die 'no 6 s claim';
+	my $g = $c->state_query("SELECT generation FROM felix.assignments WHERE stream = '$stream' AND shard = 0");
+	$c->kill_node($a);
+	$c->store_edit(sprintf('reports/%s/%06d', $stream, 0),
+		"jsonb_build_object('rows', (SELECT jsonb_agg(r || '{\"acked_end\": 100, \"caught_up\": true}') "
+		  . "FROM jsonb_array_elements(v->'rows') r))");
+	copy_felix($copy, $a->data_dir . '/felix');
+	$c->start_node($a);
+	my ($lead, $g2) = eval { $c->wait_leader($stream, 0, min_generation => $g + 1, timeout => 30) };
+	ok($lead && $lead != $a, "$an, back with 100 of 1100 acknowledged records, is passed over: "
+		  . ($lead ? $lead->{felix_name} : 'nobody') . ' leads generation ' . ($g2 // '?'))
+	  or $c->diag_shard($stream, 0);
+	ok($lead && holds_all($c, $lead->{felix_name}, $stream), 'the new leader holds all 1100 acknowledged records');
+	$c->teardown;
+}
+
 felix_done_testing();

@@ -709,6 +709,33 @@ sub records
 		timeout => 60);
 }
 
+# After a leader-stream failover to $new, at $t_kill: two tests.  Every
+# acknowledged record (from acks()) below where $new's log ends is there,
+# unchanged; the ones at or above it -- the loss window -- are no more
+# than were acknowledged in the last half second before $t_kill.
+sub leader_loss_ok
+{
+	my ($self, $new, $stream, $shard, $t_kill, @acks) = @_;
+	my $start = $new->safe_psql('postgres',
+		"SELECT next_seq FROM felix_shards WHERE stream = '$stream' AND shard = $shard");
+	my %held = map { my ($s, $k, $p) = split /\|/, $_, 3; ($s => $p) } split /\n/,
+	  $self->records($new, $stream, $shard);
+	my (@missing, @lost);
+	for my $a (@acks)
+	{
+		my $have = $held{ $a->{seq} };
+		next if defined $have && $have eq $a->{payload};
+		if ($a->{seq} < $start) { push @missing, $a->{seq} } else { push @lost, $a->{seq} }
+	}
+	is(scalar(@missing), 0,
+		"every acknowledged record below the new leader's end ($start) is there, unchanged")
+	  or diag("missing: @missing[0 .. ($#missing < 9 ? $#missing : 9)]");
+	my $last = grep { $_->{t} >= $t_kill - 0.5 } @acks;
+	cmp_ok(scalar(@lost), '<=', $last,
+		scalar(@lost) . " acknowledged records lost, at or above seq $start: no more than were acknowledged in the last half second ($last)");
+	return;
+}
+
 # The stored bytes of (stream, shard) on node $k: for every segment file,
 # its name and the bytes of its batches (after the 64-byte file header,
 # whose creation time is per node, up to the end of the last whole batch).

@@ -58,6 +58,13 @@ typedef struct CpNode
 	int			nclaims;
 	CpClaim    *claims;
 	int64		beat;			/* heartbeats of this boot */
+	/*
+	 * The last earlier boot that took a generation still current when this
+	 * boot began, and its heartbeat count then (NULL, 0: none): what a duty
+	 * holder that never saw that boot's claims bounds its last claim by.
+	 */
+	char	   *prev_boot;
+	int64		prev_beat;
 	int64		registered_ms;
 	int64		heartbeat_ms;
 	char	   *peers;			/* JSON object: peer -> "" or why unreachable */

@@ -136,14 +136,12 @@ extern uint64 log_read_range(const char *dir, const char *what,
 							 StringInfo out, FelixLogPos *pos);
 
 /*
- * Remove every record after `seq` (keep [start, seq]).  Refuses with an
- * error when that would remove a record below hwm_end, the exclusive end of
- * the high-water mark: records at or below the mark are never rewritten.
- * A batch straddling the cut is re-appended holding only its kept prefix.
+ * Remove every record from seq `end` on (keep [start, end); end == start
+ * empties the log).  Refuses with an error when that would remove a record
+ * below hwm_end, the exclusive end of the high-water mark: records at or
+ * below the mark are never rewritten.  A batch straddling the cut is
+ * shortened in place to its kept prefix.
  */
-extern void log_truncate_after(const char *dir, const char *what,
-							   FelixLogState *st, uint64 seq, uint64 hwm_end);
-/* The same, keeping [start, end): every record from seq `end` on goes. */
 extern void log_truncate_to(const char *dir, const char *what,
 							FelixLogState *st, uint64 end, uint64 hwm_end);
 

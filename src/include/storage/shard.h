@@ -390,7 +390,7 @@ extern int	shard_trim(FelixShard *s);
  * (the one in memory and the one last made durable).  _locked: the tail
  * is held. */
 extern void shard_truncate_after(FelixShard *s, uint64 seq);
-extern void shard_truncate_after_locked(FelixShard *s, uint64 seq);
+extern void shard_truncate_to_locked(FelixShard *s, uint64 cut);
 
 /* A stream's table was dropped and that drop committed: forget its
  * shards' slots and remove its files. */
