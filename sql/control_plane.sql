@@ -19,14 +19,14 @@ CREATE EXTENSION felix;
 CREATE FUNCTION pg_temp.inc(node text) RETURNS text LANGUAGE sql IMMUTABLE
     AS $$ SELECT md5(node)::uuid::text $$;
 CREATE FUNCTION pg_temp.hb(node text, conninfo text DEFAULT 'host=x', boot text DEFAULT 'boot',
-                           starts bigint DEFAULT 1)
+                           starts bigint DEFAULT 1, ends text[] DEFAULT NULL)
     RETURNS TABLE (stream text, shard integer, generation bigint, leader text,
                    lease_granted boolean, unplaced_reason text)
     LANGUAGE sql
     AS $$ SELECT h.stream, h.shard, h.generation, h.leader, h.lease_granted, h.unplaced_reason
             FROM felix.cp_heartbeat(node,
                  CASE WHEN conninfo = 'host=x' THEN 'host=' || node ELSE conninfo END,
-                 pg_temp.inc(node), starts, pg_temp.inc(boot), lease_ms => 100) h $$;
+                 pg_temp.inc(node), starts, pg_temp.inc(boot), lease_ms => 100, ends => ends) h $$;
 -- One round of the duties, as node_a (this session).
 CREATE FUNCTION pg_temp.tick() RETURNS integer LANGUAGE sql
     AS $$ SELECT felix.cp_tick('node_a', pg_temp.inc('duty')) $$;
@@ -193,6 +193,10 @@ SELECT stream, shard, node = :'g0' AS is_g0, generation, halted_at_seq, reason F
 -- ---------------------------------------------------------------------
 -- Promotion: the leader stops heartbeating; the caught-up follower leads
 -- ---------------------------------------------------------------------
+-- f0's heartbeats give where its log ends, as running nodes' do: at 10,
+-- what the report says it holds (its first claim compares it with the
+-- acknowledged end its promotion is based on).
+SELECT count(*) > 0 AS beat FROM pg_temp.hb(:'f0', ends => ARRAY['orders/0=10']);
 SELECT pg_temp.tick() AS promoted_while_the_lease_runs;
 SELECT pg_temp.lapse(:'l0');
 SELECT pg_temp.tick() AS promoted;
@@ -241,7 +245,13 @@ SELECT felix.cp_transfer('orders', 0, 2, :'f0', 'node_zz');
 \echo SQLSTATE :SQLSTATE
 SELECT felix.cp_transfer('orders', 0, 2, :'f0', :'l0') AS next_generation;
 SELECT generation, leader = :'l0' AS l0_leads FROM felix.assignments WHERE stream = 'orders' AND shard = 0;
+-- The first claim of generation 3 needs l0's log, as its heartbeat gives
+-- it, to hold the acknowledged floor (10): unknown, or shorter (a copy put
+-- back since the grant), claims nothing.
+SELECT value::jsonb->'acked_floor' AS acked_floor FROM felix.store_read('shards/orders/000000');
 SELECT lease_granted FROM pg_temp.hb(:'l0') WHERE stream = 'orders' AND shard = 0;
+SELECT lease_granted FROM pg_temp.hb(:'l0', ends => ARRAY['orders/0=9']) WHERE stream = 'orders' AND shard = 0;
+SELECT lease_granted FROM pg_temp.hb(:'l0', ends => ARRAY['orders/0=10']) WHERE stream = 'orders' AND shard = 0;
 -- A replica move: node_d (alive again) replaces g0 once reported caught up.
 SELECT count(*) FROM pg_temp.hb('node_d', boot => 'boot2', starts => 2);
 SELECT pg_temp.tick() >= 0 AS holding;
