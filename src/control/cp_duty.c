@@ -428,11 +428,29 @@ leader_holds_reported(const CpSnapshot *snap, const CpShard *s, const CpNode *le
 	return true;
 }
 
+/*
+ * Has the lapsed leader of s lost its generation's records for good?  It
+ * is alive at another incarnation (its felix directory was replaced), or
+ * its log, as this boot gave it, ends before what it is known to have
+ * acknowledged (put back from an older copy).  A log does not grow back
+ * without a leader: waiting for this one recovers nothing.
+ */
+static bool
+leader_copy_gone(const CpSnapshot *snap, const CpShard *s, const CpNode *leader, int64 now)
+{
+	if (leader == NULL || !is_alive(leader, now) || s->leader_incarnation == NULL)
+		return false;
+	if (strcmp(leader->incarnation, s->leader_incarnation) != 0)
+		return strcmp(s->leader_incarnation, CP_INCARNATION_UNKNOWN) != 0;
+	return cp_node_end(leader, s->stream, s->shard) >= 0 &&
+		!leader_holds_reported(snap, s, leader, now);
+}
+
 /* Why a follower of s does not qualify (NULL: it does). */
 static const char *
 disqualified(const CpSnapshot *snap, const CpShard *s, const CpStream *st,
-			 const ShardObs *obs, const char *follower, int64 lapse_ns, int64 now,
-			 int64 *acked_end)
+			 const ShardObs *obs, const char *follower, bool leader_gone,
+			 int64 lapse_ns, int64 now, int64 *acked_end)
 {
 	CpReports  *r = cp_snapshot_reports(snap, s->stream, s->shard);
 	int64		newest = newest_reported_generation(r);
@@ -482,11 +500,15 @@ disqualified(const CpSnapshot *snap, const CpShard *s, const CpStream *st,
 	no = hash_search(node_obs, n->name, HASH_FIND, NULL);
 	if (no == NULL || no->changed_seen_ns <= lapse_ns)
 		return "report too old";
-	if (strcmp(st->consistency, "quorum") != 0)
+	if (strcmp(st->consistency, "quorum") != 0 && !leader_gone)
 	{
 		/*
 		 * A leader-consistency leader acknowledges without reporting until its
-		 * lease ends: its report must be recent relative to its last claim.
+		 * lease ends: its report must be recent relative to its last claim,
+		 * or more than the loss window could go.  Unless the leader's copy
+		 * is gone: then what it acknowledged beyond its followers is lost
+		 * whatever the holder waits for, and waiting would leave the shard
+		 * unplaced for good (the fault harness, seed 4050 embedded).
 		 */
 		int64		window = (felix_node_expiry + felix_heartbeat_interval +
 							  felix_heartbeat_interval - 1) / felix_heartbeat_interval;
@@ -527,6 +549,7 @@ unplaced_reason(const CpSnapshot *snap, const CpShard *s, const CpStream *st,
 	char	   *main;
 	StringInfoData details;
 	char	   *full;
+	bool		gone = leader_copy_gone(snap, s, leader, now);
 
 	if (s->leader == NULL)
 		main = psprintf("no replica was reported caught up at generation " INT64_FORMAT " and no leader is known",
@@ -548,7 +571,7 @@ unplaced_reason(const CpSnapshot *snap, const CpShard *s, const CpStream *st,
 
 		if (s->leader && strcmp(s->replicas[i], s->leader) == 0)
 			continue;
-		why = disqualified(snap, s, st, obs, s->replicas[i], lapse_ns, now, &acked);
+		why = disqualified(snap, s, st, obs, s->replicas[i], gone, lapse_ns, now, &acked);
 		appendStringInfo(&details, "%s%s: %s", details.len ? "; " : "", s->replicas[i],
 						 why ? why : "report too old");
 	}
@@ -565,6 +588,7 @@ consider(const CpSnapshot *snap, CpShard *s, int64 now)
 	int64		lapse_ns;
 	CpNode	   *leader;
 	Candidate	best = {NULL, false, 0};
+	bool		gone;
 	FelixStoreCmp cmps[4];
 	FelixStoreOp ops[2];
 	int			ncmps = 0;
@@ -603,13 +627,14 @@ consider(const CpSnapshot *snap, CpShard *s, int64 now)
 			best.is_leader = true;
 		}
 	}
+	gone = leader_copy_gone(snap, s, leader, now);
 	for (int i = 0; i < s->nreplicas && !best.is_leader; i++)
 	{
 		Candidate	c = {NULL, false, 0};
 
 		if (s->leader && strcmp(s->replicas[i], s->leader) == 0)
 			continue;
-		if (disqualified(snap, s, st, obs, s->replicas[i], lapse_ns, now, &c.acked_end) != NULL)
+		if (disqualified(snap, s, st, obs, s->replicas[i], gone, lapse_ns, now, &c.acked_end) != NULL)
 			continue;
 		c.node = cp_snapshot_node(snap, s->replicas[i]);
 		if (better(&c, &best, s))

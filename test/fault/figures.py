@@ -35,6 +35,16 @@ def main(paths):
         print("| %s store | %d | %d | %d |" % (store, by_store[store],
                                             sum(1 for r in failed if r["store"] == store),
                                             unavailable[store]))
+    builds = collections.OrderedDict()
+    for r in results:
+        b = builds.setdefault(r.get("build", "?"), [0, 0])
+        b[0] += 1
+        b[1] += 1 if r["violations"] else 0
+    print()
+    print("| felix.so (sha256, first 12) | schedules | failed |")
+    print("| --- | --- | --- |")
+    for b, (n, nf) in builds.items():
+        print("| `%s` | %d | %d |" % (b, n, nf))
     print()
     print("| records | count |")
     print("| --- | --- |")

@@ -22,6 +22,16 @@
 # node1 hosts the embedded store, leads the shard and is the only node that
 # may hold the duties: the holder is always a boot that never saw the old
 # one claim.
+#
+# Part 2: the leader's reports stop landing (felix.cp_report refused) for
+# seconds while it goes on acknowledging, then it dies with its felix
+# directory and starts again.  Its followers' reports are then too old to
+# bound what it acknowledged since, and the holder used to wait for the old
+# leader -- whose copy is gone, so the shard stayed unplaced for good (the
+# fault harness, seed 4050 embedded).  A leader whose copy is gone (a new
+# incarnation, or a log short of what it acknowledged) is waited for no
+# longer: the most advanced follower leads, and the loss stays within the
+# records its follower lacked.
 use strict;
 use warnings;
 
@@ -80,6 +90,35 @@ SKIP:
 		$c->records($old, $stream, 0) eq $want }, 0.5),
 		'node1, started again with nothing, serves exactly the new leader\'s records')
 	  or $c->diag_shard($stream, 0);
+}
+
+# Part 2: stale reports, then the leader's copy lost.
+my ($s2) = $c->pick_stream_name('lstale', 3, sub { $_[0] ne 'node1' });
+$c->create_stream(1, $s2, replication_factor => 3, consistency => 'leader');
+my ($old2, $h) = $c->wait_leader($s2, 0);
+$c->wait_shipping($old2, $s2, 0, 2);
+my $pub2 = $c->start_publishers(node => $old2, stream => $s2, shard => 0, sessions => 2,
+	seconds => 30, tag => 's');
+ok($c->wait_acks($pub2, 500, 60), "$s2: the publishers are acknowledged steadily");
+$c->break_reports;
+my $n0 = $c->ack_count($pub2);
+sleep 4;
+cmp_ok($c->ack_count($pub2), '>', $n0 + 100, "$s2: acknowledged without its reports landing for 4 s");
+$c->kill_node($old2);
+my $t_kill2 = time;
+remove_tree($old2->data_dir . '/felix');
+$c->stop_publishers($pub2, 5);
+my @acks2 = $c->acks($pub2);
+$c->mend_reports;
+$c->start_node($old2);
+my ($new2) = eval { $c->wait_leader($s2, 0, min_generation => $h + 1, timeout => 30) };
+ok($new2 && $new2 != $old2, "$s2: a follower ("
+	  . ($new2 ? $new2->{felix_name} : 'none') . ") leads, its old leader's copy being gone")
+  or $c->diag_shard($s2, 0);
+SKIP:
+{
+	skip 'no new leader', 2 unless $new2 && $new2 != $old2;
+	$c->leader_loss_ok($new2, $s2, 0, $t_kill2, @acks2);
 }
 
 $c->teardown;
