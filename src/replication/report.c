@@ -365,6 +365,7 @@ consider_slot(int slot, FelixReplShard *e, StringInfo json, int *nrows,
 	uint64		caught_up_at;
 	bool		mark_needs_report = false;
 	bool		due;
+	int			nnamed;
 	PendingShard ps;
 	QuorumMember acks[FELIX_MAX_REPLICAS + 1];
 	int			nacks = 0;
@@ -529,12 +530,14 @@ consider_slot(int slot, FelixReplShard *e, StringInfo json, int *nrows,
 	}
 
 	ps.mark = (quorum && mark > hwm_end) ? mark : 0;
+	nnamed = 0;
 	for (int i = 0; i < ps.nfollowers; i++)
 	{
 		Reported   *row = &ps.rows[i];
 
 		if (!row->present)
 			continue;
+		nnamed++;
 		appendStringInfoString(json, *nrows == 0 ? "[" : ",");
 		appendStringInfoString(json, "{\"stream\":");
 		escape_json(json, e->stream_name);
@@ -554,7 +557,18 @@ consider_slot(int slot, FelixReplShard *e, StringInfo json, int *nrows,
 		if (row->caught_up)
 			rs->doubtful[i] = true;
 	}
-	pending[npending++] = ps;
+
+	/*
+	 * A part naming no follower tells the control plane nothing: it keeps
+	 * the rows it has (of an older generation, say, calling a follower
+	 * caught up).  Were its landing taken for a report, the standing
+	 * report would name nobody, and every mark would move on it while the
+	 * control plane could still promote that follower without the records
+	 * (the model checker found it: docs/formal, finding 5).  Such a shard
+	 * waits for a report that names its followers.
+	 */
+	if (nnamed > 0)
+		pending[npending++] = ps;
 }
 
 /*
