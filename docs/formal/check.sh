@@ -66,7 +66,10 @@ trap 'exit 130' INT TERM
 
 # name | model | spin -D flags | gcc -O level (O0 compiles 5x faster, O2
 # searches faster), with "+bfs" for a breadth-first search (the shortest
-# counterexample; duty.pml only) or "+mN" for a search depth of N |
+# counterexample; duty.pml only), "+prev" for pan's reversed process order
+# (-DP_REVERSE: only the order of the search, so a run that must fail meets
+# its counterexample sooner; an exhaustive search stores the same states)
+# or "+mN" for a search depth of N |
 # expect: pass, or the property tags a counterexample must break (a regex
 # over the tag written after the failed assert)
 runs=(
@@ -77,13 +80,23 @@ runs=(
 	"shard: BROKEN_REPORT_ORDER|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=0 -DBROKEN_REPORT_ORDER|O0|P1"
 	"shard: BROKEN_WAITER_GENERATION|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=0 -DBROKEN_WAITER_GENERATION|O0|P2: at the publisher"
 	"shard: BROKEN_WAITER_GENERATION, P1 only, 3 rec|shard.pml|-DNREC=3 -DMAXGEN=2 -DMAXCRASH=0 -DBROKEN_WAITER_GENERATION -DONLY_P1|O2|P1"
-	"shard: guard deleted: lease at the mark|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=0 -DNO_LEASE_AT_MARK|O0|P2: at the mark"
+	"shard: guard deleted: lease at the mark|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=0 -DREPORT_WINDOW -DNO_LEASE_AT_MARK|O0|P2: at the mark"
 	"shard: guard deleted: lease_recheck|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=0 -DNO_RECHECK|O0|P3"
 	"shard: guard deleted: caught-up gate|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=0 -DPROMOTE_ANY|O0|P1"
-	"shard: finding: leader restored from a copy|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT|O0|P1"
-	"shard: finding: ... and reports need a lease|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DREPORT_NEEDS_LEASE|O0|P1"
-	"shard: finding: ... and restored after claiming|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DREPORT_NEEDS_LEASE -DRESTORE_TAKEN_ONLY|O0|P1"
-	"shard: finding: no repair at seq 0|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=0 -DPROBE_REPAIR_AT_ZERO|O2|R"
+	"shard: restore: the code before C2-C4|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DOLD_REPORT_WITHOUT_LEASE -DOLD_CLAIM_WITHOUT_CHECK -DOLD_LEADER_CHECK_REPORTS_ONLY|O0|P1"
+	"shard: restore, marks reported|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DMARKS_REPORTED|O2|pass"
+	"shard: restore, marks reported, C2 undone|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DMARKS_REPORTED -DOLD_REPORT_WITHOUT_LEASE|O0|P1"
+	"shard: restore, marks reported, C3 undone|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DMARKS_REPORTED -DOLD_CLAIM_WITHOUT_CHECK|O0|P1"
+	"shard: restore after claim, C4's case|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DRESTORE_TAKEN_ONLY -DMARKS_WITNESSED -DCAUGHT_UP_HEARD|O2|pass"
+	"shard: ... C4's case, C4 undone|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DRESTORE_TAKEN_ONLY -DMARKS_WITNESSED -DCAUGHT_UP_HEARD -DOLD_LEADER_CHECK_REPORTS_ONLY|O0|P1"
+	"shard: open: restore, implemented design|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT|O0|P1"
+	"shard: open: caught-up follower's end stale|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DRESTORE_TAKEN_ONLY -DMARKS_WITNESSED -DCAUGHT_UP_ALIVE|O2|P1"
+	"shard: open: restored between grant and claim|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DRESTORE_UNTAKEN_ONLY -DMARKS_WITNESSED -DCAUGHT_UP_HEARD|O0|P1"
+	"shard: restore, what-if fixes of finding 6|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DFIX_CLAIM_END -DFIX_RESTARTED_LEADER|O2|pass"
+	"shard: several shards per node|shard.pml|-DNREC=1 -DMAXGEN=3 -DMAXCRASH=0 -DSEVERAL_SHARDS|O2|pass"
+	"shard: several shards, old confirm without rows|shard.pml|-DNREC=1 -DMAXGEN=3 -DMAXCRASH=0 -DSEVERAL_SHARDS -DOLD_CONFIRM_WITHOUT_ROWS|O0+prev|P1"
+	"shard: repair at seq 0|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=0 -DPROBE_REPAIR_AT_ZERO|O2|pass"
+	"shard: repair at seq 0, the code before 6fe9809|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=0 -DPROBE_REPAIR_AT_ZERO -DOLD_NO_REPAIR_AT_ZERO|O0+prev|R"
 	"duty: implemented design, rates 1..2|duty.pml||O0|pass"
 	"duty: implemented design, rates 2..3|duty.pml|-DRMIN=2 -DRMAX=3 -DLEASE=6 -DEPS=1 -DMARGIN=2|O0|pass"
 	"duty: BROKEN_GRANT_AT_ONCE|duty.pml|-DBROKEN_GRANT_AT_ONCE|O0+bfs|D1|D2"
@@ -99,6 +112,7 @@ if [ "$deep" = 1 ]; then
 		"deep shard: 2 records, gen<=3|shard.pml|-DNREC=2 -DMAXGEN=3 -DMAXCRASH=0|O2|pass"
 		"deep shard: 2 records, a crash|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=1|O2|pass"
 		"deep shard: 2 records, report in flight|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=0 -DREPORT_WINDOW|O2|pass"
+		"deep shard: open: no caught-up row, 2 crashes|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=2 -DRESTORE_FAULT -DRESTORE_TAKEN_ONLY -DCAUGHT_UP_HEARD|O2|P1"
 		"deep duty: 5 generations, rates 2..3|duty.pml|-DMAXGEN=5 -DRMIN=2 -DRMAX=3 -DLEASE=6 -DEPS=1 -DMARGIN=2|O2+m5000000|pass"
 		"deep duty: takeover after a lease unchanged|duty.pml|-DDUTY_TIMING|O2+m5000000|pass"
 	)
@@ -129,6 +143,7 @@ run_one() {
 	local cflags="" hashw=24 depth=500000
 	case "$name" in deep*) cflags="-DBITSTATE"; hashw=32 ;; esac
 	case "$opt" in *+bfs) opt="${opt%+bfs}"; cflags="$cflags -DBFS"; defs="$defs -DTRAIL_BFS" ;; esac
+	case "$opt" in *+prev) opt="${opt%+prev}"; cflags="$cflags -DP_REVERSE" ;; esac
 	case "$opt" in *+m*) depth="${opt#*+m}"; opt="${opt%%+m*}" ;; esac
 	local t0 t1 secs states errors outcome verdict tag line
 	t0=$(date +%s.%N)

@@ -29,7 +29,13 @@
  *
  * Bounds (-D): NREC publishes (record ids 1..NREC, so logs of NREC seqs),
  * generations up to MAXGEN, at most MAXCRASH node crashes per run.
- * REPORT_WINDOW keeps a report in flight across other steps (see README).
+ * REPORT_WINDOW keeps a report, and then its answer, in flight across
+ * other steps (see README).  SEVERAL_SHARDS: the node leads other shards
+ * too and reports them in the same request, so a request goes out even
+ * when this shard's part names no follower; consider_slot leaves such a
+ * part out of the request (no rows, not queued), so its landing changes
+ * nothing for this shard -- as with one shard per node, where no request
+ * without rows is sent.  README "Findings" 5.
  *
  * Variants (-D), each expected to FAIL:
  *   BROKEN_REPORT_ORDER       the mark moves, and releases publishers, as
@@ -49,17 +55,53 @@
  * Expected to PASS (shows a rule P1 does not rest on):
  *   ANY_CAUGHT_UP             any follower reported caught up, not the
  *                             furthest ahead first.
- * Fault (expected to FAIL; README "Findings"):
- *   RESTORE_FAULT             the shard's leader may come back from an
- *                             older copy of its data directory (same
- *                             identity, fewer records) -- the case
- *                             leader_holds_reported is there for.
- *   REPORT_NEEDS_LEASE        (with RESTORE_FAULT) a what-if, not felix:
- *                             only a leader holding its lease reports.
- *   RESTORE_TAKEN_ONLY        (with RESTORE_FAULT) the restore happens only
- *                             after the generation's lease was claimed.
+ * The restore fault (README "Findings" 1 and 6):
+ *   RESTORE_FAULT             the node the assignment names may come back
+ *                             from an older copy of its data directory
+ *                             (same identity, a shorter durable prefix).
+ *   RESTORE_TAKEN_ONLY        (with RESTORE_FAULT) only once the
+ *                             generation's lease was claimed;
+ *   RESTORE_UNTAKEN_ONLY      ... only between a grant and its first claim.
+ * The code before the changes that closed findings 2 and 5 (each fails):
+ *   OLD_NO_REPAIR_AT_ZERO     divergence_droppable never drops from seq 0:
+ *                             the follower halts (with PROBE_REPAIR_AT_ZERO).
+ *   OLD_CONFIRM_WITHOUT_ROWS  (with SEVERAL_SHARDS) a shard's part naming no
+ *                             follower is queued, and its landing confirms
+ *                             the shard with nobody caught up.
+ * The code before the changes that closed finding 1 (each fails with
+ * RESTORE_FAULT):
+ *   OLD_REPORT_WITHOUT_LEASE  consider_slot reports for a leader without a
+ *                             live lease.
+ *   OLD_CLAIM_WITHOUT_CHECK   the first claim of a generation compares
+ *                             nothing.
+ *   OLD_LEADER_CHECK_REPORTS_ONLY  leader_holds_reported compares the
+ *                             leader's log end with acked_floor and the
+ *                             reports only, not with caught-up followers'.
+ * Restrictions, not felix, that leave out the paths of finding 6, so the
+ * runs can show what each change closes:
+ *   MARKS_REPORTED            the mark moves without a report only up to
+ *                             the largest acknowledged end the control
+ *                             plane's rows of its generation hold;
+ *   MARKS_WITNESSED           ... only while the control plane holds a
+ *                             caught-up row of its generation for a
+ *                             follower that holds the mark;
+ *   CAUGHT_UP_ALIVE           every follower the newest reports call caught
+ *                             up is alive when the shard is considered (by
+ *                             default any may be not alive, and is skipped);
+ *   CAUGHT_UP_HEARD           ... and gave its log end in a heartbeat since
+ *                             the lapse (by default: in its last one).
+ * What-ifs, not felix (README "Findings" 6):
+ *   FIX_CLAIM_END             the first claim also needs the claimer's log
+ *                             to end at or after where it ended at the grant.
+ *   FIX_RESTARTED_LEADER      a lapsed leader whose boot did not claim its
+ *                             generation qualifies only if every follower is
+ *                             alive, heard from since the lapse, and its log
+ *                             ends no later than the leader's.
+ * Probe (README "Findings" 2):
  *   PROBE_REPAIR_AT_ZERO      asserts that no divergence the design's
- *                             repair rule allows is answered 'conflict'.
+ *                             repair rule allows is answered 'conflict'
+ *                             (tag R); the implemented rule is the design's,
+ *                             so it can fail only with OLD_NO_REPAIR_AT_ZERO.
  */
 
 #ifndef NREC
@@ -94,6 +136,7 @@
 /* a replica report request, as report.c / cp_report.c see it */
 #define M_NONE     0
 #define M_INNET    1    /* sent, fate unknown */
+#define M_LANDED   2    /* committed, its answer on its way back (REPORT_WINDOW) */
 
 /* publishers */
 #define W_IDLE     0
@@ -143,11 +186,18 @@ byte macked[NN*NN];
 byte cp_gen = 1;
 byte cp_leader = 0;
 bit  cp_taken = 1;          /* the generation's lease was claimed by some boot */
+byte cp_floor = 0;          /* acked_floor: what every later leader must hold */
 bit  rpres[NN];             /* a row for follower f exists */
 byte rgen[NN];
 byte racked[NN];
 bit  rcaught[NN];
 byte ncrash = 0;
+#if defined(CAUGHT_UP_ALIVE) && !defined(CAUGHT_UP_HEARD)
+byte hbend[NN];             /* the log end node n's last heartbeat of this boot gave (0: none) */
+#endif
+#ifdef FIX_CLAIM_END
+byte cp_gend = 0;           /* what-if: the grantee's log end when it was granted */
+#endif
 
 /* ---------------- ghosts for the properties ---------------- */
 byte wst[NREC+1];
@@ -199,9 +249,10 @@ inline shard_advance_hwm(n, v) {
 	fi
 }
 
-/* shard_truncate_after_locked (shard.c) / genmap_truncate: keep [0, cut) */
-inline shard_truncate_after_locked(n, cut) {
-	assert(cut >= hwm[n]);    /* T: no cut at or below the mark (log_truncate_after refuses) */
+/* shard_truncate_to_locked (shard.c), log_truncate_to (truncate.c) and
+ * genmap_truncate: keep [0, cut); cut 0 empties the log */
+inline shard_truncate_to_locked(n, cut) {
+	assert(cut >= hwm[n]);    /* T: no cut at or below the mark (log_truncate_to refuses) */
 	t_j = cut;
 	do
 	:: t_j < wend[n] -> LOG(n, t_j) = 0; t_j++
@@ -492,13 +543,19 @@ inline felix_replicate(n, f) {
 					:: t_mm != NONE ->
 						/* 7. divergence_droppable: a newer generation's batch,
 						 * at or after where our last generation began, above
-						 * our mark, and never seq 0 */
+						 * our mark (replicate_decide); from seq 0 too, which
+						 * empties the log (shard_truncate_to_locked) */
 						log_last_generation(f, t_lg);
 						if
+#ifdef OLD_NO_REPAIR_AT_ZERO
+						/* the code before 6fe9809: never from seq 0 (cut == 0) */
 						:: t_mm > 0 && GEN_OF(LOG(n, t_mm)) > t_lg && t_lg > 0 &&
+#else
+						:: GEN_OF(LOG(n, t_mm)) > t_lg && t_lg > 0 &&
+#endif
 						   GM(f, t_lg) != NONE && t_mm >= GM(f, t_lg) && t_mm >= hwm[f] ->
 							printf("MSC: node %d drops its records from seq %d (unadopted)\n", f, t_mm);
-							shard_truncate_after_locked(f, t_mm);
+							shard_truncate_to_locked(f, t_mm);
 							ans[IX(n,f)] = A_GAP; anseq[IX(n,f)] = t_mm
 						:: else ->
 #ifdef PROBE_REPAIR_AT_ZERO
@@ -665,6 +722,34 @@ inline consider_slot(n) {
 #else
 	report_still_true(n, t_mark, t_ok);
 #endif
+#ifdef MARKS_REPORTED
+	/* assumption, not felix: only up to what the control plane's rows of
+	 * this generation say a follower acknowledged */
+	t_a = 0;
+	t_j = 0;
+	do
+	:: t_j < NN -> if :: rpres[t_j] && rgen[t_j] == gen[n] && racked[t_j] > t_a -> t_a = racked[t_j] :: else -> skip fi; t_j++
+	:: else -> break
+	od;
+	t_ok = (t_ok && t_mark <= t_a);
+#endif
+#ifdef MARKS_WITNESSED
+	/* assumption, not felix: only while the control plane holds a
+	 * caught-up row of this generation for a follower that holds it */
+	t_a = 0;
+	t_j = 0;
+	do
+	:: t_j < NN ->
+		if
+		:: t_j != n && rpres[t_j] && rgen[t_j] == gen[n] && rcaught[t_j] &&
+		   answered[IX(n,t_j)] && fack[IX(n,t_j)] >= t_mark -> t_a = 1
+		:: else -> skip
+		fi;
+		t_j++
+	:: else -> break
+	od;
+	t_ok = (t_ok && t_a);
+#endif
 	if
 	:: t_ok && t_mark > hwm[n] -> quorum_release(n, gen[n], t_mark)
 	:: else -> skip
@@ -672,29 +757,45 @@ inline consider_slot(n) {
 }
 
 /* cp_report (cp_report.c): a report lands only while its sender leads the
- * shard at its generation; followers it leaves out are no longer caught up */
+ * shard at its generation; followers it leaves out are no longer caught up
+ * (a report naming none leaves the rows alone: felix sends no such part
+ * any more; OLD_CONFIRM_WITHOUT_ROWS does, riding with other shards' rows) */
 inline cp_report(n) {
 	if
 	:: cp_leader == n && cp_gen == mgen[n] ->
-		t_j = 0;
-		do
-		:: t_j < NN ->
-			if
-			:: t_j != n && mpres[IX(n,t_j)] ->
-				rpres[t_j] = 1; rgen[t_j] = mgen[n];
-				racked[t_j] = macked[IX(n,t_j)]; rcaught[t_j] = mcaught[IX(n,t_j)]
-			:: else ->
-				rcaught[t_j] = 0
-			fi;
-			t_j++
-		:: else -> break
-		od;
+		if
+		:: mpres[IX(n,0)] || mpres[IX(n,1)] || mpres[IX(n,2)] ->
+			t_j = 0;
+			do
+			:: t_j < NN ->
+				if
+				:: t_j != n && mpres[IX(n,t_j)] ->
+					/* within a generation a stored acknowledged end is
+					 * never lowered; caught up is the new report's word */
+					if
+					:: !(rpres[t_j] && rgen[t_j] == mgen[n] && racked[t_j] > macked[IX(n,t_j)]) ->
+						racked[t_j] = macked[IX(n,t_j)]
+					:: else -> skip
+					fi;
+					rpres[t_j] = 1; rgen[t_j] = mgen[n]; rcaught[t_j] = mcaught[IX(n,t_j)]
+				:: else ->
+					rcaught[t_j] = 0
+				fi;
+				t_j++
+			:: else -> break
+			od
+		:: else -> skip
+		fi;
 		printf("MSC: the report of node %d lands\n", n);
+#ifdef REPORT_WINDOW
+		mst[n] = M_LANDED       /* the answer, later (control_plane) */
+#else
 		/* the leader sees it land, or its connection fails first */
 		if
 		:: true -> finish_request(n, 1)
 		:: true -> finish_request(n, 0)
 		fi
+#endif
 	:: else ->
 		finish_request(n, 0)
 	fi
@@ -702,12 +803,30 @@ inline cp_report(n) {
 
 /* cp_heartbeat (control/cp_heartbeat.c), the claim: the node the
  * assignment names claims its generation's lease; the first claim of a
- * generation records the boot, and only that boot claims it again */
+ * generation records the boot, and only that boot claims it again.  The
+ * first claim is made only with a log, as this heartbeat gives it, that
+ * ends at or after the shard's acked_floor (when there is one); otherwise
+ * nothing is claimed, the grant lapses unclaimed, and consider looks
+ * again.  The heartbeat's end is the node's durable end now (README: the
+ * real one can only be lower, or unknown, which claims nothing) */
+#ifdef OLD_CLAIM_WITHOUT_CHECK
+/* the code before the change: the first claim compares nothing */
+#define CLAIM_HOLDS(n)  (1)
+#elif defined(FIX_CLAIM_END)
+/* what-if: ... and at or after its own log end at the grant */
+#define CLAIM_HOLDS(n)  ((cp_floor == 0 || flushed[n] >= cp_floor) && flushed[n] >= cp_gend)
+#else
+#define CLAIM_HOLDS(n)  (cp_floor == 0 || flushed[n] >= cp_floor)
+#endif
 inline cp_heartbeat(n, granted) {
 	granted = 0;
 	if
-	:: cp_leader == n && (!cp_taken || took[n]) ->
-		cp_taken = 1; took[n] = 1; granted = 1
+	:: cp_leader == n && took[n] ->
+		granted = 1                             /* the boot that took it renews */
+	:: cp_leader == n && !cp_taken && CLAIM_HOLDS(n) ->
+		cp_taken = 1; took[n] = 1; granted = 1  /* the first claim takes it */
+	:: cp_leader == n && !cp_taken && !CLAIM_HOLDS(n) ->
+		printf("MSC: node %d does not claim generation %d: its log ends at %d (acked_floor %d)\n", n, cp_gen, flushed[n], cp_floor)
 	:: else -> skip
 	fi
 }
@@ -730,7 +849,11 @@ inline lease_apply_assignment(n, granted) {
 		fi
 	:: cp_gen == gen[n] && cp_leader == n && role[n] == LEADER ->
 		/* renewal at the same generation, anchored at the send */
-		if :: granted -> live[n] = 1 :: else -> skip fi
+		if
+		:: granted && !live[n] -> live[n] = 1;
+			printf("MSC: node %d claims its lease again\n", n)
+		:: else -> skip
+		fi
 	:: cp_gen >= gen[n] && cp_leader != n ->
 		if
 		:: role[n] == LEADER || gen[n] != cp_gen ->
@@ -747,6 +870,9 @@ inline lease_apply_assignment(n, granted) {
  * assignment it brings back.  One step: the lease is anchored at the send,
  * so a slow answer only shortens it (duty.pml keeps send and claim apart) */
 inline heartbeat_once(n) {
+#if defined(CAUGHT_UP_ALIVE) && !defined(CAUGHT_UP_HEARD)
+	hbend[n] = flushed[n];      /* the log end it gives (held_ends) */
+#endif
 	cp_heartbeat(n, t_ok);
 	lease_apply_assignment(n, t_ok)
 }
@@ -815,6 +941,21 @@ inline report_tick(n) {
 		t_j++
 	:: else -> break
 	od;
+#if !defined(SEVERAL_SHARDS) || !defined(OLD_CONFIRM_WITHOUT_ROWS)
+	/* a part naming no follower is not queued (consider_slot: nnamed == 0)
+	 * and has no rows: a request with other shards' rows lands without
+	 * touching this shard's ReportSlot, and with one shard per node no
+	 * request goes at all (report_tick: nrows == 0) -- either way, for
+	 * this shard, as if nothing was sent.  (No mark can ride on it: with
+	 * no follower answered, the mark of a majority is 0.) */
+	if
+	:: !mpres[IX(n,0)] && !mpres[IX(n,1)] && !mpres[IX(n,2)] -> t_ok = 1
+	:: else -> skip
+	fi;
+#else
+	/* the code before the change: the part is queued with other shards'
+	 * rows, lands, and confirms the shard with nobody caught up */
+#endif
 	if
 	:: t_ok -> report_forget(n)
 	:: else ->
@@ -851,17 +992,30 @@ inline shard_open_locked(n) {
 	boot[n]++;
 	printf("MSC: node %d crashes and restarts\n", n);
 #ifdef RESTORE_FAULT
-	/* the shard's leader comes back from an older copy of its data
-	 * directory (same identity): any shorter durable prefix */
+	/* the shard's leader -- the node the assignment names -- comes back
+	 * from an older copy of its data directory (same identity): any
+	 * shorter durable prefix */
+	t_a = flushed[n];
 	do
-#ifdef RESTORE_TAKEN_ONLY
+#if defined(RESTORE_TAKEN_ONLY)
 	/* (only once its generation's lease was claimed) */
 	:: n == cp_leader && cp_taken && flushed[n] > 0 -> flushed[n]--
+#elif defined(RESTORE_UNTAKEN_ONLY)
+	/* (only between a grant and its first claim) */
+	:: n == cp_leader && !cp_taken && flushed[n] > 0 -> flushed[n]--
 #else
 	:: n == cp_leader && flushed[n] > 0 -> flushed[n]--
 #endif
 	:: true -> break
 	od;
+	if
+	:: flushed[n] < t_a ->
+		printf("MSC: node %d comes back from an older copy: its log ends at %d, not %d\n", n, flushed[n], t_a)
+	:: else -> skip
+	fi;
+#endif
+#if defined(CAUGHT_UP_ALIVE) && !defined(CAUGHT_UP_HEARD)
+	hbend[n] = 0;           /* a new boot: no end given yet (README) */
 #endif
 	/* what was not flushed is gone */
 	do
@@ -876,6 +1030,15 @@ inline shard_open_locked(n) {
 	role[n] = FOLLOWER; lknown[n] = NONE; live[n] = 0; took[n] = 0;
 	ackg[n] = 0; acke[n] = 0;
 	repl_state_clear(n);
+	/* its leaders' connections to it are gone: what it answered on them is
+	 * no longer believed (ship_follower); neither the mark nor a report
+	 * uses it until it answers again (README: why at the restart) */
+	t_i = 0;
+	do
+	:: t_i < NN -> answered[IX(t_i,n)] = 0; t_i++
+	:: else -> break
+	od;
+	t_i = 0;
 	infl[n] = 0;
 	report_forget(n)    /* (landing it first is another interleaving) */
 }
@@ -901,19 +1064,18 @@ end_node:
 	:: atomic { role[n] == LEADER && !halted[IX(n,(n+1)%NN)] -> f = (n+1)%NN; ship_follower(n, f); f = 0 }
 	:: atomic { role[n] == LEADER && !halted[IX(n,(n+2)%NN)] -> f = (n+2)%NN; ship_follower(n, f); f = 0 }
 
+	/* ---- consider_slot (report.c) returns at once unless this node
+	 * leads the shard with a live lease: no rows, no mark ---- */
+#ifdef OLD_REPORT_WITHOUT_LEASE
+#define SPEAKS(n)  (role[n] == LEADER)      /* the code before the change */
+#else
+#define SPEAKS(n)  (role[n] == LEADER && live[n])
+#endif
 	/* ---- the mark moves on the standing report ---- */
-	:: atomic { role[n] == LEADER -> consider_slot(n) }
+	:: atomic { SPEAKS(n) -> consider_slot(n) }
 
 	/* ---- a report is sent ---- */
-	:: atomic {
-#ifdef REPORT_NEEDS_LEASE
-		/* what-if, not felix: only a leader holding its lease reports */
-		role[n] == LEADER && live[n] && !infl[n] && mst[n] == M_NONE ->
-#else
-		role[n] == LEADER && !infl[n] && mst[n] == M_NONE ->
-#endif
-		report_tick(n)
-	   }
+	:: atomic { SPEAKS(n) && !infl[n] && mst[n] == M_NONE -> report_tick(n) }
 
 	/* ---- a crash, and the restart ---- */
 	:: atomic {
@@ -925,9 +1087,23 @@ end_node:
 
 /* ======================= the control plane ======================= */
 
-/* leader_holds_reported (cp_duty.c): the lapsed leader's durable end
- * (the heartbeat's `ends`) is at or after the largest acknowledged end of
- * the newest reporting generation */
+/* leader_holds_reported (cp_duty.c): the lapsed leader's log end, as its
+ * heartbeat gave it (README: taken as its durable end now), is at or after
+ * the shard's acked_floor and the largest acknowledged end of the newest
+ * reporting generation; and at or after the log end of every follower
+ * that generation's rows call caught up and that is alive, as that
+ * follower's own heartbeat of this boot gave it.  t_rep is left holding
+ * the newest generation's largest acknowledged end (for the floor). */
+#if defined(CAUGHT_UP_HEARD)
+/* assumption: every such follower heartbeated since the lapse */
+#define CP_END(f)   (flushed[f])
+#elif defined(CAUGHT_UP_ALIVE)
+/* assumption: every such follower is alive; its end is its last heartbeat's */
+#define CP_END(f)   (hbend[f])
+#else
+/* any value will do: the follower may be not alive, and then is skipped */
+#define CP_END(f)   (flushed[f])
+#endif
 inline leader_holds_reported(l, res) {
 	t_newest = 0;
 	t_rep = 0;
@@ -943,7 +1119,45 @@ inline leader_holds_reported(l, res) {
 		t_j++
 	:: else -> break
 	od;
-	res = (t_rep == 0 || flushed[l] >= t_rep)
+	res = (flushed[l] >= t_rep && flushed[l] >= cp_floor);
+#ifndef OLD_LEADER_CHECK_REPORTS_ONLY
+	/* every follower reported caught up, if alive, bounds it from below */
+	t_j = 0;
+	do
+	:: t_j < NN ->
+		if
+		:: t_j != l && rpres[t_j] && rgen[t_j] == t_newest && rcaught[t_j] && CP_END(t_j) > flushed[l] ->
+			if
+			:: res = 0;                         /* alive at its row's incarnation */
+				printf("MSC: node %d's log (end %d) ends before caught-up node %d's (end %d)\n", l, flushed[l], t_j, CP_END(t_j))
+#if !defined(CAUGHT_UP_ALIVE) && !defined(CAUGHT_UP_HEARD)
+			:: printf("MSC: node %d, reported caught up, is not alive (not compared)\n", t_j)
+#endif
+			fi
+		:: t_j != l && rpres[t_j] && rgen[t_j] == t_newest && rcaught[t_j] && CP_END(t_j) <= flushed[l] ->
+			printf("MSC: caught-up node %d's log end, as the control plane has it, is %d (node %d's: %d)\n", t_j, CP_END(t_j), l, flushed[l])
+		:: else -> skip
+		fi;
+		t_j++
+	:: else -> break
+	od;
+#endif
+#ifdef FIX_RESTARTED_LEADER
+	/* what-if: a leader whose boot did not claim its generation (it
+	 * restarted since) qualifies only if every follower is alive, was
+	 * heard from since the lapse, and its log ends no later than the
+	 * leader's */
+	if
+	:: !took[l] ->
+		t_j = 0;
+		do
+		:: t_j < NN -> if :: t_j != l && flushed[t_j] > flushed[l] -> res = 0 :: else -> skip fi; t_j++
+		:: else -> break
+		od
+	:: else -> skip
+	fi;
+#endif
+	skip
 }
 
 /* disqualified (cp_duty.c) for a follower of a quorum stream: a row of
@@ -986,8 +1200,15 @@ inline consider() {
 	fi;
 	if
 	:: t_best != NONE ->
-		printf("MSC: the control plane grants generation %d to node %d\n", cp_gen+1, t_best);
+		/* acked_floor: a returning leader held the floor and what was
+		 * reported; a promoted follower holds what its row says */
+		t_a = (t_best == cp_leader -> t_rep : racked[t_best]);
+		if :: t_a > cp_floor -> cp_floor = t_a :: else -> skip fi;
+		printf("MSC: the control plane grants generation %d to node %d (acked_floor %d)\n", cp_gen+1, t_best, cp_floor);
 		holds_every_acked(t_best);           /* P1 at the promotion */
+#ifdef FIX_CLAIM_END
+		cp_gend = flushed[t_best];
+#endif
 		cp_gen++;
 		cp_leader = t_best;
 		cp_taken = 0;
@@ -1005,10 +1226,14 @@ end_cp:
 	:: atomic { mst[0] == M_INNET -> cp_report(0) }
 	:: atomic { mst[1] == M_INNET -> cp_report(1) }
 	:: atomic { mst[2] == M_INNET -> cp_report(2) }
-	/* ---- ... or the request never arrives ---- */
-	:: atomic { mst[0] == M_INNET -> finish_request(0, 0) }
-	:: atomic { mst[1] == M_INNET -> finish_request(1, 0) }
-	:: atomic { mst[2] == M_INNET -> finish_request(2, 0) }
+	/* ---- the leader reads the answer of a request that landed ---- */
+	:: atomic { mst[0] == M_LANDED -> finish_request(0, 1) }
+	:: atomic { mst[1] == M_LANDED -> finish_request(1, 1) }
+	:: atomic { mst[2] == M_LANDED -> finish_request(2, 1) }
+	/* ---- ... or the request never arrives, or its answer is lost ---- */
+	:: atomic { mst[0] != M_NONE -> finish_request(0, 0) }
+	:: atomic { mst[1] != M_NONE -> finish_request(1, 0) }
+	:: atomic { mst[2] != M_NONE -> finish_request(2, 0) }
 #endif
 
 	/* ---- the lease lapsed: the safety interval is duty.pml's -- by the
