@@ -123,9 +123,10 @@ typedef struct Reported
  * flight, or failed in a way that may still let it commit.  A landed
  * request is the newest (requests carry increasing tokens, and the control
  * plane never lets an older one overwrite a newer), so landing clears
- * doubt.  confirmed: a request of this process has landed for this shard
- * at this generation; before that, rows an earlier ship worker sent may
- * still stand there, and only a landed report may move the mark.
+ * doubt.  confirmed: a request of this process naming this shard's
+ * followers has landed at this generation; before that, rows an earlier
+ * ship worker (or generation) sent may still stand there, and only a
+ * landed report may move the mark.
  */
 typedef struct ReportSlot
 {
