@@ -1165,8 +1165,7 @@ shard_truncate_after(FelixShard *s, uint64 seq)
 		shard_check_serving(s);
 		elog(ERROR, "felix: stream \"%s\" shard %d is not open", s->stream_name, s->key.shard);
 	}
-	if (seq != PG_UINT64_MAX)
-		shard_truncate_to_locked(s, seq + 1);
+	shard_truncate_to_locked(s, seq + 1);	/* seq < 2^63 (felix.truncate_after) */
 	shard_unlock_tail(s);
 }
 

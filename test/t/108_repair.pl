@@ -123,8 +123,11 @@ is(replicate(2, 0, 1, shipment(0, 2, 'X'), $empty), 'stored 1',
 	"$empty: the new leader's record is stored at seq 0");
 is($f->safe_psql('postgres', "SELECT string_agg(payload, ',' ORDER BY seq) FROM $empty"),
 	'X', "$empty: readers see the adopted history only");
+is(replicate(3, 0, 1, shipment(0, 3, 'Z'), $empty), 'conflict 0',
+	"$empty: a newer generation differing at seq 0, now at the mark, halts: nothing at or below the mark is cut");
+is(state($empty), '1 0', "$empty: seq 0 is still there, under the mark");
 is(replicate(2, 0, 1, shipment(0, 2, 'Y'), $empty), 'conflict 0',
-	"$empty: generation 2 contradicting itself at seq 0 still halts");
+	"$empty: generation 2 contradicting itself at seq 0 halts too");
 
 # The follower knows generation 1 from the control plane: an older
 # shipment would be fenced; generation 0 is not a generation.
