@@ -35,14 +35,15 @@
  *
  *	  Who is promoted, and only them: the last leader, if it is heard from
  *	  again after the lapse (at the incarnation granted, able to serve it:
- *	  it holds every record of its generation); else a member of the
- *	  replica set that its leader reported caught up (bound zero) in the
- *	  newest generation that reported, alive at the incarnation the report
- *	  names, heard from since the lapse, able to serve the shard -- and,
- *	  on a leader-consistency stream, whose report was made no more than
- *	  (node_expiry + heartbeat_interval) worth of the leader's heartbeats
- *	  before its last claim, since such a leader acknowledges without
- *	  reporting.  Larger acked_end first; the placement score breaks ties.
+ *	  it holds every record of its generation; if it was started again
+ *	  since it took the generation, every other replica has shown it so);
+ *	  else a member of the replica set that its leader reported caught up
+ *	  (bound zero) in the newest generation that reported, alive at the
+ *	  incarnation the report names, heard from since the lapse, able to
+ *	  serve the shard -- and, on a leader-consistency stream, whose report
+ *	  was made no more than (node_expiry + heartbeat_interval) worth of the
+ *	  leader's heartbeats before its last claim, since such a leader
+ *	  acknowledges without reporting.  Larger acked_end first; the placement score breaks ties.
  *	  Nobody qualifies: the shard is unplaced, with a reason.
  *
  *	  Alive.  The holder keeps the `alive` key: the nodes whose records it
@@ -81,12 +82,24 @@ typedef struct ShardObs
 	int64		claim_beat;		/* the leader's beat in that record */
 } ShardObs;
 
+#define HB_BEATS_KEPT 4
+
 typedef struct NodeObs
 {
 	char		name[NAMEDATALEN];
 	int64		rev;
 	int64		changed_seen_ns;
 	bool		changed;		/* seen to change since first seen */
+
+	/*
+	 * The last HB_BEATS_KEPT heartbeat counts (beat) of the node's boot
+	 * that our reads found, newest first (0: none), and the time taken
+	 * just before the latest read that found each: ends_read_after says
+	 * from them when the log ends in its record were read.
+	 */
+	char		boot[NAMEDATALEN];
+	int64		beats[HB_BEATS_KEPT];
+	int64		read_ns[HB_BEATS_KEPT];
 } NodeObs;
 
 static bool holding = false;
@@ -235,8 +248,9 @@ hold_duty(const CpSnapshot *snap, const char *node, const char *boot)
  * ---------------------------------------------------------------------
  */
 
+/* n's record, as a read begun at read_ns found it, looked at at now */
 static NodeObs *
-node_seen(const CpNode *n, int64 now)
+node_seen(const CpNode *n, int64 read_ns, int64 now)
 {
 	bool		found;
 	NodeObs    *o = hash_search(node_obs, n->name, HASH_ENTER, &found);
@@ -247,7 +261,42 @@ node_seen(const CpNode *n, int64 now)
 		o->rev = n->rev;
 		o->changed_seen_ns = now;
 	}
+	if (!found || strcmp(o->boot, n->boot) != 0 || n->beat < o->beats[0])
+	{
+		strlcpy(o->boot, n->boot, sizeof(o->boot));
+		memset(o->beats, 0, sizeof(o->beats));
+		memset(o->read_ns, 0, sizeof(o->read_ns));
+	}
+	else if (n->beat != o->beats[0])
+	{
+		memmove(&o->beats[1], &o->beats[0], sizeof(int64) * (HB_BEATS_KEPT - 1));
+		memmove(&o->read_ns[1], &o->read_ns[0], sizeof(int64) * (HB_BEATS_KEPT - 1));
+	}
+	o->beats[0] = n->beat;
+	o->read_ns[0] = read_ns;
 	return o;
+}
+
+/*
+ * A time after which the log ends in the node's current record were read
+ * (0: none known).  A node's heartbeats run one after another; each reads
+ * its log ends before it sends, and the store numbers those that commit
+ * (beat), within a boot, in commit order.  An attempt that completes
+ * commits before the next begins; one the node gave up on can still
+ * commit late, but at most one of a row of them (with etcd, each sends
+ * one transaction that compares the node's record as it read it; on the
+ * embedded store, the call's statement_timeout ends it with the node's
+ * deadline), and a retry after a conflict reuses the ends it was given.
+ * So heartbeat c read its ends after heartbeat c-2 committed, which is
+ * after any read of ours that still found beat c-3 or earlier.
+ */
+static int64
+ends_read_after(const NodeObs *o)
+{
+	for (int i = 1; i < HB_BEATS_KEPT; i++)
+		if (o->beats[i] > 0 && o->beats[i] <= o->beats[0] - 3)
+			return o->read_ns[i];
+	return 0;
 }
 
 static ShardObs *
@@ -429,6 +478,61 @@ leader_holds_reported(const CpSnapshot *snap, const CpShard *s, const CpNode *le
 }
 
 /*
+ * Does a lapsed leader that was started again since it took its generation
+ * still hold every acknowledged record?  Its log may be a copy put back
+ * from a backup, and what leader_holds_reported compares it with can all
+ * trail the acknowledged end: the reported ends lag the mark, no row may
+ * say caught up (a follower's restart leaves it out of its leader's
+ * reports), a caught-up follower may not be alive to the holder while it
+ * still answered its leader, or its end may be from a heartbeat made
+ * before it stored what the mark then passed (docs/formal, finding 6).
+ * So such a leader qualifies only if every other replica of the shard is
+ * alive and gave, in a heartbeat that read its log after the lapse, a log
+ * end its own reaches.  Each acknowledged record is on a follower, which
+ * stored it before the leader, whose lease has lapsed, acknowledged it.
+ * A leader that lapsed in the boot that took its generation (paused, cut
+ * off) has the same log it acknowledged from and is not held back; one
+ * that never took its generation counts as started again.
+ *
+ * Availability: a leader that restarted while a replica is down waits for
+ * it, unless a caught-up follower is promoted meanwhile.
+ *
+ * Returns why it does not qualify, NULL if it does.
+ */
+static char *
+restarted_leader_short(const CpSnapshot *snap, const CpShard *s, const CpNode *leader,
+					   int64 lapse_ns, int64 now)
+{
+	int64		end = cp_node_end(leader, s->stream, s->shard);
+
+	if (s->taken_generation == s->generation && s->taken_boot &&
+		strcmp(s->taken_boot, leader->boot) == 0)
+		return NULL;
+	if (end < 0)
+		return psprintf("%s has not given its log end since it started", leader->name);
+	for (int i = 0; i < s->nreplicas; i++)
+	{
+		CpNode	   *f;
+		NodeObs    *no;
+		int64		f_end;
+
+		if (strcmp(s->replicas[i], leader->name) == 0)
+			continue;
+		f = cp_snapshot_node(snap, s->replicas[i]);
+		no = f ? hash_search(node_obs, f->name, HASH_FIND, NULL) : NULL;
+		f_end = f ? cp_node_end(f, s->stream, s->shard) : -1;
+		if (f == NULL || !is_alive(f, now))
+			return psprintf("%s is not alive", s->replicas[i]);
+		if (no == NULL || ends_read_after(no) <= lapse_ns || f_end < 0)
+			return psprintf("%s has not given its log end since the lapse", f->name);
+		if (f_end > end)
+			return psprintf("its log ends at " INT64_FORMAT ", before %s's at " INT64_FORMAT " (restored from a backup?)",
+							end, f->name, f_end);
+	}
+	return NULL;
+}
+
+/*
  * Has the lapsed leader of s lost its generation's records for good?  It
  * is alive at another incarnation (its felix directory was replaced), or
  * its log, as this boot gave it, ends before what it is known to have
@@ -550,6 +654,7 @@ unplaced_reason(const CpSnapshot *snap, const CpShard *s, const CpStream *st,
 	StringInfoData details;
 	char	   *full;
 	bool		gone = leader_copy_gone(snap, s, leader, now);
+	char	   *short_why = NULL;
 
 	if (s->leader == NULL)
 		main = psprintf("no replica was reported caught up at generation " INT64_FORMAT " and no leader is known",
@@ -557,6 +662,10 @@ unplaced_reason(const CpSnapshot *snap, const CpShard *s, const CpStream *st,
 	else if (leader && is_alive(leader, now) && !leader_holds_reported(snap, s, leader, now))
 		main = psprintf("no replica was reported caught up at generation " INT64_FORMAT ", and leader %s %s and is back with a log that ends before what it reported its followers to hold, or before a caught-up follower's (restored from a backup?)",
 						s->generation, s->leader, how);
+	else if (leader && is_alive(leader, now) &&
+			 (short_why = restarted_leader_short(snap, s, leader, lapse_ns, now)) != NULL)
+		main = psprintf("no replica was reported caught up at generation " INT64_FORMAT ", and leader %s %s and was started again since, so it leads again only once every other replica has given a log end, read since the lapse, that its log reaches: %s",
+						s->generation, s->leader, how, short_why);
 	else if (s->nreplicas == 1)
 		main = psprintf("the only copy is on %s, which %s at generation " INT64_FORMAT " and is not alive",
 						s->leader, how, s->generation);
@@ -616,7 +725,8 @@ consider(const CpSnapshot *snap, CpShard *s, int64 now)
 		  (strcmp(leader->incarnation, s->leader_incarnation) == 0 ||
 		   strcmp(s->leader_incarnation, CP_INCARNATION_UNKNOWN) == 0))) &&
 		!cp_node_unable(leader, s->stream, s->shard) &&
-		leader_holds_reported(snap, s, leader, now))
+		leader_holds_reported(snap, s, leader, now) &&
+		restarted_leader_short(snap, s, leader, lapse_ns, now) == NULL)
 	{
 		NodeObs    *no = hash_search(node_obs, leader->name, HASH_FIND, NULL);
 
@@ -663,6 +773,7 @@ consider(const CpSnapshot *snap, CpShard *s, int64 now)
 		next.leader_incarnation = best.node->incarnation;
 		next.unplaced_reason = NULL;
 		next.assigned_ms = cp_now_ms();
+		next.grant_end = Max(0, cp_node_end(best.node, s->stream, s->shard));
 		/*
 		 * What every later leader must hold: a returning leader held the
 		 * floor and what it reported; a promoted follower holds what its
@@ -712,6 +823,7 @@ int
 cp_duty_tick(const char *node, const char *boot)
 {
 	CpSnapshot	snap;
+	int64		read_ns;
 	int64		now;
 	int			promoted = 0;
 
@@ -721,6 +833,7 @@ cp_duty_tick(const char *node, const char *boot)
 	 * promotion of this node would fail its compare.
 	 */
 	felix_store_serialize();
+	read_ns = felix_monotonic_ns();
 	if (!cp_snapshot_read(&snap, false, LOG))
 		return -1;
 	if (!hold_duty(&snap, node, boot))
@@ -729,7 +842,7 @@ cp_duty_tick(const char *node, const char *boot)
 		forget_everything();
 	now = felix_monotonic_ns();
 	for (int i = 0; i < snap.nnodes; i++)
-		(void) node_seen(&snap.nodes[i], now);
+		(void) node_seen(&snap.nodes[i], read_ns, now);
 	keep_alive_list(&snap, now);
 	for (int i = 0; i < snap.nshards; i++)
 		if (consider(&snap, &snap.shards[i], now))

@@ -320,20 +320,25 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 			}
 			else
 			{
+				int64		need = Max(s->acked_floor, s->grant_end);
+
 				/* the first claim of a fresh generation takes it */
 				if (takes >= CP_MAX_TAKES_PER_BEAT)
 					continue;
 
 				/*
 				 * ... with a log, as this boot gave it, that holds the
-				 * acknowledged floor the grant was based on.  The grant
-				 * compared the log of an earlier heartbeat: a felix
+				 * acknowledged floor the grant was based on, and is no
+				 * shorter than the grantee's log was at the grant.  The
+				 * grant compared the log of an earlier heartbeat: a felix
 				 * directory put back from an older copy since then must
-				 * not take the generation.  Unclaimed, the grant lapses
-				 * and the duty holder looks again.
+				 * not take the generation.  The floor alone can trail
+				 * what was acknowledged (marks move between reports), so
+				 * the end at the grant is compared too (docs/formal,
+				 * finding 6d).  Unclaimed, the grant lapses and the duty
+				 * holder looks again.
 				 */
-				if (s->acked_floor > 0 &&
-					cp_node_end(&me, s->stream, s->shard) < s->acked_floor)
+				if (need > 0 && cp_node_end(&me, s->stream, s->shard) < need)
 					continue;
 				takes++;
 				taken = *s;

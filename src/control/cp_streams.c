@@ -411,6 +411,7 @@ cp_transfer(const char *stream, int shard, int64 generation, const char *from_no
 		next.leader_incarnation = to->incarnation;
 		next.unplaced_reason = NULL;
 		next.assigned_ms = cp_now_ms();
+		next.grant_end = Max(0, cp_node_end(to, stream, shard));
 		cmps[0].key = cp_key_shard(stream, shard);
 		cmps[0].mod_revision = s->rev;
 		cmps[1].key = cp_key_node(to_node);

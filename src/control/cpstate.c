@@ -413,6 +413,7 @@ cp_shard_read(const FelixKV *kv, CpShard *s)
 	s->unplaced_reason = opt_string(o, "unplaced_reason");
 	s->assigned_ms = opt_int64(o, "assigned_ms", 0);
 	s->acked_floor = opt_int64(o, "acked_floor", 0);
+	s->grant_end = opt_int64(o, "grant_end", 0);
 	/* nothing outside the replica set ever leads: it holds no copy */
 	if (s->leader && !cp_shard_has_replica(s, s->leader))
 		return malformed(kv, "shard assignment");
@@ -450,6 +451,8 @@ cp_shard_write(const CpShard *s)
 	felix_json_put_int64(&b, "assigned_ms", s->assigned_ms);
 	if (s->acked_floor > 0)
 		felix_json_put_int64(&b, "acked_floor", s->acked_floor);
+	if (s->grant_end > 0)
+		felix_json_put_int64(&b, "grant_end", s->grant_end);
 	appendStringInfoChar(&b, '}');
 	return b.data;
 }

@@ -18,7 +18,8 @@
 #    hold what the report says it acknowledged, and the shard says why it
 #    waits.  (Before the change C was not promoted either -- the duty
 #    holder had another reason to pass it over -- so this part pins the
-#    new rule rather than reproducing a loss.)
+#    new rule rather than reproducing a loss.)  The old leader, started
+#    again, leads once the third replica is back too.
 #
 # Either way the shard waits (unplaced) rather than lead from the short
 # copy, and no acknowledged record is lost.  The embedded store only: the
@@ -54,10 +55,13 @@ sub next_seq
 # A cluster of 4 and a quorum stream on nodes 2-4, 100 records in it, the
 # given replica's felix directory copied (paused, so the copy is whole),
 # then 1000 more acknowledged; returns (cluster, stream, leader, copy).
+# Options: conf (lines for every node), before_more (called with the
+# cluster and the replica set just before the 1000 are published).
 sub setup
 {
-	my ($prefix, $copy_of) = @_;
-	my $c = FelixCluster->new(nodes => 4, prefix => $prefix, store => 'embedded');
+	my ($prefix, $copy_of, %opt) = @_;
+	my $c = FelixCluster->new(nodes => 4, prefix => $prefix, store => 'embedded',
+		conf => $opt{conf} // []);
 	my ($stream, @set) = $c->pick_stream_name("rc$prefix", 3, sub { !grep { $_ eq 'node1' } @_ });
 	$c->create_stream(1, $stream, replication_factor => 3, consistency => 'quorum');
 	my ($a) = $c->wait_leader($stream, 0);
@@ -70,6 +74,7 @@ sub setup
 	$c->pause_node($victim);
 	copy_felix($dir, $copy);
 	$c->resume_node($victim);
+	$opt{before_more}->($c, @set) if $opt{before_more};
 	is($a->safe_psql('postgres',
 		"SELECT count(felix_publish('$stream', to_jsonb(i), shard => 0)) FROM generate_series(101, 1100) i"),
 		'1000', "$prefix: 1000 more records acknowledged (quorum) after $victim was copied at 100");
@@ -142,9 +147,18 @@ sub holds_all
 	  or diag("$who->{felix_name} leads generation $g");
 	like($c->state_query("SELECT unplaced_reason FROM felix_shards WHERE stream = '$stream' AND shard = 0"),
 		qr/ends before what it was reported to hold/, 'the shard is unplaced, and says why');
+	# A was started again, and nothing tells a restart from a copy put
+	# back: it leads again only once every other replica shows its log
+	# reaches theirs (finding 6 of docs/formal), so it waits for B.
 	$c->start_node($an);
+	($who, $g) = eval { $c->wait_leader($stream, 0, min_generation => 2, timeout => 5) };
+	ok(!defined $who, "$an, started again, does not lead while $bn is down")
+	  or diag("$who->{felix_name} leads generation $g");
+	like($c->state_query("SELECT unplaced_reason FROM felix_shards WHERE stream = '$stream' AND shard = 0"),
+		qr/was started again since.*$bn is not alive/, 'the shard says it waits for it');
+	$c->start_node($bn);
 	my ($lead) = $c->wait_leader($stream, 0, timeout => 30);
-	is($lead->{felix_name}, $an, "$an, the old leader with every record, leads again");
+	is($lead->{felix_name}, $an, "$an, the old leader with every record, leads again once $bn is back");
 	ok(holds_all($c, $an, $stream), "$an holds all 1100 acknowledged records");
 	$c->teardown;
 }
@@ -216,6 +230,94 @@ sub holds_all
 		  . ($lead ? $lead->{felix_name} : 'nobody') . ' leads generation ' . ($g2 // '?'))
 	  or $c->diag_shard($stream, 0);
 	ok($lead && holds_all($c, $lead->{felix_name}, $stream), 'the new leader holds all 1100 acknowledged records');
+	$c->teardown;
+}
+
+# 5-6. A leader restored while its followers are cut off from the control
+#    plane (found by model-checking, docs/formal: finding 6, routes b and
+#    c).  B and C lose the store before the last 1000 records: they go on
+#    storing them and answering A, so those are acknowledged, but the log
+#    ends their heartbeats gave stay at 100.  The last report landed at
+#    100 (forged, as in part 4).  A is put back to 100 records and started
+#    again.  C4 compared A's 100 only with alive caught-up followers' ends:
+#    (5) with the default node_expiry B and C are not alive and nothing
+#    was compared; (6) with a long one they are, but their ends, 100, are
+#    stale.  Either way A led generation 2 without 1000 acknowledged
+#    records.  Now a leader started again since it took its generation
+#    leads again only once every other replica has given, in a heartbeat
+#    that read its log after the lapse, a log end A's reaches: the shard
+#    waits, and when B and C are back one of them, with every record, is
+#    promoted.
+for my $part (['b', 'not alive', []], ['c', 'alive, with stale ends', ['felix.node_expiry = 60s']])
+{
+	my ($prefix, $how, $conf) = @$part;
+	my ($c, $stream, $a, $victim, $copy, @set) = setup($prefix, sub { $_[0] },
+		conf => $conf,
+		before_more => sub {
+			my ($c, @set) = @_;
+			$c->cut_from_store($_) for grep { $_ ne $set[0] } @set;
+		});
+	my $an = $a->{felix_name};
+	die "the copy is of $victim, not of the leader $an" unless $victim eq $an;
+	my @followers = grep { $_ ne $an } @set;
+	my $g = $c->state_query("SELECT generation FROM felix.assignments WHERE stream = '$stream' AND shard = 0");
+	is($c->state_query("SELECT count(*) FROM felix.nodes, unnest(ends) e WHERE name IN ('"
+		  . join("', '", @followers) . "') AND e LIKE '$stream/0=%' AND split_part(e, '=', 2)::bigint <= 100"),
+		'2', "$prefix: the followers' last heartbeats gave log ends of at most 100") or die;
+	$c->kill_node($a);
+	$c->store_edit(sprintf('reports/%s/%06d', $stream, 0),
+		"jsonb_build_object('rows', (SELECT jsonb_agg(r || '{\"acked_end\": 100, \"caught_up\": true}') "
+		  . "FROM jsonb_array_elements(v->'rows') r))");
+	copy_felix($copy, $a->data_dir . '/felix');
+	$c->start_node($a);
+	my ($who, $g2) = eval { $c->wait_leader($stream, 0, min_generation => $g + 1, timeout => 8) };
+	ok(!defined $who, "$prefix: $an, back with 100 of 1100 acknowledged records, does not lead "
+		  . "while its followers are $how")
+	  or diag("$who->{felix_name} leads generation $g2");
+	like($c->state_query("SELECT unplaced_reason FROM felix_shards WHERE stream = '$stream' AND shard = 0"),
+		qr/was started again since.*has not given its log end since the lapse|was started again since.*is not alive/,
+		"$prefix: the shard is unplaced, and says why");
+	$c->mend_store($_) for @followers;
+	my ($lead, $g3) = eval { $c->wait_leader($stream, 0, min_generation => $g + 1, timeout => 30) };
+	ok($lead && $lead != $a, "$prefix: once the followers are back, "
+		  . ($lead ? $lead->{felix_name} : 'nobody') . ' leads generation ' . ($g3 // '?'))
+	  or $c->diag_shard($stream, 0);
+	ok($lead && holds_all($c, $lead->{felix_name}, $stream), "$prefix: the new leader holds all 1100 acknowledged records");
+	is($c->state_query(sprintf("SELECT value::jsonb->>'grant_end' FROM felix.store_read('shards/%s/%06d')", $stream, 0)),
+		'1100', "$prefix: the grant records the grantee's log end, 1100, for its first claim");
+	$c->teardown;
+}
+
+# 7. A leader restored between its new grant and its first claim, when the
+#    floor trails what was acknowledged (found by model-checking,
+#    docs/formal: finding 6, route d).  As part 3, but the grant carries
+#    the floor the reports gave, 100, and the log end A gave, 1100, as the
+#    duty holder writes them (part 5 checks it does).  The first claim
+#    compared the floor only, and A led from 100 records.  Now it needs
+#    the end at the grant as well.
+{
+	my ($c, $stream, $a, $victim, $copy, @set) = setup('d', sub { $_[0] });
+	my $an = $a->{felix_name};
+	die "the copy is of $victim, not of the leader $an" unless $victim eq $an;
+	$c->cp->safe_psql('postgres',
+		"ALTER SYSTEM SET felix.lease_duration = '8s'; SELECT pg_reload_conf()");
+	sleep 1;
+	$c->kill_node($a);
+	my $g = $c->state_query("SELECT generation FROM felix.assignments WHERE stream = '$stream' AND shard = 0");
+	$c->store_edit(sprintf('shards/%s/%06d', $stream, 0),
+		"v || jsonb_build_object('generation', (v->>'generation')::bigint + 1, 'acked_floor', 100, 'grant_end', 1100)");
+	copy_felix($copy, $a->data_dir . '/felix');
+	$c->start_node($a);
+	my ($who, $g2) = eval { $c->wait_leader($stream, 0, min_generation => $g + 1, timeout => 6) };
+	ok(!defined $who, "$an, back with 100 of 1100 acknowledged records, does not take generation " . ($g + 1)
+		  . ' granted at a floor of 100')
+	  or diag("$who->{felix_name} leads generation $g2");
+	$c->cp->safe_psql('postgres', "ALTER SYSTEM RESET felix.lease_duration; SELECT pg_reload_conf()");
+	my ($lead) = eval { $c->wait_leader($stream, 0, min_generation => $g + 2, timeout => 30) };
+	ok($lead && $lead != $a, 'the grant lapses and a follower ('
+		  . ($lead ? $lead->{felix_name} : 'none') . ') leads generation ' . ($g + 2))
+	  or $c->diag_shard($stream, 0);
+	ok($lead && holds_all($c, $lead->{felix_name}, $stream), 'it holds all 1100 acknowledged records');
 	$c->teardown;
 }
 

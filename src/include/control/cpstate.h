@@ -114,6 +114,17 @@ typedef struct CpShard
 	 * its first ones may say its followers hold nothing yet; this stays.
 	 */
 	int64		acked_floor;
+
+	/*
+	 * The grantee's log end, as its heartbeat of the boot then current gave
+	 * it, when this generation was granted (0: unknown, or granted at
+	 * creation).  Its first claim needs a log at least this long as well:
+	 * acked_floor can trail what was acknowledged, and a copy put back
+	 * between the grant and the claim must not take the generation.  Kept
+	 * apart from acked_floor, which a later promotion carries over: a
+	 * grantee's end may include a tail nobody acknowledged.
+	 */
+	int64		grant_end;
 	int64		rev;
 } CpShard;
 
