@@ -83,16 +83,22 @@ runs=(
 	"shard: guard deleted: lease at the mark|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=0 -DREPORT_WINDOW -DNO_LEASE_AT_MARK|O0|P2: at the mark"
 	"shard: guard deleted: lease_recheck|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=0 -DNO_RECHECK|O0|P3"
 	"shard: guard deleted: caught-up gate|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=0 -DPROMOTE_ANY|O0|P1"
-	"shard: restore: the code before C2-C4|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DOLD_REPORT_WITHOUT_LEASE -DOLD_CLAIM_WITHOUT_CHECK -DOLD_LEADER_CHECK_REPORTS_ONLY|O0|P1"
-	"shard: restore, marks reported|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DMARKS_REPORTED|O2|pass"
-	"shard: restore, marks reported, C2 undone|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DMARKS_REPORTED -DOLD_REPORT_WITHOUT_LEASE|O0|P1"
-	"shard: restore, marks reported, C3 undone|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DMARKS_REPORTED -DOLD_CLAIM_WITHOUT_CHECK|O0|P1"
-	"shard: restore after claim, C4's case|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DRESTORE_TAKEN_ONLY -DMARKS_WITNESSED -DCAUGHT_UP_HEARD|O2|pass"
-	"shard: ... C4's case, C4 undone|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DRESTORE_TAKEN_ONLY -DMARKS_WITNESSED -DCAUGHT_UP_HEARD -DOLD_LEADER_CHECK_REPORTS_ONLY|O0|P1"
-	"shard: open: restore, implemented design|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT|O0|P1"
-	"shard: open: caught-up follower's end stale|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DRESTORE_TAKEN_ONLY -DMARKS_WITNESSED -DCAUGHT_UP_ALIVE|O2|P1"
-	"shard: open: restored between grant and claim|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DRESTORE_UNTAKEN_ONLY -DMARKS_WITNESSED -DCAUGHT_UP_HEARD|O0|P1"
-	"shard: restore, what-if fixes of finding 6|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DFIX_CLAIM_END -DFIX_RESTARTED_LEADER|O2|pass"
+	# finding 1: the code before C2-C4, and each of C2, C3, C4 at work on
+	# its own route -- all with C8 and C9 undone, as C2-C4 left the code
+	"shard: restore: the code before C2-C4|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DOLD_REPORT_WITHOUT_LEASE -DOLD_CLAIM_WITHOUT_CHECK -DOLD_LEADER_CHECK_REPORTS_ONLY -DOLD_RESTARTED_LEADER_UNCHECKED|O0|P1"
+	"shard: restore, marks reported|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DMARKS_REPORTED -DOLD_CLAIM_FLOOR_ONLY -DOLD_RESTARTED_LEADER_UNCHECKED|O2|pass"
+	"shard: restore, marks reported, C2 undone|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DMARKS_REPORTED -DOLD_CLAIM_FLOOR_ONLY -DOLD_RESTARTED_LEADER_UNCHECKED -DOLD_REPORT_WITHOUT_LEASE|O0|P1"
+	"shard: restore, marks reported, C3 undone|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DMARKS_REPORTED -DOLD_CLAIM_FLOOR_ONLY -DOLD_RESTARTED_LEADER_UNCHECKED -DOLD_CLAIM_WITHOUT_CHECK|O0|P1"
+	"shard: restore after claim, C4's case|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DRESTORE_TAKEN_ONLY -DMARKS_WITNESSED -DCAUGHT_UP_HEARD -DOLD_CLAIM_FLOOR_ONLY -DOLD_RESTARTED_LEADER_UNCHECKED|O2|pass"
+	"shard: ... C4's case, C4 undone|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DRESTORE_TAKEN_ONLY -DMARKS_WITNESSED -DCAUGHT_UP_HEARD -DOLD_CLAIM_FLOOR_ONLY -DOLD_RESTARTED_LEADER_UNCHECKED -DOLD_LEADER_CHECK_REPORTS_ONLY|O0|P1"
+	# finding 6: the implemented design (C8, C9) with the restore anywhere,
+	# and on the paths of routes c and d; C8 undone finds route d, C9
+	# undone route b
+	"shard: restore, implemented design|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT|O2|pass"
+	"shard: restore, C8 undone|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DOLD_CLAIM_FLOOR_ONLY|O0|P1"
+	"shard: restore, C9 undone|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DOLD_RESTARTED_LEADER_UNCHECKED|O0|P1"
+	"shard: caught-up follower's end stale|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DRESTORE_TAKEN_ONLY -DMARKS_WITNESSED -DCAUGHT_UP_ALIVE|O2|pass"
+	"shard: restored between grant and claim|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DRESTORE_UNTAKEN_ONLY -DMARKS_WITNESSED -DCAUGHT_UP_HEARD|O2|pass"
 	"shard: several shards per node|shard.pml|-DNREC=1 -DMAXGEN=3 -DMAXCRASH=0 -DSEVERAL_SHARDS|O2|pass"
 	"shard: several shards, old confirm without rows|shard.pml|-DNREC=1 -DMAXGEN=3 -DMAXCRASH=0 -DSEVERAL_SHARDS -DOLD_CONFIRM_WITHOUT_ROWS|O0+prev|P1"
 	"shard: repair at seq 0|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=0 -DPROBE_REPAIR_AT_ZERO|O2|pass"
@@ -112,7 +118,8 @@ if [ "$deep" = 1 ]; then
 		"deep shard: 2 records, gen<=3|shard.pml|-DNREC=2 -DMAXGEN=3 -DMAXCRASH=0|O2|pass"
 		"deep shard: 2 records, a crash|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=1|O2|pass"
 		"deep shard: 2 records, report in flight|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=0 -DREPORT_WINDOW|O2|pass"
-		"deep shard: open: no caught-up row, 2 crashes|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=2 -DRESTORE_FAULT -DRESTORE_TAKEN_ONLY -DCAUGHT_UP_HEARD|O2|P1"
+		"deep shard: no caught-up row, 2 crashes|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=2 -DRESTORE_FAULT -DRESTORE_TAKEN_ONLY -DCAUGHT_UP_HEARD|O2|pass"
+		"deep shard: no caught-up row, C9 undone|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=2 -DRESTORE_FAULT -DRESTORE_TAKEN_ONLY -DCAUGHT_UP_HEARD -DOLD_RESTARTED_LEADER_UNCHECKED|O2|P1"
 		"deep duty: 5 generations, rates 2..3|duty.pml|-DMAXGEN=5 -DRMIN=2 -DRMAX=3 -DLEASE=6 -DEPS=1 -DMARGIN=2|O2+m5000000|pass"
 		"deep duty: takeover after a lease unchanged|duty.pml|-DDUTY_TIMING|O2+m5000000|pass"
 	)

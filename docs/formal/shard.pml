@@ -73,12 +73,21 @@
  *   OLD_REPORT_WITHOUT_LEASE  consider_slot reports for a leader without a
  *                             live lease.
  *   OLD_CLAIM_WITHOUT_CHECK   the first claim of a generation compares
- *                             nothing.
+ *                             nothing (neither acked_floor nor grant_end).
  *   OLD_LEADER_CHECK_REPORTS_ONLY  leader_holds_reported compares the
  *                             leader's log end with acked_floor and the
  *                             reports only, not with caught-up followers'.
- * Restrictions, not felix, that leave out the paths of finding 6, so the
- * runs can show what each change closes:
+ * The code before the changes that closed finding 6 (each fails with
+ * RESTORE_FAULT):
+ *   OLD_CLAIM_FLOOR_ONLY      (C8 undone) the first claim compares the
+ *                             claimer's log end with acked_floor only, not
+ *                             with grant_end, its log end at the grant.
+ *   OLD_RESTARTED_LEADER_UNCHECKED  (C9 undone) no restarted_leader_short:
+ *                             a lapsed leader started again since it took
+ *                             its generation is judged like any other.
+ * Restrictions, not felix, that leave out some paths, so the runs can
+ * show what each change closes on the paths it is meant for (README
+ * "Findings" 1 and 6):
  *   MARKS_REPORTED            the mark moves without a report only up to
  *                             the largest acknowledged end the control
  *                             plane's rows of its generation hold;
@@ -90,13 +99,6 @@
  *                             default any may be not alive, and is skipped);
  *   CAUGHT_UP_HEARD           ... and gave its log end in a heartbeat since
  *                             the lapse (by default: in its last one).
- * What-ifs, not felix (README "Findings" 6):
- *   FIX_CLAIM_END             the first claim also needs the claimer's log
- *                             to end at or after where it ended at the grant.
- *   FIX_RESTARTED_LEADER      a lapsed leader whose boot did not claim its
- *                             generation qualifies only if every follower is
- *                             alive, heard from since the lapse, and its log
- *                             ends no later than the leader's.
  * Probe (README "Findings" 2):
  *   PROBE_REPAIR_AT_ZERO      asserts that no divergence the design's
  *                             repair rule allows is answered 'conflict'
@@ -195,8 +197,9 @@ byte ncrash = 0;
 #if defined(CAUGHT_UP_ALIVE) && !defined(CAUGHT_UP_HEARD)
 byte hbend[NN];             /* the log end node n's last heartbeat of this boot gave (0: none) */
 #endif
-#ifdef FIX_CLAIM_END
-byte cp_gend = 0;           /* what-if: the grantee's log end when it was granted */
+#if !defined(OLD_CLAIM_WITHOUT_CHECK) && !defined(OLD_CLAIM_FLOOR_ONLY)
+#define C8_GRANT_END
+byte cp_gend = 0;           /* grant_end: the grantee's log end at the grant, until the first claim */
 #endif
 
 /* ---------------- ghosts for the properties ---------------- */
@@ -805,18 +808,25 @@ inline cp_report(n) {
  * assignment names claims its generation's lease; the first claim of a
  * generation records the boot, and only that boot claims it again.  The
  * first claim is made only with a log, as this heartbeat gives it, that
- * ends at or after the shard's acked_floor (when there is one); otherwise
- * nothing is claimed, the grant lapses unclaimed, and consider looks
- * again.  The heartbeat's end is the node's durable end now (README: the
- * real one can only be lower, or unknown, which claims nothing) */
-#ifdef OLD_CLAIM_WITHOUT_CHECK
-/* the code before the change: the first claim compares nothing */
+ * ends at or after Max(acked_floor, grant_end) -- the shard's floor (C3)
+ * and the claimer's own log end at the grant (C8); otherwise nothing is
+ * claimed, the grant lapses unclaimed, and consider looks again.  The
+ * heartbeat's end is the node's durable end now (README: the real one can
+ * only be lower, or unknown, which claims nothing) */
+#if defined(OLD_CLAIM_WITHOUT_CHECK)
+/* the code before C3: the first claim compares nothing */
 #define CLAIM_HOLDS(n)  (1)
-#elif defined(FIX_CLAIM_END)
-/* what-if: ... and at or after its own log end at the grant */
-#define CLAIM_HOLDS(n)  ((cp_floor == 0 || flushed[n] >= cp_floor) && flushed[n] >= cp_gend)
-#else
+#elif defined(OLD_CLAIM_FLOOR_ONLY)
+/* the code before C8: acked_floor only */
 #define CLAIM_HOLDS(n)  (cp_floor == 0 || flushed[n] >= cp_floor)
+#else
+#define CLAIM_HOLDS(n)  (flushed[n] >= (cp_floor > cp_gend -> cp_floor : cp_gend))
+#endif
+#ifdef C8_GRANT_END
+/* (model reduction: grant_end is read only by a generation's first claim) */
+#define GRANT_END_DONE  cp_gend = 0
+#else
+#define GRANT_END_DONE  skip
 #endif
 inline cp_heartbeat(n, granted) {
 	granted = 0;
@@ -824,9 +834,14 @@ inline cp_heartbeat(n, granted) {
 	:: cp_leader == n && took[n] ->
 		granted = 1                             /* the boot that took it renews */
 	:: cp_leader == n && !cp_taken && CLAIM_HOLDS(n) ->
-		cp_taken = 1; took[n] = 1; granted = 1  /* the first claim takes it */
+		cp_taken = 1; took[n] = 1; granted = 1; /* the first claim takes it */
+		GRANT_END_DONE
 	:: cp_leader == n && !cp_taken && !CLAIM_HOLDS(n) ->
+#ifdef C8_GRANT_END
+		printf("MSC: node %d does not claim generation %d: its log ends at %d (acked_floor %d, grant_end %d)\n", n, cp_gen, flushed[n], cp_floor, cp_gend)
+#else
 		printf("MSC: node %d does not claim generation %d: its log ends at %d (acked_floor %d)\n", n, cp_gen, flushed[n], cp_floor)
+#endif
 	:: else -> skip
 	fi
 }
@@ -1142,16 +1157,34 @@ inline leader_holds_reported(l, res) {
 	:: else -> break
 	od;
 #endif
-#ifdef FIX_RESTARTED_LEADER
-	/* what-if: a leader whose boot did not claim its generation (it
-	 * restarted since) qualifies only if every follower is alive, was
-	 * heard from since the lapse, and its log ends no later than the
-	 * leader's */
+	skip
+}
+
+/* restarted_leader_short (cp_duty.c, C9): a lapsed leader that was started
+ * again since it took its generation -- its boot is not the one that
+ * claimed it (took[l] clear: a crash clears it, and a grantee that never
+ * claimed counts as started again) -- qualifies only if every other replica
+ * of the shard is alive and gave, in a heartbeat that read its log after
+ * the lapse, a log end no later than the leader's.  A heartbeat is one step
+ * here, reading the log and sending at once, so each replica's end is
+ * taken as its durable end now, as if it heartbeated just before the
+ * holder looked; and every replica is taken as alive, which only lets the
+ * leader qualify more often (README: Promotion).  res is left 0 if the
+ * leader falls short, untouched otherwise. */
+inline restarted_leader_short(l, res) {
+#ifndef OLD_RESTARTED_LEADER_UNCHECKED
 	if
 	:: !took[l] ->
 		t_j = 0;
 		do
-		:: t_j < NN -> if :: t_j != l && flushed[t_j] > flushed[l] -> res = 0 :: else -> skip fi; t_j++
+		:: t_j < NN ->
+			if
+			:: t_j != l && flushed[t_j] > flushed[l] ->
+				res = 0;
+				printf("MSC: node %d was started again since it took generation %d, and its log (end %d) ends before node %d's (end %d)\n", l, cp_gen, flushed[l], t_j, flushed[t_j])
+			:: else -> skip
+			fi;
+			t_j++
 		:: else -> break
 		od
 	:: else -> skip
@@ -1178,11 +1211,15 @@ inline leader_holds_reported(l, res) {
 #endif
 
 /* consider (cp_duty.c): promote at G+1 -- the last leader if it holds
- * what it reported (leader_holds_reported), else the furthest ahead of the
- * followers reported caught up in the newest reporting generation
- * (disqualified, better); nobody: the shard stays unplaced */
+ * what it reported (leader_holds_reported) and, if it was started again
+ * since it took its generation, every other replica shows it holds theirs
+ * (restarted_leader_short, C9); else the furthest ahead of the followers
+ * reported caught up in the newest reporting generation (disqualified,
+ * better); nobody: the shard stays unplaced.  The grant records acked_floor
+ * and grant_end (C8) */
 inline consider() {
 	leader_holds_reported(cp_leader, t_ok);
+	restarted_leader_short(cp_leader, t_ok);
 	t_best = NONE;
 	if
 	:: t_ok -> t_best = cp_leader            /* the last leader comes first ... */
@@ -1206,8 +1243,8 @@ inline consider() {
 		if :: t_a > cp_floor -> cp_floor = t_a :: else -> skip fi;
 		printf("MSC: the control plane grants generation %d to node %d (acked_floor %d)\n", cp_gen+1, t_best, cp_floor);
 		holds_every_acked(t_best);           /* P1 at the promotion */
-#ifdef FIX_CLAIM_END
-		cp_gend = flushed[t_best];
+#ifdef C8_GRANT_END
+		cp_gend = flushed[t_best];           /* grant_end (C8) */
 #endif
 		cp_gen++;
 		cp_leader = t_best;
