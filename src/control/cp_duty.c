@@ -497,19 +497,22 @@ leader_holds_reported(const CpSnapshot *snap, const CpShard *s, const CpNode *le
  * Availability: a leader that restarted while a replica is down waits for
  * it, unless a caught-up follower is promoted meanwhile.
  *
- * Returns why it does not qualify, NULL if it does.
+ * Returns why it does not qualify, NULL if it does; *pending if only log
+ * ends not given yet stand in the way (every replica is alive).
  */
 static char *
 restarted_leader_short(const CpSnapshot *snap, const CpShard *s, const CpNode *leader,
-					   int64 lapse_ns, int64 now)
+					   int64 lapse_ns, int64 now, bool *pending)
 {
 	int64		end = cp_node_end(leader, s->stream, s->shard);
+	char	   *unheard = NULL;
 
+	*pending = false;
 	if (s->taken_generation == s->generation && s->taken_boot &&
 		strcmp(s->taken_boot, leader->boot) == 0)
 		return NULL;
 	if (end < 0)
-		return psprintf("%s has not given its log end since it started", leader->name);
+		unheard = psprintf("%s has not given its log end since it started", leader->name);
 	for (int i = 0; i < s->nreplicas; i++)
 	{
 		CpNode	   *f;
@@ -524,12 +527,16 @@ restarted_leader_short(const CpSnapshot *snap, const CpShard *s, const CpNode *l
 		if (f == NULL || !is_alive(f, now))
 			return psprintf("%s is not alive", s->replicas[i]);
 		if (no == NULL || ends_read_after(no) <= lapse_ns || f_end < 0)
-			return psprintf("%s has not given its log end since the lapse", f->name);
-		if (f_end > end)
+		{
+			if (unheard == NULL)
+				unheard = psprintf("%s has not given its log end since the lapse", f->name);
+		}
+		else if (end >= 0 && f_end > end)
 			return psprintf("its log ends at " INT64_FORMAT ", before %s's at " INT64_FORMAT " (restored from a backup?)",
 							end, f->name, f_end);
 	}
-	return NULL;
+	*pending = unheard != NULL;
+	return unheard;
 }
 
 /*
@@ -655,6 +662,7 @@ unplaced_reason(const CpSnapshot *snap, const CpShard *s, const CpStream *st,
 	char	   *full;
 	bool		gone = leader_copy_gone(snap, s, leader, now);
 	char	   *short_why = NULL;
+	bool		pending;
 
 	if (s->leader == NULL)
 		main = psprintf("no replica was reported caught up at generation " INT64_FORMAT " and no leader is known",
@@ -663,7 +671,7 @@ unplaced_reason(const CpSnapshot *snap, const CpShard *s, const CpStream *st,
 		main = psprintf("no replica was reported caught up at generation " INT64_FORMAT ", and leader %s %s and is back with a log that ends before what it reported its followers to hold, or before a caught-up follower's (restored from a backup?)",
 						s->generation, s->leader, how);
 	else if (leader && is_alive(leader, now) &&
-			 (short_why = restarted_leader_short(snap, s, leader, lapse_ns, now)) != NULL)
+			 (short_why = restarted_leader_short(snap, s, leader, lapse_ns, now, &pending)) != NULL)
 		main = psprintf("no replica was reported caught up at generation " INT64_FORMAT ", and leader %s %s and was started again since, so it leads again only once every other replica has given a log end, read since the lapse, that its log reaches: %s",
 						s->generation, s->leader, how, short_why);
 	else if (s->nreplicas == 1)
@@ -725,17 +733,32 @@ consider(const CpSnapshot *snap, CpShard *s, int64 now)
 		  (strcmp(leader->incarnation, s->leader_incarnation) == 0 ||
 		   strcmp(s->leader_incarnation, CP_INCARNATION_UNKNOWN) == 0))) &&
 		!cp_node_unable(leader, s->stream, s->shard) &&
-		leader_holds_reported(snap, s, leader, now) &&
-		restarted_leader_short(snap, s, leader, lapse_ns, now) == NULL)
+		leader_holds_reported(snap, s, leader, now))
 	{
 		NodeObs    *no = hash_search(node_obs, leader->name, HASH_FIND, NULL);
+		bool		pending;
 
-		/* heard from again after the lapse: it holds every record of its generation */
-		if (no && no->changed_seen_ns > lapse_ns)
+		if (restarted_leader_short(snap, s, leader, lapse_ns, now, &pending) == NULL)
 		{
-			best.node = leader;
-			best.is_leader = true;
+			/* heard from again after the lapse: it holds every record of its generation */
+			if (no && no->changed_seen_ns > lapse_ns)
+			{
+				best.node = leader;
+				best.is_leader = true;
+			}
 		}
+
+		/*
+		 * Started again, with every replica alive but their log ends since
+		 * the lapse still to come (HB_BEATS_KEPT - 1 heartbeats of each):
+		 * wait for them rather than promote around it -- a `leader`
+		 * stream's follower lacks what its leader acknowledged alone.  For
+		 * a few heartbeats more than that at most: a replica alive but not
+		 * heartbeating (cut off from the store) would hold the shard.
+		 */
+		else if (pending &&
+				 now <= lapse_ns + (int64) (HB_BEATS_KEPT + 2) * felix_heartbeat_interval * NS_PER_MS)
+			return false;
 	}
 	gone = leader_copy_gone(snap, s, leader, now);
 	for (int i = 0; i < s->nreplicas && !best.is_leader; i++)

@@ -546,7 +546,7 @@ felix_replicate(PG_FUNCTION_ARGS)
 		f.from_seq;
 
 	/* One hold of the tail: the facts, the decision and its effect. */
-	shard_lock_tail(s);
+	shard_lock_tail_open(s);
 	gather_facts(&f, s, dir, what, target, target_incarnation, batches, nbatches);
 	d = replicate_decide(&f);
 

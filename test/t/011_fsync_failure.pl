@@ -35,22 +35,13 @@ use Time::HiRes qw(time usleep);
 
 my $t_start   = time;
 my $tmp_check = $PostgreSQL::Test::Utils::tmp_check;
-my $shim      = "$tmp_check/fault_shim.so";
 my $trigger   = "$tmp_check/fsync_fault_trigger";
 my $faultlog  = "$tmp_check/fsync_fault.log";
 unlink $trigger, $faultlog;
 
 # --- The shim, built for this machine. ---
+my $shim = fault_shim();
 {
-	my ($out, $err) = ('', '');
-	my $ok = IPC::Run::run(
-		[
-			'cc', '-shared', '-fPIC', '-O2', '-Wall', '-o', $shim,
-			"$FindBin::RealBin/fault_shim.c", '-ldl'
-		],
-		'>', \$out, '2>', \$err);
-	ok($ok && -e $shim, 'fault_shim.c compiles') or diag("cc: $out$err");
-	BAIL_OUT('cannot build the fsync fault shim') unless -e $shim;
 
 	# The shim itself, outside the server: Perl's IO::Handle::sync is fsync(2).
 	my $dir = "$tmp_check/shim_selftest";

@@ -15,7 +15,13 @@
 #   rebuilds_completed), and it ends with exactly the leader's records,
 #   in segments of the same names holding byte-identical batches.
 #
-# No acknowledged record is lost in either case.  The leader is node2 or
+# And a rebuild that finds the follower's disk full: the discard of its
+# copy fails (ENOSPC, from fault_shim.c); the shard closes rather than
+# failing for good, and once there is space again the next shipment opens
+# it from disk and the leader rebuilds it -- no restart.  (The fault
+# harness found such a replica left 'failed' until a restart, seed 5096.)
+#
+# No acknowledged record is lost in any case.  The leader is node2 or
 # node3, so that stopping a follower never stops the control plane.
 use strict;
 use warnings;
@@ -137,6 +143,40 @@ ok(defined FelixCluster::poll(60, sub {
 wait_same_records('after its bootstrap');
 is(start_seq($f), $start, 'its log begins at the leader\'s oldest record');
 is($c->metric_of($leader, 'rebuilds_started'), $halts, 'no rebuild was needed');
+
+# ---------------------------------------------------------------------
+# 3. A rebuild on a full disk, retried once there is space.
+# ---------------------------------------------------------------------
+my $trigger = "$PostgreSQL::Test::Utils::tmp_check/enospc_trigger";
+my $faultlog = "$PostgreSQL::Test::Utils::tmp_check/enospc.log";
+$c->stop_node($f);
+publish('e', 600);
+$leader->safe_psql('postgres', "SELECT felix_enforce_retention('$stream')");
+$start = start_seq($leader);
+$completed = $c->metric_of($leader, 'rebuilds_completed');
+write_file($trigger, 'enospc');
+{
+	local $ENV{LD_PRELOAD}          = fault_shim();
+	local $ENV{FELIX_FAULT_DIR}     = $f->data_dir . '/felix';
+	local $ENV{FELIX_FAULT_TRIGGER} = $trigger;
+	local $ENV{FELIX_FAULT_SUFFIX}  = '.seg';
+	local $ENV{FELIX_FAULT_LOG}     = $faultlog;
+	$c->start_node($f);
+}
+ok(defined FelixCluster::poll(60, sub { read_file($f->logfile) =~ /No space left on device/ }, 0.2),
+	"${fname}'s rebuild ran into the full disk") or $c->diag_shard($stream, 0);
+ok(-s $faultlog, 'the shim failed a segment write');
+sleep 2;
+is($c->metric_of($leader, 'rebuilds_completed'), $completed, 'no rebuild completes while the disk is full');
+unlink $trigger;
+ok(defined FelixCluster::poll(60, sub {
+	($c->metric_of($leader, 'rebuilds_completed') // 0) > $completed }, 0.2),
+	"once there is space the leader rebuilds $fname, without a restart")
+  or $c->diag_shard($stream, 0);
+is($f->safe_psql('postgres', "SELECT state FROM felix_shards WHERE stream = '$stream' AND shard = 0"),
+	'open', "${fname}'s shard serves again");
+wait_same_records('after the rebuild on a full disk');
+is(start_seq($f), $start, 'its log begins at the leader\'s oldest record');
 
 $c->teardown;
 felix_done_testing();

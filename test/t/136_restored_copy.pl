@@ -96,6 +96,56 @@ sub holds_all
 	return next_seq($c, $node, $stream) eq '1100';
 }
 
+# Parts 3 and 7: A, which holds every record, is granted generation G+1
+# by a forged assignment with the given fields, put back to 100 records
+# before it claims, and must not take it; the grant lapses and a follower,
+# holding everything, leads G+2.
+sub restored_before_claim
+{
+	my ($prefix, $fields, $how) = @_;
+	my ($c, $stream, $a, $victim, $copy, @set) = setup($prefix, sub { $_[0] });
+	my $an = $a->{felix_name};
+	die "the copy is of $victim, not of the leader $an" unless $victim eq $an;
+	# the duty holder gives a fresh grant as long as this to be claimed in
+	$c->cp->safe_psql('postgres',
+		"ALTER SYSTEM SET felix.lease_duration = '8s'; SELECT pg_reload_conf()");
+	sleep 1;
+	$c->kill_node($a);
+	my $g = $c->state_query("SELECT generation FROM felix.assignments WHERE stream = '$stream' AND shard = 0");
+	$c->store_edit(sprintf('shards/%s/%06d', $stream, 0),
+		"v || jsonb_build_object('generation', (v->>'generation')::bigint + 1, $fields)");
+	copy_felix($copy, $a->data_dir . '/felix');
+	$c->start_node($a);
+	my ($who, $g2) = eval { $c->wait_leader($stream, 0, min_generation => $g + 1, timeout => 6) };
+	ok(!defined $who, "$prefix: $an, back with 100 of 1100 acknowledged records, does not take generation "
+		  . ($g + 1) . " granted $how")
+	  or diag("$who->{felix_name} leads generation $g2");
+	$c->cp->safe_psql('postgres', "ALTER SYSTEM RESET felix.lease_duration; SELECT pg_reload_conf()");
+	my ($lead) = eval { $c->wait_leader($stream, 0, min_generation => $g + 2, timeout => 30) };
+	ok($lead && $lead != $a, "$prefix: the grant lapses and a follower ("
+		  . ($lead ? $lead->{felix_name} : 'none') . ') leads generation ' . ($g + 2))
+	  or $c->diag_shard($stream, 0);
+	ok($lead && holds_all($c, $lead->{felix_name}, $stream), "$prefix: it holds all 1100 acknowledged records");
+	$c->teardown;
+	return;
+}
+
+# Parts 4-6: kill the leader A, forge the last report to have landed at
+# 100, calling its followers caught up (in a run it is at most a
+# heartbeat old, while the mark went on to 1100), put A back to the copy
+# and start it.
+sub restore_leader_after_report
+{
+	my ($c, $stream, $a, $copy) = @_;
+	$c->kill_node($a);
+	$c->store_edit(sprintf('reports/%s/%06d', $stream, 0),
+		"jsonb_build_object('rows', (SELECT jsonb_agg(r || '{\"acked_end\": 100, \"caught_up\": true}') "
+		  . "FROM jsonb_array_elements(v->'rows') r))");
+	copy_felix($copy, $a->data_dir . '/felix');
+	$c->start_node($a);
+	return;
+}
+
 # 1. A leader restored after a failover.
 {
 	my ($c, $stream, $a, $b, $copy, @set) = setup('l', sub { $_[1] });
@@ -172,31 +222,7 @@ sub holds_all
 #    make a generation's first claim, and A led G+1 from the short copy.
 #    Now the first claim needs a log end, in the claiming boot, at or
 #    after the floor: the grant lapses unclaimed and a follower leads.
-{
-	my ($c, $stream, $a, $victim, $copy, @set) = setup('g', sub { $_[0] });
-	my $an = $a->{felix_name};
-	die "the copy is of $victim, not of the leader $an" unless $victim eq $an;
-	# the duty holder gives a fresh grant as long as this to be claimed in
-	$c->cp->safe_psql('postgres',
-		"ALTER SYSTEM SET felix.lease_duration = '8s'; SELECT pg_reload_conf()");
-	sleep 1;
-	$c->kill_node($a);
-	my $g = $c->state_query("SELECT generation FROM felix.assignments WHERE stream = '$stream' AND shard = 0");
-	$c->store_edit(sprintf('shards/%s/%06d', $stream, 0),
-		"v || jsonb_build_object('generation', (v->>'generation')::bigint + 1, 'acked_floor', 1100)");
-	copy_felix($copy, $a->data_dir . '/felix');
-	$c->start_node($a);
-	my ($who, $g2) = eval { $c->wait_leader($stream, 0, min_generation => $g + 1, timeout => 6) };
-	ok(!defined $who, "$an, back with 100 of 1100 acknowledged records, does not take generation " . ($g + 1))
-	  or diag("$who->{felix_name} leads generation $g2");
-	$c->cp->safe_psql('postgres', "ALTER SYSTEM RESET felix.lease_duration; SELECT pg_reload_conf()");
-	my ($lead) = eval { $c->wait_leader($stream, 0, min_generation => $g + 2, timeout => 30) };
-	ok($lead && $lead != $a, 'the grant lapses and a follower ('
-		  . ($lead ? $lead->{felix_name} : 'none') . ') leads generation ' . ($g + 2))
-	  or $c->diag_shard($stream, 0);
-	ok($lead && holds_all($c, $lead->{felix_name}, $stream), 'it holds all 1100 acknowledged records');
-	$c->teardown;
-}
+restored_before_claim('g', "'acked_floor', 1100", 'with a floor of 1100');
 
 # 4. A leader restored after its mark moved past its last report (found by
 #    model-checking, docs/formal: finding 1, route 3).  The mark moves
@@ -219,12 +245,7 @@ sub holds_all
 			  . "jsonb_array_elements(claims) c WHERE name = '$an'") eq 't' }, 0.05)
 	  or die 'no 6 s claim';
 	my $g = $c->state_query("SELECT generation FROM felix.assignments WHERE stream = '$stream' AND shard = 0");
-	$c->kill_node($a);
-	$c->store_edit(sprintf('reports/%s/%06d', $stream, 0),
-		"jsonb_build_object('rows', (SELECT jsonb_agg(r || '{\"acked_end\": 100, \"caught_up\": true}') "
-		  . "FROM jsonb_array_elements(v->'rows') r))");
-	copy_felix($copy, $a->data_dir . '/felix');
-	$c->start_node($a);
+	restore_leader_after_report($c, $stream, $a, $copy);
 	my ($lead, $g2) = eval { $c->wait_leader($stream, 0, min_generation => $g + 1, timeout => 30) };
 	ok($lead && $lead != $a, "$an, back with 100 of 1100 acknowledged records, is passed over: "
 		  . ($lead ? $lead->{felix_name} : 'nobody') . ' leads generation ' . ($g2 // '?'))
@@ -264,12 +285,7 @@ for my $part (['b', 'not alive', []], ['c', 'alive, with stale ends', ['felix.no
 	is($c->state_query("SELECT count(*) FROM felix.nodes, unnest(ends) e WHERE name IN ('"
 		  . join("', '", @followers) . "') AND e LIKE '$stream/0=%' AND split_part(e, '=', 2)::bigint <= 100"),
 		'2', "$prefix: the followers' last heartbeats gave log ends of at most 100") or die;
-	$c->kill_node($a);
-	$c->store_edit(sprintf('reports/%s/%06d', $stream, 0),
-		"jsonb_build_object('rows', (SELECT jsonb_agg(r || '{\"acked_end\": 100, \"caught_up\": true}') "
-		  . "FROM jsonb_array_elements(v->'rows') r))");
-	copy_felix($copy, $a->data_dir . '/felix');
-	$c->start_node($a);
+	restore_leader_after_report($c, $stream, $a, $copy);
 	my ($who, $g2) = eval { $c->wait_leader($stream, 0, min_generation => $g + 1, timeout => 8) };
 	ok(!defined $who, "$prefix: $an, back with 100 of 1100 acknowledged records, does not lead "
 		  . "while its followers are $how")
@@ -295,30 +311,6 @@ for my $part (['b', 'not alive', []], ['c', 'alive, with stale ends', ['felix.no
 #    duty holder writes them (part 5 checks it does).  The first claim
 #    compared the floor only, and A led from 100 records.  Now it needs
 #    the end at the grant as well.
-{
-	my ($c, $stream, $a, $victim, $copy, @set) = setup('d', sub { $_[0] });
-	my $an = $a->{felix_name};
-	die "the copy is of $victim, not of the leader $an" unless $victim eq $an;
-	$c->cp->safe_psql('postgres',
-		"ALTER SYSTEM SET felix.lease_duration = '8s'; SELECT pg_reload_conf()");
-	sleep 1;
-	$c->kill_node($a);
-	my $g = $c->state_query("SELECT generation FROM felix.assignments WHERE stream = '$stream' AND shard = 0");
-	$c->store_edit(sprintf('shards/%s/%06d', $stream, 0),
-		"v || jsonb_build_object('generation', (v->>'generation')::bigint + 1, 'acked_floor', 100, 'grant_end', 1100)");
-	copy_felix($copy, $a->data_dir . '/felix');
-	$c->start_node($a);
-	my ($who, $g2) = eval { $c->wait_leader($stream, 0, min_generation => $g + 1, timeout => 6) };
-	ok(!defined $who, "$an, back with 100 of 1100 acknowledged records, does not take generation " . ($g + 1)
-		  . ' granted at a floor of 100')
-	  or diag("$who->{felix_name} leads generation $g2");
-	$c->cp->safe_psql('postgres', "ALTER SYSTEM RESET felix.lease_duration; SELECT pg_reload_conf()");
-	my ($lead) = eval { $c->wait_leader($stream, 0, min_generation => $g + 2, timeout => 30) };
-	ok($lead && $lead != $a, 'the grant lapses and a follower ('
-		  . ($lead ? $lead->{felix_name} : 'none') . ') leads generation ' . ($g + 2))
-	  or $c->diag_shard($stream, 0);
-	ok($lead && holds_all($c, $lead->{felix_name}, $stream), 'it holds all 1100 acknowledged records');
-	$c->teardown;
-}
+restored_before_claim('d', "'acked_floor', 100, 'grant_end', 1100", 'with a floor of 100 and an end of 1100');
 
 felix_done_testing();

@@ -23,7 +23,7 @@ our @EXPORT = qw(
   felix_base_conf felix_node felix_node_conninfo felix_done_testing FELIX_TEST_SECRET shard_dir segment_files read_file write_file write_at
   read_batches record_batches data_end flip_byte crash_node metric
   psql_error crc32c batch_header batch_trailer shipment_hex replicate_call
-  durable_mark segment_digest publish_acked
+  durable_mark segment_digest publish_acked fault_shim
 );
 
 use constant SEGMENT_HEADER_BYTES => 64;
@@ -41,6 +41,20 @@ use constant FELIX_TEST_SECRET => 'felixTAPsecret';
 
 # The postgresql.conf lines every felix test node has: felix preloaded,
 # its worker in the "postgres" database, messages untranslated.
+# fault_shim.c (beside the tests), built for this machine into tmp_check
+# once per test script: the LD_PRELOAD library that fails syncs or writes
+# of chosen files while a trigger file exists (see its header).  Bails out
+# if it does not build.
+sub fault_shim
+{
+	my $shim = "$PostgreSQL::Test::Utils::tmp_check/fault_shim.so";
+	return $shim if -e $shim;
+	my $src = (__FILE__ =~ s{[^/]*$}{}r) . 'fault_shim.c';
+	my $out = `cc -shared -fPIC -O2 -Wall -o '$shim' '$src' -ldl 2>&1`;
+	BAIL_OUT("cannot build $src: $out") unless $? == 0 && -e $shim;
+	return $shim;
+}
+
 sub felix_base_conf
 {
 	return ("shared_preload_libraries = 'felix'",

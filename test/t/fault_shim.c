@@ -1,7 +1,8 @@
 /*
  * fault_shim.c: an LD_PRELOAD library for felix's TAP tests that makes
  * fsync() and fdatasync() fail with EIO for chosen files, so that a test can
- * see what a server does when the kernel reports a failed sync.
+ * see what a server does when the kernel reports a failed sync -- or makes
+ * pwrite() fail with ENOSPC for them instead, a disk that is full.
  *
  * PostgreSQL's pg_fsync() and pg_fdatasync() (which felix calls) end in
  * the C library's fsync() and fdatasync(), which the postgres binary imports
@@ -18,7 +19,9 @@
  *						  with "once", the first failure removes it (claimed
  *						  by unlink, so exactly one call in one process fails);
  *						  if it begins with "slow N", calls do not fail but
- *						  each sleeps N milliseconds first (a slow disk)
+ *						  each sleeps N milliseconds first (a slow disk); if
+ *						  it begins with "enospc", syncs go through and
+ *						  pwrite() fails with ENOSPC instead (a full disk)
  *	 FELIX_FAULT_SUFFIX	  optional: only files whose name ends with this,
  *						  such as ".seg"
  *	 FELIX_FAULT_LOG	  optional: a line is appended here for every failure
@@ -43,6 +46,7 @@
 
 static int	(*real_fsync) (int) = NULL;
 static int	(*real_fdatasync) (int) = NULL;
+static ssize_t (*real_pwrite) (int, const void *, size_t, off_t) = NULL;
 
 static void
 log_failure(const char *fn, const char *path)
@@ -70,9 +74,12 @@ log_failure(const char *fn, const char *path)
 	close(fd);
 }
 
-/* Whether this call on fd must fail; errno is left as it was. */
+/*
+ * Whether this call on fd must fail; errno is left as it was.  A write
+ * (is_write) fails only under an "enospc" trigger, a sync under any other.
+ */
 static int
-should_fail(int fd, const char *fn)
+should_fail(int fd, const char *fn, int is_write)
 {
 	int			saved_errno = errno;
 	const char *dir = getenv("FELIX_FAULT_DIR");
@@ -125,6 +132,8 @@ should_fail(int fd, const char *fn)
 			got = read(tfd, buf, sizeof(buf) - 1);
 			close(tfd);
 		}
+		if ((got >= 6 && memcmp(buf, "enospc", 6) == 0) != (is_write != 0))
+			goto out;
 		if (got >= 4 && memcmp(buf, "once", 4) == 0 && unlink(trigger) != 0)
 			goto out;
 		if (got >= 5 && memcmp(buf, "slow ", 5) == 0)
@@ -154,7 +163,7 @@ out:
 int
 fsync(int fd)
 {
-	if (should_fail(fd, "fsync"))
+	if (should_fail(fd, "fsync", 0))
 	{
 		errno = EIO;
 		return -1;
@@ -172,7 +181,7 @@ fsync(int fd)
 int
 fdatasync(int fd)
 {
-	if (should_fail(fd, "fdatasync"))
+	if (should_fail(fd, "fdatasync", 0))
 	{
 		errno = EIO;
 		return -1;
@@ -185,4 +194,22 @@ fdatasync(int fd)
 		return -1;
 	}
 	return real_fdatasync(fd);
+}
+
+ssize_t
+pwrite(int fd, const void *buf, size_t count, off_t offset)
+{
+	if (should_fail(fd, "pwrite", 1))
+	{
+		errno = ENOSPC;
+		return -1;
+	}
+	if (real_pwrite == NULL)
+		real_pwrite = (ssize_t (*) (int, const void *, size_t, off_t)) dlsym(RTLD_NEXT, "pwrite");
+	if (real_pwrite == NULL)
+	{
+		errno = ENOSYS;
+		return -1;
+	}
+	return real_pwrite(fd, buf, count, offset);
 }

@@ -268,6 +268,7 @@ extern void shard_check_serving(FelixShard *s);
 /* Take / release the tail: the append lock, once no other backend's
  * commit gate holds it. */
 extern void shard_lock_tail(FelixShard *s);
+extern void shard_lock_tail_open(FelixShard *s);
 extern void shard_unlock_tail(FelixShard *s);
 /* After an error: let go of the tail if this backend still holds it. */
 extern void shard_unlock_tail_if_held(FelixShard *s);
