@@ -8,8 +8,11 @@
 # G+1.  When the last leader comes back alone it waits: it was started
 # again, and nothing tells a restart from a copy put back, so it leads
 # only once the other replica has shown its log reaches theirs (finding 6
-# of docs/formal).  When that one is back too, the last leader gets the
-# shard at G+1.
+# of docs/formal).  The other replica's machine is then replaced -- a
+# server under its node name with an empty felix directory, which is what
+# an operator does for a replica that will not come back -- and the last
+# leader gets the shard at G+1, with its records, and ships them to the
+# replacement.
 use strict;
 use warnings;
 
@@ -21,6 +24,7 @@ use FelixCluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time usleep);
+use File::Path ();
 
 my $c = FelixCluster->new(nodes => 4);
 my ($stream, @set) = $c->pick_stream_name('unplaced', 2,
@@ -90,8 +94,10 @@ like($c->state_query(
 	"SELECT coalesce(unplaced_reason, '') FROM felix.assignments WHERE stream = '$stream' AND shard = 0"),
 	qr/was started again since.*$set[1] is not alive/, 'the shard says it waits for it');
 
-# The other replica comes back too: the last leader holds every record, so
-# it gets G+1.
+# The other replica's machine is replaced: its node name, an empty felix
+# directory (a new incarnation).  Its log, empty, is within the last
+# leader's, which gets G+1.
+File::Path::rmtree($follower->data_dir . '/felix');
 $c->start_node($follower);
 eval { ($who, $g2) = $c->wait_leader($stream, 0, min_generation => $g + 1, timeout => 30); 1 }
   or do { diag($@); $c->diag_shard($stream, 0); };
@@ -101,8 +107,10 @@ if (defined $who)
 {
 	my $r = $c->shard_row($who, $stream, 0);
 	is($r->{next_seq}, 20, 'with its 20 records');
-	my $n = $who->safe_psql('postgres', "SELECT count(*) FROM \"$stream\" WHERE shard = 0");
-	note("$set[0] serves $n of them to readers (hwm '$r->{hwm}')");
+	ok(defined FelixCluster::poll(30, sub { $c->shard_row($follower, $stream, 0)->{next_seq} == 20 }, 0.1),
+		"the replacement $set[1] is shipped all 20");
+	is($who->safe_psql('postgres', "SELECT count(*) FROM \"$stream\" WHERE shard = 0"), '20',
+		"$set[0] serves all 20 once they are on a quorum again");
 }
 
 $c->teardown;
