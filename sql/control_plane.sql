@@ -197,6 +197,17 @@ SELECT stream, shard, node = :'g0' AS is_g0, generation, halted_at_seq, reason F
 -- what the report says it holds (its first claim compares it with the
 -- acknowledged end its promotion is based on).
 SELECT count(*) > 0 AS beat FROM pg_temp.hb(:'f0', ends => ARRAY['orders/0=10']);
+-- ends_beat counts the heartbeats that gave log ends: one without them
+-- (a backend's) keeps the ends and the count, one with them adds one.
+SELECT (value::jsonb->>'beat')::bigint AS b, (value::jsonb->>'ends_beat')::bigint AS e
+  FROM felix.store_read('nodes/' || :'f0') \gset
+SELECT count(*) > 0 AS beat FROM pg_temp.hb(:'f0');
+SELECT (value::jsonb->>'beat')::bigint - :b AS beats, (value::jsonb->>'ends_beat')::bigint - :e AS ends_beats,
+       value::jsonb->'ends' AS ends
+  FROM felix.store_read('nodes/' || :'f0');
+SELECT count(*) > 0 AS beat FROM pg_temp.hb(:'f0', ends => ARRAY['orders/0=10']);
+SELECT (value::jsonb->>'beat')::bigint - :b AS beats, (value::jsonb->>'ends_beat')::bigint - :e AS ends_beats
+  FROM felix.store_read('nodes/' || :'f0');
 SELECT pg_temp.tick() AS promoted_while_the_lease_runs;
 SELECT pg_temp.lapse(:'l0');
 SELECT pg_temp.tick() AS promoted;

@@ -43,7 +43,8 @@
  *	  serve the shard -- and, on a leader-consistency stream, whose report
  *	  was made no more than (node_expiry + heartbeat_interval) worth of the
  *	  leader's heartbeats before its last claim, since such a leader
- *	  acknowledges without reporting.  Larger acked_end first; the placement score breaks ties.
+ *	  acknowledges without reporting.  Larger acked_end first; the
+ *	  placement score breaks ties.
  *	  Nobody qualifies: the shard is unplaced, with a reason.
  *
  *	  Alive.  The holder keeps the `alive` key: the nodes whose records it
@@ -82,6 +83,11 @@ typedef struct ShardObs
 	int64		claim_beat;		/* the leader's beat in that record */
 } ShardObs;
 
+/*
+ * How many of a node's heartbeat counts the holder keeps: ends_read_after
+ * looks three back, so a restarted leader's replicas need that many more
+ * heartbeats after the lapse (consider waits a little longer for them).
+ */
 #define HB_BEATS_KEPT 4
 
 typedef struct NodeObs
@@ -92,10 +98,11 @@ typedef struct NodeObs
 	bool		changed;		/* seen to change since first seen */
 
 	/*
-	 * The last HB_BEATS_KEPT heartbeat counts (beat) of the node's boot
-	 * that our reads found, newest first (0: none), and the time taken
-	 * just before the latest read that found each: ends_read_after says
-	 * from them when the log ends in its record were read.
+	 * The last HB_BEATS_KEPT counts of the node's heartbeats that gave log
+	 * ends (ends_beat) in its boot that our reads found, newest first (0:
+	 * none), and the time taken just before the latest read that found
+	 * each: ends_read_after says from them when the log ends in its record
+	 * were read.
 	 */
 	char		boot[NAMEDATALEN];
 	int64		beats[HB_BEATS_KEPT];
@@ -261,34 +268,36 @@ node_seen(const CpNode *n, int64 read_ns, int64 now)
 		o->rev = n->rev;
 		o->changed_seen_ns = now;
 	}
-	if (!found || strcmp(o->boot, n->boot) != 0 || n->beat < o->beats[0])
+	if (!found || strcmp(o->boot, n->boot) != 0 || n->ends_beat < o->beats[0])
 	{
 		strlcpy(o->boot, n->boot, sizeof(o->boot));
 		memset(o->beats, 0, sizeof(o->beats));
 		memset(o->read_ns, 0, sizeof(o->read_ns));
 	}
-	else if (n->beat != o->beats[0])
+	else if (n->ends_beat != o->beats[0])
 	{
 		memmove(&o->beats[1], &o->beats[0], sizeof(int64) * (HB_BEATS_KEPT - 1));
 		memmove(&o->read_ns[1], &o->read_ns[0], sizeof(int64) * (HB_BEATS_KEPT - 1));
 	}
-	o->beats[0] = n->beat;
+	o->beats[0] = n->ends_beat;
 	o->read_ns[0] = read_ns;
 	return o;
 }
 
 /*
  * A time after which the log ends in the node's current record were read
- * (0: none known).  A node's heartbeats run one after another; each reads
- * its log ends before it sends, and the store numbers those that commit
- * (beat), within a boot, in commit order.  An attempt that completes
- * commits before the next begins; one the node gave up on can still
- * commit late, but at most one of a row of them (with etcd, each sends
- * one transaction that compares the node's record as it read it; on the
- * embedded store, the call's statement_timeout ends it with the node's
- * deadline), and a retry after a conflict reuses the ends it was given.
- * So heartbeat c read its ends after heartbeat c-2 committed, which is
- * after any read of ours that still found beat c-3 or earlier.
+ * (0: none known).  Only the node's heartbeat worker gives log ends; its
+ * heartbeats run one after another, each reads the ends before it sends,
+ * and the store numbers those that commit with ends (ends_beat), within a
+ * boot, in commit order (a heartbeat made by a backend gives none and
+ * counts for nothing).  An attempt that completes commits before the next
+ * begins.  One the worker gave up on can still commit late, but not two
+ * of a row: with etcd each sends one transaction that compares the node's
+ * record as it read it, and any later commit changes it; the embedded
+ * store refuses a call whose connection has closed (cp_sql.c).  A retry
+ * after a conflict reuses the ends it was given.  So heartbeat c read its
+ * ends after heartbeat c-2 committed, which is after any read of ours
+ * that still found ends_beat c-3 or earlier.
  */
 static int64
 ends_read_after(const NodeObs *o)
@@ -490,29 +499,40 @@ leader_holds_reported(const CpSnapshot *snap, const CpShard *s, const CpNode *le
  * alive and gave, in a heartbeat that read its log after the lapse, a log
  * end its own reaches.  Each acknowledged record is on a follower, which
  * stored it before the leader, whose lease has lapsed, acknowledged it.
- * A leader that lapsed in the boot that took its generation (paused, cut
- * off) has the same log it acknowledged from and is not held back; one
- * that never took its generation counts as started again.
+ *
+ * A leader in the boot that took its generation (it lapsed paused or cut
+ * off) has the log it acknowledged from and is not held back: a log put
+ * back from a copy starts a new boot.  One that never took its generation
+ * counts as started again; it can still make the generation's first claim
+ * while the grant stands (cp_heartbeat.c).
  *
  * Availability: a leader that restarted while a replica is down waits for
  * it, unless a caught-up follower is promoted meanwhile.
- *
- * Returns why it does not qualify, NULL if it does; *pending if only log
- * ends not given yet stand in the way (every replica is alive).
  */
-static char *
-restarted_leader_short(const CpSnapshot *snap, const CpShard *s, const CpNode *leader,
-					   int64 lapse_ns, int64 now, bool *pending)
+typedef enum RestartCheck
+{
+	RESTART_HOLDS,				/* not started again, or shown to hold it all */
+	RESTART_PENDING,			/* every replica alive, log ends to come */
+	RESTART_WAITS,				/* a replica is not alive */
+	RESTART_SHORT				/* a replica's log ends after the leader's */
+} RestartCheck;
+
+static RestartCheck
+restarted_leader_check(const CpSnapshot *snap, const CpShard *s, const CpNode *leader,
+					   int64 lapse_ns, int64 now, char **why)
 {
 	int64		end = cp_node_end(leader, s->stream, s->shard);
-	char	   *unheard = NULL;
+	RestartCheck result = RESTART_HOLDS;
 
-	*pending = false;
+	*why = NULL;
 	if (s->taken_generation == s->generation && s->taken_boot &&
 		strcmp(s->taken_boot, leader->boot) == 0)
-		return NULL;
+		return RESTART_HOLDS;
 	if (end < 0)
-		unheard = psprintf("%s has not given its log end since it started", leader->name);
+	{
+		result = RESTART_PENDING;
+		*why = psprintf("%s has not given its log end since it started", leader->name);
+	}
 	for (int i = 0; i < s->nreplicas; i++)
 	{
 		CpNode	   *f;
@@ -525,36 +545,52 @@ restarted_leader_short(const CpSnapshot *snap, const CpShard *s, const CpNode *l
 		no = f ? hash_search(node_obs, f->name, HASH_FIND, NULL) : NULL;
 		f_end = f ? cp_node_end(f, s->stream, s->shard) : -1;
 		if (f == NULL || !is_alive(f, now))
-			return psprintf("%s is not alive", s->replicas[i]);
-		if (no == NULL || ends_read_after(no) <= lapse_ns || f_end < 0)
 		{
-			if (unheard == NULL)
-				unheard = psprintf("%s has not given its log end since the lapse", f->name);
+			if (result < RESTART_WAITS)
+			{
+				result = RESTART_WAITS;
+				*why = psprintf("%s is not alive", s->replicas[i]);
+			}
+		}
+		else if (no == NULL || ends_read_after(no) <= lapse_ns || f_end < 0)
+		{
+			if (result < RESTART_PENDING)
+			{
+				result = RESTART_PENDING;
+				*why = psprintf("%s has not given its log end since the lapse", f->name);
+			}
 		}
 		else if (end >= 0 && f_end > end)
-			return psprintf("its log ends at " INT64_FORMAT ", before %s's at " INT64_FORMAT " (restored from a backup?)",
+		{
+			*why = psprintf("its log ends at " INT64_FORMAT ", before %s's at " INT64_FORMAT " (restored from a backup?)",
 							end, f->name, f_end);
+			return RESTART_SHORT;
+		}
 	}
-	*pending = unheard != NULL;
-	return unheard;
+	return result;
 }
 
 /*
  * Has the lapsed leader of s lost its generation's records for good?  It
  * is alive at another incarnation (its felix directory was replaced), or
  * its log, as this boot gave it, ends before what it is known to have
- * acknowledged (put back from an older copy).  A log does not grow back
- * without a leader: waiting for this one recovers nothing.
+ * acknowledged, or -- started again -- before another replica's (put
+ * back from an older copy).  A log does not grow back without a leader:
+ * waiting for this one recovers nothing.
  */
 static bool
-leader_copy_gone(const CpSnapshot *snap, const CpShard *s, const CpNode *leader, int64 now)
+leader_copy_gone(const CpSnapshot *snap, const CpShard *s, const CpNode *leader,
+				 int64 lapse_ns, int64 now)
 {
+	char	   *why;
+
 	if (leader == NULL || !is_alive(leader, now) || s->leader_incarnation == NULL)
 		return false;
 	if (strcmp(leader->incarnation, s->leader_incarnation) != 0)
 		return strcmp(s->leader_incarnation, CP_INCARNATION_UNKNOWN) != 0;
 	return cp_node_end(leader, s->stream, s->shard) >= 0 &&
-		!leader_holds_reported(snap, s, leader, now);
+		(!leader_holds_reported(snap, s, leader, now) ||
+		 restarted_leader_check(snap, s, leader, lapse_ns, now, &why) == RESTART_SHORT);
 }
 
 /* Why a follower of s does not qualify (NULL: it does). */
@@ -660,9 +696,8 @@ unplaced_reason(const CpSnapshot *snap, const CpShard *s, const CpStream *st,
 	char	   *main;
 	StringInfoData details;
 	char	   *full;
-	bool		gone = leader_copy_gone(snap, s, leader, now);
+	bool		gone = leader_copy_gone(snap, s, leader, lapse_ns, now);
 	char	   *short_why = NULL;
-	bool		pending;
 
 	if (s->leader == NULL)
 		main = psprintf("no replica was reported caught up at generation " INT64_FORMAT " and no leader is known",
@@ -671,8 +706,8 @@ unplaced_reason(const CpSnapshot *snap, const CpShard *s, const CpStream *st,
 		main = psprintf("no replica was reported caught up at generation " INT64_FORMAT ", and leader %s %s and is back with a log that ends before what it reported its followers to hold, or before a caught-up follower's (restored from a backup?)",
 						s->generation, s->leader, how);
 	else if (leader && is_alive(leader, now) &&
-			 (short_why = restarted_leader_short(snap, s, leader, lapse_ns, now, &pending)) != NULL)
-		main = psprintf("no replica was reported caught up at generation " INT64_FORMAT ", and leader %s %s and was started again since, so it leads again only once every other replica has given a log end, read since the lapse, that its log reaches: %s",
+			 restarted_leader_check(snap, s, leader, lapse_ns, now, &short_why) != RESTART_HOLDS)
+		main = psprintf("no replica was reported caught up at generation " INT64_FORMAT ", and leader %s %s and has been started again since it took it (or never took it), so it leads again only once every other replica has given a log end, read since the lapse, that its log reaches: %s",
 						s->generation, s->leader, how, short_why);
 	else if (s->nreplicas == 1)
 		main = psprintf("the only copy is on %s, which %s at generation " INT64_FORMAT " and is not alive",
@@ -736,9 +771,10 @@ consider(const CpSnapshot *snap, CpShard *s, int64 now)
 		leader_holds_reported(snap, s, leader, now))
 	{
 		NodeObs    *no = hash_search(node_obs, leader->name, HASH_FIND, NULL);
-		bool		pending;
+		char	   *why;
+		RestartCheck restart = restarted_leader_check(snap, s, leader, lapse_ns, now, &why);
 
-		if (restarted_leader_short(snap, s, leader, lapse_ns, now, &pending) == NULL)
+		if (restart == RESTART_HOLDS)
 		{
 			/* heard from again after the lapse: it holds every record of its generation */
 			if (no && no->changed_seen_ns > lapse_ns)
@@ -750,17 +786,17 @@ consider(const CpSnapshot *snap, CpShard *s, int64 now)
 
 		/*
 		 * Started again, with every replica alive but their log ends since
-		 * the lapse still to come (HB_BEATS_KEPT - 1 heartbeats of each):
-		 * wait for them rather than promote around it -- a `leader`
-		 * stream's follower lacks what its leader acknowledged alone.  For
-		 * a few heartbeats more than that at most: a replica alive but not
-		 * heartbeating (cut off from the store) would hold the shard.
+		 * the lapse still to come (HB_BEATS_KEPT - 1 heartbeats of each,
+		 * after a read of ours): wait for them rather than promote around
+		 * it -- a `leader` stream's follower lacks what its leader
+		 * acknowledged alone.  For twice that at most: a replica alive but
+		 * not heartbeating (cut off from the store) would hold the shard.
 		 */
-		else if (pending &&
-				 now <= lapse_ns + (int64) (HB_BEATS_KEPT + 2) * felix_heartbeat_interval * NS_PER_MS)
+		else if (restart == RESTART_PENDING &&
+				 now <= lapse_ns + (int64) (2 * HB_BEATS_KEPT) * felix_heartbeat_interval * NS_PER_MS)
 			return false;
 	}
-	gone = leader_copy_gone(snap, s, leader, now);
+	gone = leader_copy_gone(snap, s, leader, lapse_ns, now);
 	for (int i = 0; i < s->nreplicas && !best.is_leader; i++)
 	{
 		Candidate	c = {NULL, false, 0};

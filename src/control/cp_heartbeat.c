@@ -253,16 +253,24 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 			me.nunable = prev->nunable;
 			me.unable = prev->unable;
 		}
-		/* a log end is good for the boot that gave it only */
+		/*
+		 * A log end is good for the boot that gave it only.  ends_beat
+		 * counts the heartbeats that gave ends: only the node's heartbeat
+		 * worker reads them, one heartbeat after another, so the duty
+		 * holder can tell from it when they were read (ends_read_after in
+		 * cp_duty.c).  Heartbeats made by backends give none.
+		 */
 		if (a->ends_given)
 		{
 			me.nends = a->nends;
 			me.ends = a->ends;
+			me.ends_beat = (prev && strcmp(prev->boot, a->boot) == 0) ? prev->ends_beat + 1 : 1;
 		}
 		else if (prev && strcmp(prev->boot, a->boot) == 0)
 		{
 			me.nends = prev->nends;
 			me.ends = prev->ends;
+			me.ends_beat = prev->ends_beat;
 		}
 		me.claims = palloc0(sizeof(CpClaim) * (snap.nshards + 1));
 

@@ -27,6 +27,7 @@
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "privilege.h"
+#include "tcop/tcopprot.h"
 #include "utils/acl.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
@@ -34,6 +35,12 @@
 #include "utils/jsonb.h"
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
+
+/*
+ * libpq/libpq.h declares it, but also pulls in libpq-be.h, which needs the
+ * GSSAPI headers whenever the server was built with them.
+ */
+extern bool pq_check_connection(void);
 
 /* The session's login role, which a node's connection names. */
 static char *
@@ -174,6 +181,21 @@ felix_cp_heartbeat_sql(PG_FUNCTION_ARGS)
 
 	InitMaterializedSRF(fcinfo, 0);
 	AS_OWNER(cp_heartbeat(&a, &res));
+
+	/*
+	 * A node that gave up on this call has gone on to its next heartbeat,
+	 * which reads its log ends again: log ends read before that one must
+	 * not commit after it (the duty holder counts ends_beat to tell when
+	 * ends were read; ends_read_after in cp_duty.c).  A call that reached
+	 * the server late, after its client closed the connection, is
+	 * refused here rather than committed.
+	 */
+	if (a.ends_given && MyProcPort != NULL && whereToSendOutput == DestRemote &&
+		!pq_check_connection())
+		ereport(ERROR,
+				(errcode(ERRCODE_CONNECTION_FAILURE),
+				 errmsg("node \"%s\": the heartbeat's connection closed before it committed", a.node),
+				 errhint("The node has given up on this call; its next heartbeat goes on.")));
 
 	for (int i = 0; i < res.n; i++)
 	{

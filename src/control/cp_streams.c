@@ -365,6 +365,7 @@ cp_transfer(const char *stream, int shard, int64 generation, const char *from_no
 		CpSnapshot	snap;
 		CpShard    *s;
 		CpNode	   *to;
+		CpNode	   *from;
 		CpShard		next;
 		FelixStoreCmp cmps[2];
 		FelixStoreOp ops[2];
@@ -411,7 +412,14 @@ cp_transfer(const char *stream, int shard, int64 generation, const char *from_no
 		next.leader_incarnation = to->incarnation;
 		next.unplaced_reason = NULL;
 		next.assigned_ms = cp_now_ms();
-		next.grant_end = Max(0, cp_node_end(to, stream, shard));
+		/*
+		 * The target caught up with the old leader's log before the call;
+		 * the log ends their heartbeats gave are the best the control plane
+		 * has of it.
+		 */
+		from = cp_snapshot_node(&snap, from_node);
+		next.grant_end = Max(0, Max(cp_node_end(to, stream, shard),
+									from ? cp_node_end(from, stream, shard) : -1));
 		cmps[0].key = cp_key_shard(stream, shard);
 		cmps[0].mod_revision = s->rev;
 		cmps[1].key = cp_key_node(to_node);

@@ -200,6 +200,7 @@ cp_node_read(const FelixKV *kv, CpNode *n)
 		cl->shard = (int) shard;
 		cl->lease_ms = (int) ms;
 	}
+	n->ends_beat = opt_int64(o, "ends_beat", 0);
 	n->prev_boot = opt_string(o, "prev_boot");
 	n->prev_beat = opt_int64(o, "prev_beat", 0);
 	n->registered_ms = opt_int64(o, "registered_ms", 0);
@@ -225,6 +226,7 @@ cp_node_write(const CpNode *n)
 	felix_json_put_int64(&b, "beat", n->beat);
 	put_string_array(&b, "unable", n->unable, n->nunable);
 	put_string_array(&b, "ends", n->ends, n->nends);
+	felix_json_put_int64(&b, "ends_beat", n->ends_beat);
 	appendStringInfoString(&b, ",\"claims\":[");
 	for (int i = 0; i < n->nclaims; i++)
 	{

@@ -643,7 +643,7 @@ shard_lock_tail_open(FelixShard *s)
 			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 			 errmsg("stream \"%s\" shard %d was closed while this call waited for it",
 					s->stream_name, s->key.shard),
-			 errhint("The next call opens it again.")));
+			 errhint("The next call opens it again, if the stream still exists.")));
 }
 
 void

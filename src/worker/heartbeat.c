@@ -795,7 +795,9 @@ held_ends(int *n)
 
 		shard_read_positions(shard_slot(held[i].slot), &pos);
 		if (!pos.in_use || memcmp(&pos.key, &held[i].key, sizeof(FelixShardKey)) != 0)
-			continue;			/* closed or reused since */
+			continue;			/* forgotten or reused since */
+		if (pos.phase != FELIX_SHARD_OPEN)
+			continue;			/* its positions are not its disk's (a failed discard) */
 		out[(*n)++] = psprintf("%s/%d=" UINT64_FORMAT, held[i].stream, held[i].shard,
 							   pos.flushed_end);
 	}

@@ -13,6 +13,14 @@
 # an operator does for a replica that will not come back -- and the last
 # leader gets the shard at G+1, with its records, and ships them to the
 # replacement.
+#
+# Last, a grantee that has not claimed yet: the old leader is killed for
+# good, and the replacement is granted the next generation while it
+# cannot reach the control plane (forged: the grant as the duty holder
+# writes it).  The grant lapses unclaimed, and nobody else qualifies: the
+# grantee, which never took the generation, counts as started again and
+# waits for the dead replica.  But the grant stands, so once the
+# replacement is back its first heartbeat claims it, and it leads.
 use strict;
 use warnings;
 
@@ -92,7 +100,7 @@ ok(!defined $who, "$set[0], started again, does not lead while $set[1] is down")
   or diag("$who->{felix_name} leads generation $g2");
 like($c->state_query(
 	"SELECT coalesce(unplaced_reason, '') FROM felix.assignments WHERE stream = '$stream' AND shard = 0"),
-	qr/was started again since.*$set[1] is not alive/, 'the shard says it waits for it');
+	qr/started again since.*$set[1] is not alive/, 'the shard says it waits for it');
 
 # The other replica's machine is replaced: its node name, an empty felix
 # directory (a new incarnation).  Its log, empty, is within the last
@@ -111,6 +119,31 @@ if (defined $who)
 		"the replacement $set[1] is shipped all 20");
 	is($who->safe_psql('postgres', "SELECT count(*) FROM \"$stream\" WHERE shard = 0"), '20',
 		"$set[0] serves all 20 once they are on a quorum again");
+}
+
+# A grantee that never claims, in the boot it was granted to.
+{
+	my $old = $who // die 'no leader to lose';
+	my $fnode = $follower->{felix_name};
+	my $g3 = $c->state_query("SELECT generation FROM felix.assignments WHERE stream = '$stream' AND shard = 0");
+	$c->kill_node($old);
+	$c->cut_from_store($follower);
+	my $inc = $c->state_query("SELECT incarnation FROM felix.nodes WHERE name = '$fnode'");
+	$c->store_edit(sprintf('shards/%s/%06d', $stream, 0),
+		"(v - 'unplaced_reason') || jsonb_build_object('generation', (v->>'generation')::bigint + 1, "
+		  . "'leader', '$fnode', 'leader_incarnation', '$inc')");
+	my $reason = '';
+	ok(defined FelixCluster::poll(15, sub {
+		$reason = $c->state_query(
+			"SELECT coalesce(unplaced_reason, '') FROM felix.assignments WHERE stream = '$stream' AND shard = 0");
+		$reason =~ /never took its lease/ }, 0.1),
+		"the grant lapses unclaimed and the shard says so") or diag("reason: '$reason'");
+	$c->mend_store($follower);
+	my ($lead, $g4) = eval { $c->wait_leader($stream, 0, min_generation => $g3 + 1, timeout => 30) };
+	is($lead ? "$lead->{felix_name} $g4" : 'nobody', "$fnode " . ($g3 + 1),
+		"$fnode, back, claims generation " . ($g3 + 1) . " as granted, with $set[0] still down")
+	  or $c->diag_shard($stream, 0);
+	is($lead ? $c->shard_row($lead, $stream, 0)->{next_seq} : -1, 20, 'with all 20 records');
 }
 
 $c->teardown;

@@ -205,7 +205,7 @@ sub restore_leader_after_report
 	ok(!defined $who, "$an, started again, does not lead while $bn is down")
 	  or diag("$who->{felix_name} leads generation $g");
 	like($c->state_query("SELECT unplaced_reason FROM felix_shards WHERE stream = '$stream' AND shard = 0"),
-		qr/was started again since.*$bn is not alive/, 'the shard says it waits for it');
+		qr/started again since.*$bn is not alive/, 'the shard says it waits for it');
 	$c->start_node($bn);
 	my ($lead) = $c->wait_leader($stream, 0, timeout => 30);
 	is($lead->{felix_name}, $an, "$an, the old leader with every record, leads again once $bn is back");
@@ -291,7 +291,7 @@ for my $part (['b', 'not alive', []], ['c', 'alive, with stale ends', ['felix.no
 		  . "while its followers are $how")
 	  or diag("$who->{felix_name} leads generation $g2");
 	like($c->state_query("SELECT unplaced_reason FROM felix_shards WHERE stream = '$stream' AND shard = 0"),
-		qr/was started again since.*has not given its log end since the lapse|was started again since.*is not alive/,
+		qr/started again since.*has not given its log end since the lapse|started again since.*is not alive/,
 		"$prefix: the shard is unplaced, and says why");
 	$c->mend_store($_) for @followers;
 	my ($lead, $g3) = eval { $c->wait_leader($stream, 0, min_generation => $g + 1, timeout => 30) };

@@ -58,6 +58,8 @@ typedef struct CpNode
 	int			nclaims;
 	CpClaim    *claims;
 	int64		beat;			/* heartbeats of this boot */
+	int64		ends_beat;		/* ... of them that gave log ends (ends
+								 * read by the node's heartbeat worker) */
 	/*
 	 * The last earlier boot that took a generation still current when this
 	 * boot began, and its heartbeat count then (NULL, 0: none): what a duty
