@@ -99,6 +99,9 @@ runs=(
 	"shard: restore, C9 undone|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DOLD_RESTARTED_LEADER_UNCHECKED|O0|P1"
 	"shard: caught-up follower's end stale|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DRESTORE_TAKEN_ONLY -DMARKS_WITNESSED -DCAUGHT_UP_ALIVE|O2|pass"
 	"shard: restored between grant and claim|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DRESTORE_UNTAKEN_ONLY -DMARKS_WITNESSED -DCAUGHT_UP_HEARD|O2|pass"
+	# what-if, not the C code: grant_boot exempts a grantee that has not
+	# claimed yet but is still in the boot it was granted to (finding 6)
+	"shard: what-if grant_boot, 1 record, gen<=3|shard.pml|-DNREC=1 -DMAXGEN=3 -DMAXCRASH=0 -DGRANT_BOOT|O2|pass"
 	"shard: several shards per node|shard.pml|-DNREC=1 -DMAXGEN=3 -DMAXCRASH=0 -DSEVERAL_SHARDS|O2|pass"
 	"shard: several shards, old confirm without rows|shard.pml|-DNREC=1 -DMAXGEN=3 -DMAXCRASH=0 -DSEVERAL_SHARDS -DOLD_CONFIRM_WITHOUT_ROWS|O0+prev|P1"
 	"shard: repair at seq 0|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=0 -DPROBE_REPAIR_AT_ZERO|O2|pass"
@@ -120,6 +123,8 @@ if [ "$deep" = 1 ]; then
 		"deep shard: 2 records, report in flight|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=0 -DREPORT_WINDOW|O2|pass"
 		"deep shard: no caught-up row, 2 crashes|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=2 -DRESTORE_FAULT -DRESTORE_TAKEN_ONLY -DCAUGHT_UP_HEARD|O2|pass"
 		"deep shard: no caught-up row, C9 undone|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=2 -DRESTORE_FAULT -DRESTORE_TAKEN_ONLY -DCAUGHT_UP_HEARD -DOLD_RESTARTED_LEADER_UNCHECKED|O2|P1"
+		"deep shard: restore, 3 generations|shard.pml|-DNREC=1 -DMAXGEN=3 -DMAXCRASH=1 -DRESTORE_FAULT|O2|pass"
+		"deep shard: restore, 3 gens, what-if grant_boot|shard.pml|-DNREC=1 -DMAXGEN=3 -DMAXCRASH=1 -DRESTORE_FAULT -DGRANT_BOOT|O2|pass"
 		"deep duty: 5 generations, rates 2..3|duty.pml|-DMAXGEN=5 -DRMIN=2 -DRMAX=3 -DLEASE=6 -DEPS=1 -DMARGIN=2|O2+m5000000|pass"
 		"deep duty: takeover after a lease unchanged|duty.pml|-DDUTY_TIMING|O2+m5000000|pass"
 	)

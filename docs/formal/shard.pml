@@ -82,9 +82,16 @@
  *   OLD_CLAIM_FLOOR_ONLY      (C8 undone) the first claim compares the
  *                             claimer's log end with acked_floor only, not
  *                             with grant_end, its log end at the grant.
- *   OLD_RESTARTED_LEADER_UNCHECKED  (C9 undone) no restarted_leader_short:
+ *   OLD_RESTARTED_LEADER_UNCHECKED  (C9 undone) no restarted_leader_check:
  *                             a lapsed leader started again since it took
  *                             its generation is judged like any other.
+ * What-if, not the C code (README "Findings" 6; expected to PASS):
+ *   GRANT_BOOT                every grant records grant_boot, the
+ *                             grantee's boot; while the generation is
+ *                             untaken, restarted_leader_check exempts a
+ *                             grantee still in that boot (the code counts
+ *                             every grantee that has not claimed as
+ *                             started again).
  * Restrictions, not felix, that leave out some paths, so the runs can
  * show what each change closes on the paths it is meant for (README
  * "Findings" 1 and 6):
@@ -200,6 +207,11 @@ byte hbend[NN];             /* the log end node n's last heartbeat of this boot 
 #if !defined(OLD_CLAIM_WITHOUT_CHECK) && !defined(OLD_CLAIM_FLOOR_ONLY)
 #define C8_GRANT_END
 byte cp_gend = 0;           /* grant_end: the grantee's log end at the grant, until the first claim */
+#endif
+#if defined(GRANT_BOOT) && !defined(OLD_RESTARTED_LEADER_UNCHECKED)
+#define C9_GRANT_BOOT
+bit  cp_gboot = 0;          /* what-if: grant_boot is the grantee's current boot (set at the
+                             * grant, cleared when the grantee restarts, until the first claim) */
 #endif
 
 /* ---------------- ghosts for the properties ---------------- */
@@ -828,6 +840,12 @@ inline cp_report(n) {
 #else
 #define GRANT_END_DONE  skip
 #endif
+#ifdef C9_GRANT_BOOT
+/* (model reduction: grant_boot is read only while the generation is untaken) */
+#define GRANT_BOOT_DONE  cp_gboot = 0
+#else
+#define GRANT_BOOT_DONE  skip
+#endif
 inline cp_heartbeat(n, granted) {
 	granted = 0;
 	if
@@ -835,7 +853,8 @@ inline cp_heartbeat(n, granted) {
 		granted = 1                             /* the boot that took it renews */
 	:: cp_leader == n && !cp_taken && CLAIM_HOLDS(n) ->
 		cp_taken = 1; took[n] = 1; granted = 1; /* the first claim takes it */
-		GRANT_END_DONE
+		GRANT_END_DONE;
+		GRANT_BOOT_DONE
 	:: cp_leader == n && !cp_taken && !CLAIM_HOLDS(n) ->
 #ifdef C8_GRANT_END
 		printf("MSC: node %d does not claim generation %d: its log ends at %d (acked_floor %d, grant_end %d)\n", n, cp_gen, flushed[n], cp_floor, cp_gend)
@@ -1043,6 +1062,10 @@ inline shard_open_locked(n) {
 	genmap_last(n, t_mg);
 	gen[n] = (t_lg > t_mg -> t_lg : t_mg);
 	role[n] = FOLLOWER; lknown[n] = NONE; live[n] = 0; took[n] = 0;
+#ifdef C9_GRANT_BOOT
+	/* a new boot: not the one the generation was granted to */
+	if :: n == cp_leader -> cp_gboot = 0 :: else -> skip fi;
+#endif
 	ackg[n] = 0; acke[n] = 0;
 	repl_state_clear(n);
 	/* its leaders' connections to it are gone: what it answered on them is
@@ -1160,28 +1183,38 @@ inline leader_holds_reported(l, res) {
 	skip
 }
 
-/* restarted_leader_short (cp_duty.c, C9): a lapsed leader that was started
- * again since it took its generation -- its boot is not the one that
- * claimed it (took[l] clear: a crash clears it, and a grantee that never
- * claimed counts as started again) -- qualifies only if every other replica
+/* restarted_leader_check (cp_duty.c, C9): a lapsed leader that was
+ * started again since it took its generation -- its boot is not the one
+ * that claimed it (took[l] clear: a crash clears it, and a grantee that
+ * never claimed counts as started again; it may still make the first
+ * claim while the grant stands) -- qualifies only if every other replica
  * of the shard is alive and gave, in a heartbeat that read its log after
- * the lapse, a log end no later than the leader's.  A heartbeat is one step
- * here, reading the log and sending at once, so each replica's end is
- * taken as its durable end now, as if it heartbeated just before the
+ * the lapse, a log end no later than the leader's (RESTART_HOLDS; else
+ * RESTART_SHORT, RESTART_WAITS or RESTART_PENDING).  A heartbeat is one
+ * step here, reading the log and sending at once, so each replica's end
+ * is taken as its durable end now, as if it heartbeated just before the
  * holder looked; and every replica is taken as alive, which only lets the
- * leader qualify more often (README: Promotion).  res is left 0 if the
- * leader falls short, untouched otherwise. */
-inline restarted_leader_short(l, res) {
+ * leader qualify more often (README: Promotion): only RESTART_SHORT is
+ * left to refuse it.  res is left 0 if the leader falls short, untouched
+ * otherwise. */
+#if defined(C9_GRANT_BOOT)
+/* what-if: while the generation is untaken, a grantee in the boot it was
+ * granted to (cp_gboot) is not started again either */
+#define SAME_BOOT(l)  (took[l] || (!cp_taken && cp_gboot))
+#else
+#define SAME_BOOT(l)  (took[l])
+#endif
+inline restarted_leader_check(l, res) {
 #ifndef OLD_RESTARTED_LEADER_UNCHECKED
 	if
-	:: !took[l] ->
+	:: !SAME_BOOT(l) ->
 		t_j = 0;
 		do
 		:: t_j < NN ->
 			if
 			:: t_j != l && flushed[t_j] > flushed[l] ->
-				res = 0;
-				printf("MSC: node %d was started again since it took generation %d, and its log (end %d) ends before node %d's (end %d)\n", l, cp_gen, flushed[l], t_j, flushed[t_j])
+				res = 0;        /* RESTART_SHORT */
+				printf("MSC: node %d was started again since it took generation %d (or never took it), and its log (end %d) ends before node %d's (end %d)\n", l, cp_gen, flushed[l], t_j, flushed[t_j])
 			:: else -> skip
 			fi;
 			t_j++
@@ -1213,13 +1246,14 @@ inline restarted_leader_short(l, res) {
 /* consider (cp_duty.c): promote at G+1 -- the last leader if it holds
  * what it reported (leader_holds_reported) and, if it was started again
  * since it took its generation, every other replica shows it holds theirs
- * (restarted_leader_short, C9); else the furthest ahead of the followers
+ * (restarted_leader_check, C9); else the furthest ahead of the followers
  * reported caught up in the newest reporting generation (disqualified,
- * better); nobody: the shard stays unplaced.  The grant records acked_floor
- * and grant_end (C8) */
+ * better); nobody: the shard stays unplaced, and the grant stands.  The
+ * grant records acked_floor and grant_end (C8) -- and, with GRANT_BOOT,
+ * grant_boot */
 inline consider() {
 	leader_holds_reported(cp_leader, t_ok);
-	restarted_leader_short(cp_leader, t_ok);
+	restarted_leader_check(cp_leader, t_ok);
 	t_best = NONE;
 	if
 	:: t_ok -> t_best = cp_leader            /* the last leader comes first ... */
@@ -1245,6 +1279,9 @@ inline consider() {
 		holds_every_acked(t_best);           /* P1 at the promotion */
 #ifdef C8_GRANT_END
 		cp_gend = flushed[t_best];           /* grant_end (C8) */
+#endif
+#ifdef C9_GRANT_BOOT
+		cp_gboot = 1;                        /* what-if: grant_boot, the grantee's boot now */
 #endif
 		cp_gen++;
 		cp_leader = t_best;
