@@ -34,7 +34,7 @@ use Test::More;
 use Time::HiRes qw(time usleep);
 use File::Path ();
 
-my $c = FelixCluster->new(nodes => 4);
+my $c = FelixCluster->new(nodes => 4, etcd_auth => 1);    # cut_from_store with etcd
 my ($stream, @set) = $c->pick_stream_name('unplaced', 2,
 	sub { join(',', sort @_) eq 'node2,node3' });
 note("stream $stream: replica set @set");

@@ -111,13 +111,16 @@ sub kill_member
 sub pause_member  { my ($self, $k) = @_; kill 'STOP', $self->member($k)->{pid}; return; }
 sub resume_member { my ($self, $k) = @_; kill 'CONT', $self->member($k)->{pid}; return; }
 
-# One request to member $k's JSON gateway; the decoded-enough answer text.
+# One request to member $k's JSON gateway (as root once auth is on); the
+# decoded-enough answer text.
 sub _post
 {
 	my ($self, $k, $path, $body) = @_;
 	my $m = $self->member($k);
+	my %headers;
+	$headers{Authorization} = $self->{root_token} if $self->{root_token};
 	my $r = HTTP::Tiny->new(timeout => 2)
-	  ->post("http://127.0.0.1:$m->{client}$path", { content => $body });
+	  ->post("http://127.0.0.1:$m->{client}$path", { content => $body, headers => \%headers });
 	return $r->{success} ? $r->{content} : '';
 }
 
@@ -236,10 +239,11 @@ sub grant_reports
 	return;
 }
 
-# Put key = value through any member that is up.
+# Put key = value through any member that is up (as root once auth is on).
 sub put
 {
 	my ($self, $key, $value) = @_;
+	$self->_root_token if $self->{root_pw};
 	my $body = '{"key":"' . MIME::Base64::encode_base64($key, '')
 	  . '","value":"' . MIME::Base64::encode_base64($value, '') . '"}';
 	for my $k (1 .. $self->{n})
