@@ -6,8 +6,8 @@
  *	  locked, indexed or reshaped.  Statements that would try are stopped
  *	  here before they run — an executor hook for UPDATE, DELETE, MERGE,
  *	  INSERT ... ON CONFLICT and row locks, a utility hook for TRUNCATE,
- *	  CREATE INDEX, ALTER TABLE, RENAME, VACUUM FULL, CLUSTER and row-level
- *	  AFTER triggers — each with ERRCODE_FEATURE_NOT_SUPPORTED, a message
+ *	  CREATE INDEX, ALTER TABLE, RENAME, VACUUM FULL, CLUSTER, rules and
+ *	  row-level AFTER triggers — each with ERRCODE_FEATURE_NOT_SUPPORTED, a message
  *	  naming the stream and a hint.  The access method (tableam.c) raises
  *	  the same errors as a backstop for any path that gets past these.
  *
@@ -454,6 +454,19 @@ refuse_utility(Node *parsetree)
 											 "use a BEFORE ROW trigger or a statement-level trigger.");
 				}
 			}
+			break;
+
+		case T_RuleStmt:
+			/*
+			 * A rule would rewrite what reaches the stream (INSTEAD
+			 * NOTHING), or, as "_RETURN" on an empty stream, turn its table
+			 * into a view that no drop of felix's would ever see again.
+			 */
+			name = stream_name_rv(((RuleStmt *) parsetree)->relation);
+			if (name != NULL)
+				felix_refuse_feature(name, "rules",
+									 "A stream's table is the stream itself; publish and read it directly, "
+									 "or define a view over it.");
 			break;
 
 		case T_CreateStmt:

@@ -46,6 +46,7 @@
 #include "utils/uuid.h"
 
 #include "api/catalog.h"
+#include "api/payload.h"
 #include "api/stream.h"
 #include "felix.h"
 #include "privilege.h"
@@ -484,6 +485,15 @@ felix_stream_check_shape(const FelixStream *stream, TupleDesc desc)
 	Oid			types[FELIX_NATTS] = {INT4OID, INT8OID, TEXTOID, stream->payload_type, TIMESTAMPTZOID};
 	int			bad = -1;
 
+	/* a definition naming another type is damaged, whatever the table says */
+	if (felix_payload_type_name(stream->payload_type) == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_CORRUPTED),
+				 errmsg("stream \"%s\" is defined with payload type %s, which is not a payload type",
+						stream->name,
+						format_type_extended(stream->payload_type, -1, FORMAT_TYPE_ALLOW_INVALID)),
+				 errhint("Drop the stream with felix_drop_stream('%s') and create it again.",
+						 stream->name)));
 	if (desc->natts != FELIX_NATTS)
 		bad = Min(desc->natts, FELIX_NATTS);
 	for (int i = 0; bad < 0 && i < FELIX_NATTS; i++)

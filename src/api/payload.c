@@ -546,6 +546,22 @@ container_is_valid(JsonbWalk *w, const char *base, uint32 len, int depth)
 	return true;
 }
 
+const char *
+felix_payload_type_name(Oid typid)
+{
+	switch (typid)
+	{
+		case JSONBOID:
+			return "jsonb";
+		case TEXTOID:
+			return "text";
+		case BYTEAOID:
+			return "bytea";
+		default:
+			return NULL;
+	}
+}
+
 bool
 payload_is_valid(Oid typid, const char *data, uint32 len, char **why)
 {

@@ -13,16 +13,21 @@
  * Locking rule: takes RowExclusiveLock on the stream's table for the rest
  * of the transaction, as an INSERT would, so a concurrent drop waits --
  * after checking INSERT privilege, never before; the shard's own locks are
- * taken inside leader_publish.
+ * taken inside leader_publish.  Under that lock it refuses a caller whom
+ * the stream's row-level security or INSERT triggers would check, since
+ * these functions bypass the executor that applies them.
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
 #include "access/htup_details.h"
+#include "access/relation.h"
 #include "api/catalog.h"
 #include "api/publish.h"
+#include "catalog/pg_trigger.h"
 #include "catalog/pg_type.h"
+#include "commands/trigger.h"
 #include "felix.h"
 #include "privilege.h"
 #include "fmgr.h"
@@ -35,19 +40,83 @@
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
+#include "utils/rel.h"
+#include "utils/rls.h"
 #include "utils/tuplestore.h"
 
 static uint32 spread_next = 0;
 
+/* Does an INSERT trigger of the table fire in this session? */
+static bool
+insert_trigger_fires(Relation rel)
+{
+	TriggerDesc *td = rel->trigdesc;
+
+	if (td == NULL)
+		return false;
+	for (int i = 0; i < td->numtriggers; i++)
+	{
+		Trigger    *t = &td->triggers[i];
+
+		if (!(t->tgtype & TRIGGER_TYPE_INSERT) || t->tgenabled == TRIGGER_DISABLED)
+			continue;
+		/* as the executor's TriggerEnabled decides */
+		if (SessionReplicationRole == SESSION_REPLICATION_ROLE_REPLICA ?
+			t->tgenabled != TRIGGER_FIRES_ON_ORIGIN :
+			t->tgenabled != TRIGGER_FIRES_ON_REPLICA)
+			return true;
+	}
+	return false;
+}
+
 /*
  * INSERT privilege first, then the lock: a role without the privilege
  * must not be able to queue behind (or hold up) the stream's lock.
+ *
+ * felix_publish and felix_publish_batch append without the executor, so
+ * they cannot apply what an INSERT applies on the way in: the stream's
+ * row-level security policies and its INSERT triggers.  Rather than let
+ * them be a way around those checks, they refuse while any would apply
+ * to this caller, and point to INSERT, which applies them all.
  */
 void
 publish_check_access(const FelixStream *stream)
 {
+	Relation	rel;
+
 	felix_check_stream_acl(stream->relid, stream->name, ACL_INSERT, "publish to");
 	LockRelationOid(stream->relid, RowExclusiveLock);
+
+	rel = relation_open(stream->relid, NoLock);
+	if (check_enable_rls(stream->relid, InvalidOid, false) == RLS_ENABLED)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("cannot publish to stream \"%s\" with a function: its row-level security policies apply to role \"%s\"",
+						stream->name, GetUserNameFromId(GetUserId(), false)),
+				 errhint("Publish with INSERT INTO %s (key, payload) VALUES (...), which applies the policies.",
+						 quote_qualified_identifier(get_namespace_name(RelationGetNamespace(rel)),
+													RelationGetRelationName(rel)))));
+	if (insert_trigger_fires(rel))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("cannot publish to stream \"%s\" with a function: the stream has INSERT triggers",
+						stream->name),
+				 errhint("Publish with INSERT INTO %s (key, payload) VALUES (...), which fires them.",
+						 quote_qualified_identifier(get_namespace_name(RelationGetNamespace(rel)),
+													RelationGetRelationName(rel)))));
+	relation_close(rel, NoLock);
+}
+
+/* A batch's arrays are lists: refuse one of more dimensions, never flatten it. */
+static void
+require_one_dimension(const FelixStream *stream, ArrayType *a, const char *what)
+{
+	if (ARR_NDIM(a) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+				 errmsg("stream \"%s\": %s must be a one-dimensional array, not one of %d dimensions",
+						stream->name, what, ARR_NDIM(a)),
+				 errhint("Pass one array element per record.")));
 }
 
 int
@@ -258,6 +327,7 @@ felix_publish_batch(PG_FUNCTION_ARGS)
 				 errmsg("payloads for stream \"%s\" must not be NULL", stream->name),
 				 errhint("Pass an array of payloads.")));
 
+	require_one_dimension(stream, PG_GETARG_ARRAYTYPE_P(1), "payloads");
 	elemtype = ARR_ELEMTYPE(PG_GETARG_ARRAYTYPE_P(1));
 	get_typlenbyvalalign(elemtype, &typlen, &typbyval, &typalign);
 	deconstruct_array(PG_GETARG_ARRAYTYPE_P(1), elemtype, typlen, typbyval, typalign,
@@ -265,6 +335,7 @@ felix_publish_batch(PG_FUNCTION_ARGS)
 
 	if (!PG_ARGISNULL(2))
 	{
+		require_one_dimension(stream, PG_GETARG_ARRAYTYPE_P(2), "keys");
 		deconstruct_array(PG_GETARG_ARRAYTYPE_P(2), TEXTOID, -1, false, TYPALIGN_INT,
 						  &keys, &key_nulls, &nkeys);
 		if (nkeys != npayloads)

@@ -44,6 +44,7 @@
 #include "utils/timestamp.h"
 
 #include "api/catalog.h"
+#include "api/payload.h"
 #include "api/publish.h"
 #include "api/seclabel.h"
 #include "api/stream.h"
@@ -435,8 +436,21 @@ felix_stream_adopt(Oid relid, const FelixStreamSettings *st)
 	strlcpy(shape.name, name, NAMEDATALEN);
 	shape.payload_type = desc->natts >= FELIX_ATTNUM_PAYLOAD ?
 		TupleDescAttr(desc, FELIX_ATTNUM_PAYLOAD - 1)->atttypid : InvalidOid;
-	payload_type = shape.payload_type == TEXTOID ? "text" :
-		shape.payload_type == BYTEAOID ? "bytea" : "jsonb";
+
+	/*
+	 * The payload column's type is the stream's payload type, so it must be
+	 * one felix stores and validates: exactly jsonb, text or bytea, never a
+	 * domain over one (its checks would not run) nor any other type (whose
+	 * values felix's bytes would then be read as).
+	 */
+	payload_type = felix_payload_type_name(shape.payload_type);
+	if (payload_type == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATATYPE_MISMATCH),
+				 errmsg("cannot make table \"%s.%s\" stream \"%s\": its payload column is of type %s",
+						schema, name, name,
+						OidIsValid(shape.payload_type) ? format_type_be(shape.payload_type) : "(none)"),
+				 errhint("A stream's payload column is of type jsonb, text or bytea, as felix_create_stream makes it.")));
 	felix_stream_check_shape(&shape, desc);
 	validate_settings(name, payload_type, st, st->retention_bytes != 0);
 	stream_check_quota(name, st->shards);

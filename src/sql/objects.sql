@@ -150,6 +150,9 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION felix_create_node_role(text) FROM PUBLIC;
+-- Internal helpers: for felix's own SQL and superusers, not for PUBLIC.
+REVOKE ALL ON FUNCTION felix.node_name(), felix.node_role(text), felix.check_node_name(text)
+    FROM PUBLIC;
 SELECT felix_create_node_role(felix.node_name());
 
 -- The embedded control-plane store (control/store_table.c): every key of
@@ -279,6 +282,7 @@ RETURNS TABLE (stream text, shard integer, node text, generation bigint, leader 
 -- is a function of the stream, the shard and the alive nodes.
 CREATE FUNCTION felix.cp_score(node text, stream text, shard integer) RETURNS integer
     AS 'MODULE_PATHNAME', 'felix_cp_score_sql' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+REVOKE ALL ON FUNCTION felix.cp_score(text, text, integer) FROM PUBLIC;
 
 -- Internal: the cp_* entry points are for felix_replication (and
 -- superusers) only.

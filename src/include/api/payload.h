@@ -35,4 +35,11 @@
 extern bool payload_is_valid(Oid typid, const char *data, uint32 len,
 							 char **why);
 
+/*
+ * The name of a payload type ("jsonb", "text", "bytea"), or NULL when typid
+ * is none of them: a domain over one, or any other type, is not a payload
+ * type.
+ */
+extern const char *felix_payload_type_name(Oid typid);
+
 #endif							/* FELIX_API_PAYLOAD_H */
