@@ -134,6 +134,36 @@ DROP FUNCTION sec.no_admin();
 RESET SESSION AUTHORIZATION;
 
 -- =====================================================================
+-- 5. Only a stream's owner drops it: not the owner of its schema
+-- =====================================================================
+-- A drop reaches every node (the worker makes the table on every node, in
+-- whatever schema of that name is there: TAP 142 tries it on two).  Here
+-- regress_sec_user owns schema lent, where regress_sec_owner (granted
+-- CREATE) made a stream.
+CREATE SCHEMA lent AUTHORIZATION regress_sec_user;
+GRANT USAGE, CREATE ON SCHEMA lent TO regress_sec_owner;
+SET SESSION AUTHORIZATION regress_sec_owner;
+SET search_path = lent, public;
+SELECT felix_create_stream('borrowed', shards => 1);
+SELECT * FROM felix_publish('borrowed', '{"kept": true}'::jsonb);
+RESET search_path;
+RESET SESSION AUTHORIZATION;
+SET SESSION AUTHORIZATION regress_sec_user;
+DROP SCHEMA lent CASCADE;
+\echo SQLSTATE :SQLSTATE
+DROP TABLE lent.borrowed;
+\echo SQLSTATE :SQLSTATE
+RESET SESSION AUTHORIZATION;
+SELECT count(*) AS cluster_rows FROM felix.cluster_streams WHERE name = 'borrowed';
+SELECT payload FROM lent.borrowed;
+-- its owner may
+SET SESSION AUTHORIZATION regress_sec_owner;
+SELECT felix_drop_stream('borrowed');
+RESET SESSION AUTHORIZATION;
+SELECT count(*) AS cluster_rows FROM felix.cluster_streams WHERE name = 'borrowed';
+DROP SCHEMA lent;
+
+-- =====================================================================
 -- 6. Internal functions are not PUBLIC's; batches are one-dimensional
 -- =====================================================================
 SET SESSION AUTHORIZATION regress_sec_user;

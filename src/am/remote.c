@@ -20,7 +20,11 @@
  *	    created again: the creation_id differs).
  *
  *	  The caller's privileges are checked where it asked: the executor
- *	  checked SELECT on the stream's table before the scan began.  Nothing
+ *	  checked SELECT on the stream's table before the scan began.  What a
+ *	  peer answers is believed only as far as it can be checked: seqs must
+ *	  lie in the range asked for, and every key and payload is validated
+ *	  as the stream's type by the cursor (tableam.c, cursor_fill) before
+ *	  it becomes a value, as every record read from anywhere is.  Nothing
  *	  here blocks without a deadline (client.c waits on the latch and
  *	  services interrupts).
  *
@@ -320,6 +324,12 @@ remote_reader_next(FelixRemoteReader *r, FelixRecord *rec)
 	r->row++;
 	r->next = rec->seq + 1;
 	return true;
+}
+
+const char *
+remote_reader_node(const FelixRemoteReader *r)
+{
+	return r->node;
 }
 
 void

@@ -41,13 +41,16 @@
 #include "am/am.h"
 #include "am/remote.h"
 #include "api/catalog.h"
+#include "api/payload.h"
 #include "api/pending.h"
+#include "catalog/pg_type.h"
 #include "catalog/index.h"
 #include "catalog/storage.h"
 #include "commands/vacuum.h"
 #include "executor/tuptable.h"
 #include "felix.h"
 #include "isolate.h"
+#include "metrics.h"
 #include "miscadmin.h"
 #include "storage/log.h"
 #include "storage/shard.h"
@@ -289,6 +292,40 @@ cursor_varlena(FelixCursor *c, char **buf, Size *cap, const char *bytes, uint32 
 	return PointerGetDatum(*buf);
 }
 
+/*
+ * A record's key and payload become values of text and of the stream's
+ * payload type only if they are valid ones: whatever their source -- this
+ * node's segment files, a peer answering felix.read_shard -- bytes that
+ * are not would be trusted by jsonb_out, the jsonb operators and the text
+ * functions, which may crash on them.  Every record is checked here, the
+ * one place where stored bytes become Datums.
+ */
+static void
+cursor_check_record(FelixCursor *c, int32 shard, const FelixRecord *rec,
+					bool key, bool payload)
+{
+	char	   *why = NULL;
+	bool		bad_key = key && rec->key != NULL &&
+		!payload_is_valid(TEXTOID, rec->key, rec->key_len, &why);
+
+	if (!bad_key && (!payload ||
+					 payload_is_valid(c->stream.payload_type, rec->payload,
+									  rec->payload_len, &why)))
+		return;
+	felix_count(FELIX_CTR_CORRUPTIONS_DETECTED, 1);
+	ereport(ERROR,
+			(errcode(ERRCODE_DATA_CORRUPTED),
+			 errmsg("stream \"%s\" shard %d: the record at seq " UINT64_FORMAT " %s is not a valid %s: %s",
+					c->stream.name, shard, rec->seq,
+					c->remote != NULL ?
+					psprintf("read from node \"%s\"", remote_reader_node(c->remote)) :
+					"in this node's segment files",
+					bad_key ? "key" : format_type_be(c->stream.payload_type), why),
+			 c->remote != NULL ?
+			 errhint("Nothing was read from that node's copy; read the shard on another replica (felix_shards lists them), and check that node's felix version and its copy of the shard.") :
+			 errhint("Restore the shard from a replica: felix_rebuild rebuilds a follower's copy from its leader.")));
+}
+
 static void
 cursor_fill(FelixCursor *c, TupleTableSlot *slot, int32 shard, const FelixRecord *rec)
 {
@@ -302,6 +339,8 @@ cursor_fill(FelixCursor *c, TupleTableSlot *slot, int32 shard, const FelixRecord
 						c->stream.name, slot->tts_tupleDescriptor->natts, FELIX_NATTS),
 				 errhint("A stream's table must keep the shape felix_create_stream gave it; recreate the stream.")));
 
+	cursor_check_record(c, shard, rec, c->needed[FELIX_ATTNUM_KEY - 1],
+						c->needed[FELIX_ATTNUM_PAYLOAD - 1]);
 	ExecClearTuple(slot);
 	values = slot->tts_values;
 	isnull = slot->tts_isnull;

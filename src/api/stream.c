@@ -5,8 +5,9 @@
  *	  (retention now, truncation).  A stream is a table USING felix plus a
  *	  row in felix.streams; its shards' files appear on first use and are
  *	  removed when a drop of its table commits, whichever way the table was
- *	  dropped (felix_drop_stream, DROP TABLE, DROP SCHEMA ... CASCADE): an
- *	  object-access hook notes the drop, the pre-commit callback tells the
+ *	  dropped (felix_drop_stream, DROP TABLE, DROP SCHEMA ... CASCADE) by
+ *	  its owner: an object-access hook checks the dropper owns the table
+ *	  and notes the drop, the pre-commit callback tells the
  *	  control plane, the commit callback removes the files, an abort
  *	  forgets the note.  A creation registers the stream at the control
  *	  plane at once; an abort of its transaction (or subtransaction) undoes
@@ -558,7 +559,25 @@ stream_object_access(ObjectAccessType access, Oid classId, Oid objectId,
 		felix_uses_felix_am_relid(objectId) &&
 		(stream = felix_stream_by_relid(objectId)) != NULL)
 	{
-		StreamNote *d = note_stream(&dropped, objectId, stream->name, stream->creation_id);
+		StreamNote *d;
+
+		/*
+		 * PostgreSQL lets a schema's owner drop whatever the schema holds;
+		 * a stream's drop is not a local matter, though: it removes the
+		 * stream and its records from every node.  On a node where the
+		 * worker made the table, the schema of that name may belong to
+		 * anyone.  So a stream is dropped only by its owner (a superuser,
+		 * or a member of the owning role), however the drop is reached:
+		 * DROP TABLE, DROP SCHEMA ... CASCADE, DROP OWNED BY.
+		 */
+		if (!pg_class_ownercheck(objectId, GetUserId()))
+			ereport(ERROR,
+					(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+					 errmsg("must be owner of stream \"%s\" to drop it", stream->name),
+					 errdetail("Dropping a stream's table drops the stream on every node of the cluster, with its records; only the owner of the table may, not the owner of its schema."),
+					 errhint("Ask the owner of table \"%s\", or a superuser, to drop the stream with felix_drop_stream('%s').",
+							 get_rel_name(objectId), stream->name)));
+		d = note_stream(&dropped, objectId, stream->name, stream->creation_id);
 
 		/*
 		 * Hold the name until commit, as a creation does: the node agent

@@ -41,6 +41,8 @@ extern FelixRemoteReader *remote_reader_open(const FelixStream *stream, int shar
 /* The next record; its pointers stay valid until the next call. */
 extern bool remote_reader_next(FelixRemoteReader *r, FelixRecord *rec);
 extern void remote_reader_close(FelixRemoteReader *r);
+/* The node the reader's records come from. */
+extern const char *remote_reader_node(const FelixRemoteReader *r);
 
 /* Close what an error left open (transaction end). */
 extern void remote_init(void);
