@@ -356,6 +356,7 @@ read_row(PGresult *res, int i, int64 t_send, FelixCpShard *r)
 		r->bad = "the stream's payload_type is missing";
 		return;
 	}
+
 	if ((v = col(res, i, 13)) != NULL && !parse_int64(v, &r->retention_bytes))
 	{
 		r->bad = "retention_bytes is not a number";
@@ -395,6 +396,18 @@ read_row(PGresult *res, int i, int64 t_send, FelixCpShard *r)
 	}
 	if ((v = col(res, i, 21)) != NULL)
 		strlcpy(r->a.leader_incarnation, v, FELIX_INCARNATION_LEN);
+}
+
+/*
+ * A node makes a stream's table of the payload type a row names, so a row
+ * naming any type but felix's three is unusable, however it was stored.
+ */
+static void
+check_payload_type(FelixCpShard *r)
+{
+	if (r->bad == NULL && strcmp(r->payload_type, "jsonb") != 0 &&
+		strcmp(r->payload_type, "text") != 0 && strcmp(r->payload_type, "bytea") != 0)
+		r->bad = "the stream's payload_type is not jsonb, text or bytea";
 }
 
 /* One assignment the rule returned (etcd) into a FelixCpShard. */
@@ -531,7 +544,10 @@ felix_cp_heartbeat(FelixCpSession *s, char **unable, int nunable, char **ends, i
 		beat_snap = c.result.snap;
 		*rows = palloc0(sizeof(FelixCpShard) * (c.result.n + 1));
 		for (int i = 0; i < c.result.n; i++)
+		{
 			convert_row(&c.result.rows[i], *t_send, &(*rows)[i]);
+			check_payload_type(&(*rows)[i]);
+		}
 		*nrows = c.result.n;
 		return true;
 	}
@@ -572,7 +588,10 @@ felix_cp_heartbeat(FelixCpSession *s, char **unable, int nunable, char **ends, i
 		*nrows = PQntuples(res);
 		*rows = palloc0(sizeof(FelixCpShard) * (*nrows + 1));
 		for (int i = 0; i < *nrows; i++)
+		{
 			read_row(res, i, *t_send, &(*rows)[i]);
+			check_payload_type(&(*rows)[i]);
+		}
 		PQclear(res);
 		return true;
 	}

@@ -25,6 +25,9 @@
 # with XX001 naming the stream, the shard, the seq and node1, node2 stays
 # up (no backend crashed: the postmaster's start time is unchanged), and
 # once the forger is gone the same read returns the real records.
+#
+# Part 3, the control plane: a stream definition whose payload type is
+# none of felix's is refused by the nodes as an unusable assignment.
 use strict;
 use warnings;
 
@@ -151,6 +154,21 @@ $n1->safe_psql('postgres', qq{
 });
 is($n2->safe_psql('postgres', "SELECT string_agg(key || ':' || (payload->>'i'), ',' ORDER BY seq) FROM $forged"),
 	'k1:1,k2:2,k3:3,k4:4,k5:5', 'node2 reads the real records again');
+
+# ---------------------------------------------------------------------
+# Part 3: a stream definition at the control plane naming another type
+# ---------------------------------------------------------------------
+# A node makes a stream's table of the payload type the control plane
+# names; a definition naming any other type (a damaged or forged store)
+# is refused as unusable, never turned into a table of some type.
+$c->store_edit("streams/$forged", q{jsonb_set(v, '{payload_type}', '"int4"')});
+my $log2 = $n2->logfile;
+ok( FelixCluster::poll(15,
+		sub { slurp_file($log2) =~ /stream "\Q$forged\E" shard 0: unusable assignment from the control plane: the stream's payload_type is not jsonb, text or bytea/ }),
+	"node2 refuses a definition whose payload type is int4, naming the stream");
+$c->store_edit("streams/$forged", q{jsonb_set(v, '{payload_type}', '"jsonb"')});
+is($n2->safe_psql('postgres', "SELECT pg_postmaster_start_time()"), $started,
+	'node2 is still up');
 
 $c->teardown;
 felix_done_testing();
