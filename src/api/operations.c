@@ -380,10 +380,20 @@ transfer_one(const FelixStream *stream, int shard, const char *target)
 						 errmsg("stream \"%s\" shard %d: follower \"%s\" stopped shipping during the transfer",
 								stream->name, shard, target),
 						 errhint("felix_replication shows why; the shard stays led here.")));
+			/*
+			 * Every write admitted is acknowledged: on a quorum shard, the
+			 * mark passed it at this generation -- or it lies below a mark
+			 * this leadership inherited and has not moved since (an idle
+			 * shard: a new stream, or any shard after a failover).  A
+			 * record admitted at this generation lies at or past the log's
+			 * end when the generation began, so it is below the mark only
+			 * once this generation moved the mark past it.
+			 */
 			if (f.answered && f.acked_end >= written_end &&
 				(quorum_acks_on_flush(now.consistency, now.replication_factor) ?
 				 now.flushed_end >= written_end :
-				 (now.acked_generation == generation && now.acked_end >= written_end)))
+				 ((now.acked_generation == generation && now.acked_end >= written_end) ||
+				  now.hwm_end >= written_end)))
 				break;
 			if (GetCurrentTimestamp() >= deadline)
 				ereport(ERROR,
