@@ -77,6 +77,7 @@ char	   *felix_etcd_password_file = NULL;
 int			felix_max_transaction_bytes = 256 * 1024 * 1024;
 int			felix_max_streams_per_role = 64;
 int			felix_max_shards_per_role = 256;
+int			felix_max_bytes_per_role = 0;
 
 bool		felix_preloaded = false;
 
@@ -124,6 +125,12 @@ define_gucs(void)
 							"Every shard holds one of the node's felix.max_shards slots.",
 							&felix_max_shards_per_role, 256, 0, 1000000,
 							PGC_SUSET, 0, NULL, NULL, NULL);
+	DefineCustomIntVariable("felix.max_bytes_per_role",
+							"Most bytes the streams a role that is not a superuser owns may hold on this node.",
+							"The bytes of felix_shards over the shards of the role's streams this node holds, "
+							"checked when records are published; 0 means no cap.",
+							&felix_max_bytes_per_role, 0, 0, INT_MAX,
+							PGC_SUSET, GUC_UNIT_MB, NULL, NULL, NULL);
 	DefineCustomIntVariable("felix.max_shards_per_stream",
 							"Most shards one stream may be created with.",
 							NULL,

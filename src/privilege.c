@@ -89,11 +89,21 @@ felix_catalog_owner(void)
 Oid
 felix_relation_owner(Oid relid)
 {
+	Oid			owner = felix_relation_owner_if_any(relid);
+
+	if (!OidIsValid(owner))
+		elog(ERROR, "felix: cache lookup failed for relation %u", relid);
+	return owner;
+}
+
+Oid
+felix_relation_owner_if_any(Oid relid)
+{
 	HeapTuple	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
 	Oid			owner;
 
 	if (!HeapTupleIsValid(tup))
-		elog(ERROR, "felix: cache lookup failed for relation %u", relid);
+		return InvalidOid;
 	owner = ((Form_pg_class) GETSTRUCT(tup))->relowner;
 	ReleaseSysCache(tup);
 	return owner;

@@ -25,7 +25,9 @@
  *	  crash-during-commit case and is documented in docs/sql-api.md.
  *
  *	  A transaction buffers at most felix.max_transaction_bytes; a row
- *	  that would take it past is refused before its memory is taken.
+ *	  that would take it past is refused before its memory is taken.  The
+ *	  streams' owners' byte caps (felix.max_bytes_per_role) are checked at
+ *	  commit, once, over everything the commit appends (publish.c).
  *
  *	  A row that brings its seq is a restored record (restore_add): it
  *	  keeps its seq and published_at, goes in batches of its own (one per
@@ -395,15 +397,19 @@ pending_batches(PendingShard *ps, StringInfo **batches_out, uint32 **counts_out)
  * Publish every buffered record, or none: one part per shard, committed
  * together by the leader's write path (leader_commit: all shards'
  * batches down before any is published, all cut back if one fails).
+ * The owners' byte caps are checked once, for the whole commit, before
+ * anything is appended.
  */
 static void
 pending_publish_all(void)
 {
 	ListCell   *lc;
 	FelixCommitPart *parts;
+	PublishCharge *charges;
 	int			n = 0;
 
 	parts = palloc0(sizeof(FelixCommitPart) * Max(list_length(pending), 1));
+	charges = palloc0(sizeof(PublishCharge) * Max(list_length(pending), 1));
 	foreach(lc, pending)
 	{
 		PendingShard *ps = lfirst(lc);
@@ -424,8 +430,12 @@ pending_publish_all(void)
 		}
 		else
 			parts[n].nbatches = pending_batches(ps, &parts[n].batches, &parts[n].counts);
+		charges[n].stream = ps->stream;
+		for (int i = 0; i < parts[n].nbatches; i++)
+			charges[n].bytes += parts[n].batches[i]->len;
 		n++;
 	}
+	publish_check_bytes(charges, n);
 	if (n > 0)
 		leader_commit(parts, n);
 }

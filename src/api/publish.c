@@ -7,15 +7,18 @@
  *	  only once the records are acknowledged.  A publish is not undone by a
  *	  rollback of the calling transaction, like nextval().
  *
- *	  Routing and payload conversion are shared with the INSERT/COPY path
- *	  (pending.c).
+ *	  Routing, payload conversion and the owner's byte cap
+ *	  (felix.max_bytes_per_role, publish_check_bytes) are shared with the
+ *	  INSERT/COPY path (pending.c).
  *
  * Locking rule: takes RowExclusiveLock on the stream's table for the rest
  * of the transaction, as an INSERT would, so a concurrent drop waits --
  * after checking INSERT privilege, never before; the shard's own locks are
  * taken inside leader_publish.  Under that lock it refuses a caller whom
  * the stream's row-level security or INSERT triggers would check, since
- * these functions bypass the executor that applies them.
+ * these functions bypass the executor that applies them.  The byte cap
+ * reads each shard slot's positions under its spinlock, one slot at a
+ * time, and holds nothing while it decides.
  *
  *-------------------------------------------------------------------------
  */
@@ -105,6 +108,108 @@ publish_check_access(const FelixStream *stream)
 						 quote_qualified_identifier(get_namespace_name(RelationGetNamespace(rel)),
 													RelationGetRelationName(rel)))));
 	relation_close(rel, NoLock);
+}
+
+/* One owner's side of publish_check_bytes. */
+typedef struct OwnerBytes
+{
+	Oid			owner;
+	const char *stream;			/* the first charged stream it owns */
+	uint64		adding;			/* what the publish appends to its streams */
+	uint64		held;			/* what its streams hold on this node */
+} OwnerBytes;
+
+static OwnerBytes *
+owner_bytes(OwnerBytes *owners, int n, Oid owner)
+{
+	for (int i = 0; i < n; i++)
+	{
+		if (owners[i].owner == owner)
+			return &owners[i];
+	}
+	return NULL;
+}
+
+/*
+ * The owner pays, as for a table's disk space: a role with INSERT on a
+ * stream fills its owner's quota.  What the owner's streams hold is summed
+ * from the shard registry (each slot's total_bytes, as felix_shards shows
+ * it) once per call, not per record, and not at all while the cap is 0.
+ */
+void
+publish_check_bytes(const PublishCharge *charges, int n)
+{
+	OwnerBytes *owners;
+	OwnerBytes *last = NULL;
+	Oid			last_relid = InvalidOid;
+	int			nowners = 0;
+	int			nslots;
+	uint64		cap;
+
+	if (felix_max_bytes_per_role == 0 || n == 0 || superuser())
+		return;
+
+	owners = palloc(sizeof(OwnerBytes) * n);
+	for (int i = 0; i < n; i++)
+	{
+		Oid			owner = felix_relation_owner(charges[i].stream->relid);
+		OwnerBytes *o;
+
+		if (superuser_arg(owner))
+			continue;
+		o = owner_bytes(owners, nowners, owner);
+		if (o == NULL)
+		{
+			o = &owners[nowners++];
+			o->owner = owner;
+			o->stream = charges[i].stream->name;
+			o->adding = o->held = 0;
+		}
+		o->adding += charges[i].bytes;
+	}
+
+	/*
+	 * The shards of this database's streams that this node holds.  A slot
+	 * whose table is gone (a drop committing) belongs to no one; slots of
+	 * one stream are mostly adjacent, so their owner is looked up once.
+	 */
+	nslots = nowners > 0 ? shard_count_slots() : 0;
+	for (int i = 0; i < nslots; i++)
+	{
+		FelixShardPositions p;
+
+		shard_read_positions(shard_slot(i), &p);
+		if (!p.in_use || p.key.dboid != MyDatabaseId)
+			continue;
+		if (p.key.relid != last_relid)
+		{
+			last_relid = p.key.relid;
+			last = owner_bytes(owners, nowners,
+							   felix_relation_owner_if_any(p.key.relid));
+		}
+		if (last != NULL)
+			last->held += p.total_bytes;
+	}
+
+	cap = (uint64) felix_max_bytes_per_role * 1024 * 1024;
+	for (int i = 0; i < nowners; i++)
+	{
+		OwnerBytes *o = &owners[i];
+		char	   *role;
+
+		if (o->held + o->adding <= cap)
+			continue;
+		role = GetUserNameFromId(o->owner, false);
+		ereport(ERROR,
+				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+				 errmsg("cannot publish to stream \"%s\": the streams of its owner, role \"%s\", would hold more than felix.max_bytes_per_role (%dMB) on this node",
+						o->stream, role, felix_max_bytes_per_role),
+				 errdetail("They hold " UINT64_FORMAT " bytes on this node; the publish would add " UINT64_FORMAT " bytes.",
+						   o->held, o->adding),
+				 errhint("Drop streams role \"%s\" no longer needs, free space with retention (retention_bytes, applied at once by felix_enforce_retention), or ask a superuser to raise felix.max_bytes_per_role.",
+						 role)));
+	}
+	pfree(owners);
 }
 
 /* A batch's arrays are lists: refuse one of more dimensions, never flatten it. */
@@ -278,6 +383,11 @@ felix_publish(PG_FUNCTION_ARGS)
 	batch_seal_body(&batch, FELIX_BATCH_RECORDS);
 
 	{
+		PublishCharge charge = {stream, batch.len};
+
+		publish_check_bytes(&charge, 1);
+	}
+	{
 		uint32		one = 1;
 		StringInfo	b = &batch;
 
@@ -397,6 +507,20 @@ felix_publish_batch(PG_FUNCTION_ARGS)
 		index_in_shard[i] = b->count++;
 	}
 
+	/* The owner's byte cap, for the whole call, before anything goes down. */
+	{
+		PublishCharge charge = {stream, 0};
+
+		for (int sh = 0; sh < stream->shards; sh++)
+		{
+			if (batches[sh].count == 0)
+				continue;
+			batch_seal_body(&batches[sh].buf, FELIX_BATCH_RECORDS);
+			charge.bytes += batches[sh].buf.len;
+		}
+		publish_check_bytes(&charge, 1);
+	}
+
 	/* One batch per shard, in shard order. */
 	for (int sh = 0; sh < stream->shards; sh++)
 	{
@@ -404,7 +528,6 @@ felix_publish_batch(PG_FUNCTION_ARGS)
 
 		if (b->count == 0)
 			continue;
-		batch_seal_body(&b->buf, FELIX_BATCH_RECORDS);
 		{
 			StringInfo	buf = &b->buf;
 

@@ -42,8 +42,9 @@ extern void felix_worker_pin_search_path(void);
 
 /* The owner of the felix extension's catalog (felix.streams). */
 extern Oid	felix_catalog_owner(void);
-/* The owner of a relation. */
+/* The owner of a relation; _if_any: InvalidOid when it is gone. */
 extern Oid	felix_relation_owner(Oid relid);
+extern Oid	felix_relation_owner_if_any(Oid relid);
 
 /*
  * Privilege checks of C entry points; each raises 42501 naming what was
