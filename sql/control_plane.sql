@@ -110,6 +110,22 @@ SELECT name, alive, duty FROM felix.cp_nodes() ORDER BY name;
 -- One address, one node: node_e may not register node_b's (42710).
 SELECT * FROM pg_temp.hb('node_e', 'host=node_b');
 \echo SQLSTATE :SQLSTATE
+-- One name, one server: another data directory under node_b's name, at
+-- another address, while node_b is alive (42710); node_b keeps its record.
+SELECT * FROM felix.cp_heartbeat('node_b', 'host=elsewhere', pg_temp.inc('node_b2'), 1, pg_temp.inc('boot'));
+\echo SQLSTATE :SQLSTATE
+SELECT conninfo, incarnation = pg_temp.inc('node_b') AS kept FROM felix.nodes WHERE name = 'node_b';
+-- The refused server records that it tried (no secret kept); every node's
+-- felix_nodes shows it on node_b's row.  A note naming the holder's own
+-- incarnation, or a node not alive, records nothing.
+SELECT felix.cp_name_clash('node_b', pg_temp.inc('node_b2'), 'host=elsewhere password=s3cret');
+SELECT felix.cp_name_clash('node_c', pg_temp.inc('node_c'), 'host=nowhere');
+SELECT felix.cp_name_clash('node_x', pg_temp.inc('node_x2'), 'host=nowhere');
+SELECT name, clash_incarnation = pg_temp.inc('node_b2') AS the_refused_one, clash_conninfo,
+       clash_at IS NOT NULL AS dated
+  FROM felix.cp_nodes() WHERE clash_incarnation IS NOT NULL;
+SELECT felix.cp_name_clash('node_b', 'not-a-uuid', 'host=elsewhere');
+\echo SQLSTATE :SQLSTATE
 
 -- ---------------------------------------------------------------------
 -- Streams: validation, placement, identity

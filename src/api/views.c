@@ -25,6 +25,7 @@
 #include "miscadmin.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/timestamp.h"
 #include "utils/tuplestore.h"
 
 #include "api/catalog.h"
@@ -36,6 +37,7 @@
 #include "privilege.h"
 #include "replication/lease.h"
 #include "replication/state.h"
+#include "storage/incarnation.h"
 #include "storage/shard.h"
 #include "worker/heartbeat.h"
 
@@ -130,6 +132,12 @@ felix_shard_states(PG_FUNCTION_ARGS)
 				values[8] = CStringGetTextDatum(phase_name(phase));
 				if (phase == FELIX_SHARD_FAILED)
 					error = pstrdup(v.error);
+				else if (phase == FELIX_SHARD_OPEN && v.role == FELIX_ROLE_LEADER &&
+						 felix_monotonic_ns() >= expiry)
+					/* leader by the last word of the control plane, but unable to act on it */
+					error = pstrdup("this node's lease on the shard has lapsed: it acknowledges no publish "
+									"until the control plane renews it (felix_nodes shows this node's "
+									"view of the control plane)");
 
 				/* Leadership as the control plane last described it. */
 				if (v.leader[0])
@@ -240,6 +248,22 @@ unreachable_reason(const FelixNodeInfo *nodes, int n, const char *name)
 	return b.len ? b.data : NULL;
 }
 
+/*
+ * What felix_nodes says of the rows it lists, given this node's own view of
+ * the control-plane store: the control plane's list is only as fresh as
+ * this node's last heartbeat that the store took.
+ */
+/* How long felix_nodes shows that another server was refused a node's name. */
+#define NODES_CLASH_SHOWN_MS	(10 * 60 * 1000)
+
+typedef struct NodesTruth
+{
+	char		own_incarnation[FELIX_INCARNATION_LEN];
+	bool		stale;			/* no heartbeat taken for a lease or longer */
+	char	   *since;			/* ... since when (text) */
+	bool		name_taken;		/* another server holds this node's name */
+} NodesTruth;
+
 PG_FUNCTION_INFO_V1(felix_nodes_view);
 Datum
 felix_nodes_view(PG_FUNCTION_ARGS)
@@ -249,17 +273,74 @@ felix_nodes_view(PG_FUNCTION_ARGS)
 	int			n;
 	bool		all = felix_sees_all_streams();
 	FelixStoreView store;
+	NodesTruth	t;
 	bool		listed_self = false;
 
 	felix_require_preload();
 	InitMaterializedSRF(fcinfo, 0);
 	n = felix_nodes_list(&nodes);
 	felix_heartbeat_store_view(&store);
+	memset(&t, 0, sizeof(t));
+	felix_incarnation(t.own_incarnation, NULL);
+	t.stale = !store.ok && store.failing_since != 0 &&
+		TimestampDifferenceExceeds(store.ok_at != 0 ? store.ok_at : store.failing_since,
+								   GetCurrentTimestamp(), felix_lease_duration);
+	if (t.stale)
+		t.since = store.ok_at != 0 ? pstrdup(timestamptz_to_str(store.ok_at)) :
+			psprintf("it started (%s)", timestamptz_to_str(store.failing_since));
 	for (int i = 0; i < n; i++)
 	{
 		Datum		values[9];
 		bool		nulls[9];
 		char	   *why = nodes[i].alive ? unreachable_reason(nodes, n, nodes[i].name) : NULL;
+		const char *state = !nodes[i].alive ? "dead" : why ? "unreachable" : "alive";
+		bool		alive = nodes[i].alive;
+
+		/*
+		 * A node is its data directory: a row under this node's name but of
+		 * another incarnation is another server, which the control plane
+		 * took for this node (this one's heartbeats are refused, 42710).
+		 */
+		bool		self = felix_is_this_node(nodes[i].name) &&
+			(nodes[i].incarnation[0] == '\0' || t.own_incarnation[0] == '\0' ||
+			 strcmp(nodes[i].incarnation, t.own_incarnation) == 0);
+
+		if (felix_is_this_node(nodes[i].name) && !self)
+		{
+			t.name_taken = true;
+			why = psprintf("another server, felix data directory incarnation %s, holds this node's name; "
+						   "this server (incarnation %s) is refused",
+						   nodes[i].incarnation, t.own_incarnation);
+		}
+		else if (self && t.stale)
+		{
+			/* what this node can do now: nothing a lease allows */
+			alive = false;
+			state = "cut off";
+			why = psprintf("the control-plane store has not taken a heartbeat of this node since %s (%s); "
+						   "its leases have lapsed: it leads nothing and acknowledges nothing until the store answers",
+						   t.since, store.error[0] ? store.error : "no answer");
+		}
+		else if (t.stale)
+		{
+			state = "unknown";
+			why = psprintf("as the control plane last listed it, before this node lost the control-plane store (since %s)",
+						   t.since);
+		}
+
+		/* a second server refused this node's name lately */
+		if (nodes[i].clash_incarnation[0] != '\0' &&
+			!TimestampDifferenceExceeds(nodes[i].clash_at, GetCurrentTimestamp(),
+										NODES_CLASH_SHOWN_MS))
+		{
+			char	   *clash = psprintf("another server%s%s%s, felix data directory incarnation %s, "
+										 "was refused this node's name at %s",
+										 all ? ", at \"" : "", all ? nodes[i].clash_conninfo : "",
+										 all ? "\"" : "", nodes[i].clash_incarnation,
+										 timestamptz_to_str(nodes[i].clash_at));
+
+			why = why ? psprintf("%s; %s", why, clash) : clash;
+		}
 
 		memset(nulls, 0, sizeof(nulls));
 		values[0] = CStringGetTextDatum(nodes[i].name);
@@ -268,15 +349,15 @@ felix_nodes_view(PG_FUNCTION_ARGS)
 			values[1] = CStringGetTextDatum(felix_conninfo_mask(nodes[i].conninfo));
 		else
 			nulls[1] = true;
-		values[2] = BoolGetDatum(nodes[i].alive);
+		values[2] = BoolGetDatum(alive);
 		values[3] = TimestampTzGetDatum(nodes[i].last_heartbeat);
 		values[4] = BoolGetDatum(nodes[i].duty);
 		/* alive, but its peers cannot log in to it: not serving as a replica */
-		values[5] = CStringGetTextDatum(!nodes[i].alive ? "dead" : why ? "unreachable" : "alive");
+		values[5] = CStringGetTextDatum(state);
 		nulls[6] = why == NULL;
 		values[6] = why ? CStringGetTextDatum(why) : (Datum) 0;
 		/* this node's own view of the control-plane store */
-		if (felix_is_this_node(nodes[i].name) && store.store[0] != '\0' && all)
+		if (self && store.store[0] != '\0' && all)
 		{
 			values[7] = CStringGetTextDatum(store.store);
 			nulls[8] = store.error[0] == '\0';
@@ -285,13 +366,13 @@ felix_nodes_view(PG_FUNCTION_ARGS)
 		else
 			nulls[7] = nulls[8] = true;
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-		if (felix_is_this_node(nodes[i].name))
+		if (self)
 			listed_self = true;
 	}
 
 	/*
 	 * This node, not (yet) in the control plane's list -- it cannot reach
-	 * the store, say: its row is what shows why.
+	 * the store, say, or is refused: its row is what shows why.
 	 */
 	if (!listed_self)
 	{
@@ -304,8 +385,12 @@ felix_nodes_view(PG_FUNCTION_ARGS)
 		values[2] = BoolGetDatum(false);
 		nulls[3] = true;
 		values[4] = BoolGetDatum(false);
-		values[5] = CStringGetTextDatum("unknown");
-		values[6] = CStringGetTextDatum("not listed by the control plane yet");
+		/* refused: another server holds the name, or this one's address (42710) */
+		values[5] = CStringGetTextDatum(t.name_taken || strcmp(store.sqlstate, "42710") == 0 ?
+										"refused" : "unknown");
+		values[6] = CStringGetTextDatum(store.error[0] != '\0' ?
+										psprintf("not listed by the control plane: %s", store.error) :
+										"not listed by the control plane yet");
 		nulls[7] = nulls[8] = true;
 		if (all && store.store[0] != '\0')
 		{

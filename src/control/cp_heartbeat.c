@@ -30,8 +30,10 @@
  *
  *	  Identity: a node known under the same incarnation with more starts,
  *	  or as many from another boot, is an older copy of itself (55F06); a
- *	  new incarnation voids every report about the node as a follower, a
- *	  new boot marks them not caught up until its leaders confirm them.
+ *	  node known alive under another incarnation is another server with
+ *	  the same name (42710); a new incarnation of a node declared dead
+ *	  voids every report about the node as a follower, a new boot marks
+ *	  them not caught up until its leaders confirm them.
  *
  * Locking rule: none; compare-and-set in the store.
  *
@@ -200,6 +202,26 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 							a->node, a->incarnation, a->starts, prev->starts),
 					 errdetail("Records acknowledged since that copy was taken may be missing from it."),
 					 errhint("The node gives its data directory a new incarnation and registers again; its copies are rebuilt from their leaders.")));
+
+		/*
+		 * One name, one server.  A node is its felix data directory (the
+		 * incarnation), not its name: a heartbeat naming a node that the
+		 * control plane knows, alive, under another incarnation comes from
+		 * a second server given the same felix.node_name.  Taking it would
+		 * make the two register in turn, each void the other's copies and
+		 * lose every lease.  It is refused until the known one is declared
+		 * dead -- which is also how a node whose directory was wiped comes
+		 * back: its old incarnation stops heartbeating first.
+		 */
+		if (prev && strcmp(prev->incarnation, a->incarnation) != 0 &&
+			snap.have_alive && cp_alive_has(&snap.alive, prev->name))
+			ereport(ERROR,
+					(errcode(ERRCODE_DUPLICATE_OBJECT),
+					 errmsg("node name \"%s\" is in use by another server, at \"%s\"",
+							a->node, prev->conninfo),
+					 errdetail("The control plane knows node \"%s\" as felix data directory incarnation %s, alive; this server, at \"%s\", is incarnation %s.",
+							   a->node, prev->incarnation, masked, a->incarnation),
+					 errhint("Give each server its own felix.node_name.  If this server replaces that one, stop the other server: this one registers once the control plane declares it dead (felix.node_expiry).")));
 
 		/* One address, one node: shipments meant for one must not reach another. */
 		for (int i = 0; i < snap.nnodes; i++)
@@ -413,4 +435,34 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 			 errmsg("node \"%s\": the heartbeat lost to other control-plane writers %d times in a row",
 					a->node, CP_MAX_ATTEMPTS),
 			 errhint("The next heartbeat tries again.")));
+}
+
+void
+cp_name_clash(const char *node, const char *incarnation, const char *conninfo)
+{
+	CpSnapshot	snap;
+	CpNode	   *holder;
+	CpClash		c;
+	FelixStoreOp op;
+	int64		rev;
+
+	cp_check_node_name(node);
+	if (incarnation == NULL || !cp_is_uuid(incarnation) || conninfo == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("node \"%s\": a name clash names the refused server's incarnation and address", node),
+				 errhint("This is felix's internal protocol; node and control plane may run different felix versions.")));
+	felix_store_serialize();
+	(void) cp_snapshot_read(&snap, false, ERROR);
+	holder = cp_snapshot_node(&snap, node);
+	if (holder == NULL || strcmp(holder->incarnation, incarnation) == 0 ||
+		!snap.have_alive || !cp_alive_has(&snap.alive, node))
+		return;
+	c.node = (char *) node;
+	c.incarnation = (char *) incarnation;
+	c.conninfo = felix_conninfo_mask(felix_conninfo_address(conninfo));
+	c.at_ms = cp_now_ms();
+	op.key = cp_key_clash(node);
+	op.value = cp_clash_write(&c);
+	(void) felix_store_txn(NULL, 0, &op, 1, &rev, ERROR);
 }

@@ -280,6 +280,24 @@ felix_cp_report_sql(PG_FUNCTION_ARGS)
  * felix.cp_tick
  * ---------------------------------------------------------------------
  */
+/*
+ * felix.cp_name_clash(node, incarnation, conninfo): a server refused the
+ * name `node` records that it tried (cp_name_clash), only as that node.
+ */
+PG_FUNCTION_INFO_V1(felix_cp_name_clash_sql);
+Datum
+felix_cp_name_clash_sql(PG_FUNCTION_ARGS)
+{
+	char	   *node = text_arg(fcinfo, 0);
+	char	   *incarnation = text_arg(fcinfo, 1);
+	char	   *conninfo = text_arg(fcinfo, 2);
+
+	cp_check_node_name(node);
+	(void) require_node(node, "felix.cp_name_clash");
+	AS_OWNER(cp_name_clash(node, incarnation, conninfo));
+	PG_RETURN_VOID();
+}
+
 PG_FUNCTION_INFO_V1(felix_cp_tick_sql);
 Datum
 felix_cp_tick_sql(PG_FUNCTION_ARGS)
@@ -429,8 +447,9 @@ felix_cp_nodes_sql(PG_FUNCTION_ARGS)
 	AS_OWNER((void) cp_snapshot_read(&snap, false, ERROR); n = cp_list_nodes(&snap, &rows));
 	for (int i = 0; i < n; i++)
 	{
-		Datum		v[7];
-		bool		nulls[7] = {0};
+		Datum		v[10];
+		bool		nulls[10] = {0};
+		const CpClash *c = rows[i].clash;
 
 		v[0] = CStringGetTextDatum(rows[i].node->name);
 		v[1] = CStringGetTextDatum(felix_conninfo_mask(rows[i].node->conninfo));
@@ -439,6 +458,13 @@ felix_cp_nodes_sql(PG_FUNCTION_ARGS)
 		v[4] = CStringGetTextDatum(rows[i].node->incarnation);
 		v[5] = BoolGetDatum(rows[i].duty);
 		v[6] = DirectFunctionCall1(jsonb_in, CStringGetDatum(rows[i].node->peers));
+		nulls[7] = nulls[8] = nulls[9] = c == NULL;
+		if (c != NULL)
+		{
+			v[7] = CStringGetTextDatum(c->incarnation);
+			v[8] = CStringGetTextDatum(felix_conninfo_mask(c->conninfo));
+			v[9] = TimestampTzGetDatum(ms_to_timestamptz(c->at_ms));
+		}
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, v, nulls);
 	}
 	return (Datum) 0;

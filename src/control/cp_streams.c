@@ -549,7 +549,7 @@ cp_remove_node(const char *node)
 	CpSnapshot	snap;
 	CpNode	   *n;
 	FelixStoreCmp cmp;
-	FelixStoreOp ops[2];
+	FelixStoreOp ops[3];
 	int64		rev;
 
 	cp_check_node_name(node);
@@ -580,7 +580,9 @@ cp_remove_node(const char *node)
 	ops[0].value = NULL;
 	ops[1].key = cp_key_leads(node);
 	ops[1].value = NULL;
-	if (felix_store_txn(&cmp, 1, ops, 2, &rev, ERROR) != FELIX_STORE_OK)
+	ops[2].key = cp_key_clash(node);
+	ops[2].value = NULL;
+	if (felix_store_txn(&cmp, 1, ops, 3, &rev, ERROR) != FELIX_STORE_OK)
 		ereport(ERROR,
 				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
 				 errmsg("node \"%s\" changed while it was being removed", node),
@@ -605,6 +607,7 @@ cp_list_nodes(const CpSnapshot *snap, CpNodeRow **rows)
 		(*rows)[i].node = n;
 		(*rows)[i].alive = snap->have_alive && cp_alive_has(&snap->alive, n->name);
 		(*rows)[i].duty = snap->have_duty && strcmp(snap->duty.node, n->name) == 0;
+		(*rows)[i].clash = cp_snapshot_clash(snap, n->name);
 	}
 	qsort(*rows, snap->nnodes, sizeof(CpNodeRow), node_row_cmp);
 	return snap->nnodes;

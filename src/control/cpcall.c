@@ -668,6 +668,17 @@ snapshot_local(void *arg)
 		(void) cp_snapshot_read(&((SnapshotCall *) arg)->snap, false, ERROR);
 }
 
+/* The last server refused the name of node x, if any, into x. */
+static void
+clash_from(FelixNodeInfo *x, const char *incarnation, const char *conninfo, int64 at_ms)
+{
+	if (incarnation == NULL || conninfo == NULL)
+		return;
+	strlcpy(x->clash_incarnation, incarnation, FELIX_INCARNATION_LEN);
+	strlcpy(x->clash_conninfo, conninfo, sizeof(x->clash_conninfo));
+	x->clash_at = ms_to_timestamptz(at_ms);
+}
+
 bool
 felix_cp_nodes(FelixCpSession *s, FelixNodeInfo **nodes, int *n, int elevel)
 {
@@ -694,6 +705,9 @@ felix_cp_nodes(FelixCpSession *s, FelixNodeInfo **nodes, int *n, int elevel)
 			x->duty = rows[i].duty;
 			x->last_heartbeat = ms_to_timestamptz(rows[i].node->heartbeat_ms);
 			strlcpy(x->peers, rows[i].node->peers, FELIX_NODE_PEERS_LEN);
+			if (rows[i].clash)
+				clash_from(x, rows[i].clash->incarnation, rows[i].clash->conninfo,
+						   rows[i].clash->at_ms);
 			(*n)++;
 		}
 		return true;
@@ -703,14 +717,18 @@ felix_cp_nodes(FelixCpSession *s, FelixNodeInfo **nodes, int *n, int elevel)
 		PGresult   *res = remote(s, "felix.cp_nodes",
 								 "SELECT name, conninfo, alive, "
 								 "(extract(epoch FROM last_heartbeat) OPERATOR(pg_catalog.*) 1000)::bigint, "
-								 "incarnation, duty, peers::text FROM felix.cp_nodes()",
+								 "incarnation, duty, peers::text, clash_incarnation, clash_conninfo, "
+								 "(extract(epoch FROM clash_at) OPERATOR(pg_catalog.*) 1000)::bigint "
+								 "FROM felix.cp_nodes()",
 								 0, NULL, elevel);
 
 		if (res == NULL)
 			return false;
 		*nodes = palloc0(sizeof(FelixNodeInfo) * (PQntuples(res) + 1));
-		for (int i = 0; i < PQntuples(res) && *n < FELIX_MAX_NODES && PQnfields(res) == 7; i++)
+		for (int i = 0; i < PQntuples(res) && *n < FELIX_MAX_NODES && PQnfields(res) == 10; i++)
 		{
+			int64		clash_ms;
+
 			FelixNodeInfo *x = &(*nodes)[*n];
 			int64		ms;
 
@@ -725,10 +743,51 @@ felix_cp_nodes(FelixCpSession *s, FelixNodeInfo **nodes, int *n, int elevel)
 			x->duty = col(res, i, 5) != NULL && col(res, i, 5)[0] == 't';
 			x->last_heartbeat = ms_to_timestamptz(ms);
 			strlcpy(x->peers, col(res, i, 6) ? col(res, i, 6) : "{}", FELIX_NODE_PEERS_LEN);
+			if (col(res, i, 9) != NULL && parse_int64(col(res, i, 9), &clash_ms))
+				clash_from(x, col(res, i, 7), col(res, i, 8), clash_ms);
 			(*n)++;
 		}
 		PQclear(res);
 		return true;
+	}
+}
+
+typedef struct ClashCall
+{
+	const char *node;
+	const char *incarnation;
+	const char *conninfo;
+} ClashCall;
+
+static void
+clash_local(void *arg)
+{
+	ClashCall  *c = arg;
+
+	cp_name_clash(c->node, c->incarnation, c->conninfo);
+}
+
+bool
+felix_cp_name_clash(FelixCpSession *s, int elevel)
+{
+	char		incarnation[FELIX_INCARNATION_LEN];
+	ClashCall	c;
+
+	felix_incarnation(incarnation, NULL);
+	c.node = felix_node_name_resolved();
+	c.incarnation = incarnation;
+	/* only where this server is: its credentials never leave it */
+	c.conninfo = felix_conninfo_address(felix_node_conninfo_resolved());
+	if (felix_store_is_etcd())
+		return local(clash_local, &c, elevel);
+	else
+	{
+		const char *values[3] = {c.node, c.incarnation, c.conninfo};
+		PGresult   *res = remote(s, "felix.cp_name_clash",
+								 "SELECT felix.cp_name_clash($1, $2, $3)", 3, values, elevel);
+
+		PQclear(res);
+		return res != NULL;
 	}
 }
 

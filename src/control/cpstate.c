@@ -32,6 +32,12 @@ cp_key_node(const char *name)
 }
 
 char *
+cp_key_clash(const char *name)
+{
+	return psprintf("clashes/%s", name);
+}
+
+char *
 cp_key_leads(const char *name)
 {
 	return psprintf("leads/%s", name);
@@ -608,6 +614,37 @@ cp_alive_write(const CpAlive *a)
 }
 
 bool
+cp_clash_read(const FelixKV *kv, CpClash *c)
+{
+	JsonbContainer *o = parse_value(kv);
+
+	memset(c, 0, sizeof(*c));
+	if (o == NULL)
+		return false;
+	if (!felix_json_string(o, "node", &c->node) ||
+		!felix_json_string(o, "incarnation", &c->incarnation) ||
+		!felix_json_string(o, "conninfo", &c->conninfo) ||
+		!felix_json_int64(o, "at_ms", &c->at_ms))
+		return malformed(kv, "name clash");
+	return true;
+}
+
+char *
+cp_clash_write(const CpClash *c)
+{
+	StringInfoData b;
+
+	initStringInfo(&b);
+	appendStringInfoChar(&b, '{');
+	felix_json_put_string(&b, "node", c->node);
+	felix_json_put_string(&b, "incarnation", c->incarnation);
+	felix_json_put_string(&b, "conninfo", c->conninfo);
+	felix_json_put_int64(&b, "at_ms", c->at_ms);
+	appendStringInfoChar(&b, '}');
+	return b.data;
+}
+
+bool
 cp_alive_has(const CpAlive *a, const char *node)
 {
 	for (int i = 0; i < a->n; i++)
@@ -660,6 +697,7 @@ cp_snapshot_read(CpSnapshot *snap, bool guarded, int elevel)
 	snap->report_shard = palloc0(sizeof(int) * (n + 1));
 	snap->leads_node = palloc0(sizeof(char *) * (n + 1));
 	snap->leads_rev = palloc0(sizeof(int64) * (n + 1));
+	snap->clashes = palloc0(sizeof(CpClash) * (n + 1));
 	for (int i = 0; i < n; i++)
 	{
 		const char *k = kvs[i].key;
@@ -700,12 +738,27 @@ cp_snapshot_read(CpSnapshot *snap, bool guarded, int elevel)
 				snap->report_shard[snap->nreports++] = shard;
 			}
 		}
+		else if (strncmp(k, "clashes/", 8) == 0)
+		{
+			if (cp_clash_read(&kvs[i], &snap->clashes[snap->nclashes]) &&
+				strcmp(snap->clashes[snap->nclashes].node, k + 8) == 0)
+				snap->nclashes++;
+		}
 		else if (strcmp(k, CP_KEY_DUTY) == 0)
 			snap->have_duty = cp_duty_read(&kvs[i], &snap->duty);
 		else if (strcmp(k, CP_KEY_ALIVE) == 0)
 			snap->have_alive = cp_alive_read(&kvs[i], &snap->alive);
 	}
 	return true;
+}
+
+CpClash *
+cp_snapshot_clash(const CpSnapshot *snap, const char *node)
+{
+	for (int i = 0; i < snap->nclashes; i++)
+		if (strcmp(snap->clashes[i].node, node) == 0)
+			return &snap->clashes[i];
+	return NULL;
 }
 
 CpNode *

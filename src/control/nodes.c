@@ -47,6 +47,9 @@ typedef struct FelixNodeEntry
 	bool		duty;
 	TimestampTz last_heartbeat; /* the node's own clock, as it wrote it */
 	char		peers[FELIX_NODE_PEERS_LEN];
+	char		clash_incarnation[FELIX_INCARNATION_LEN];
+	char		clash_conninfo[256];
+	TimestampTz clash_at;
 	/* this node's probe of it */
 	bool		probed;
 	char		probe_error[256];	/* "" when the probe succeeded */
@@ -181,6 +184,9 @@ felix_nodes_listed(const FelixNodeInfo *nodes, int n)
 		e->duty = nodes[i].duty;
 		e->last_heartbeat = nodes[i].last_heartbeat;
 		strlcpy(e->peers, nodes[i].peers, FELIX_NODE_PEERS_LEN);
+		strlcpy(e->clash_incarnation, nodes[i].clash_incarnation, FELIX_INCARNATION_LEN);
+		strlcpy(e->clash_conninfo, nodes[i].clash_conninfo, sizeof(e->clash_conninfo));
+		e->clash_at = nodes[i].clash_at;
 	}
 	LWLockRelease(&directory->lock);
 }
@@ -207,6 +213,9 @@ felix_nodes_list(FelixNodeInfo **out)
 		(*out)[n].duty = e->duty;
 		(*out)[n].last_heartbeat = e->last_heartbeat;
 		strlcpy((*out)[n].peers, e->peers, FELIX_NODE_PEERS_LEN);
+		strlcpy((*out)[n].clash_incarnation, e->clash_incarnation, FELIX_INCARNATION_LEN);
+		strlcpy((*out)[n].clash_conninfo, e->clash_conninfo, sizeof(e->clash_conninfo));
+		(*out)[n].clash_at = e->clash_at;
 		n++;
 	}
 	LWLockRelease(&directory->lock);

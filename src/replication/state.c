@@ -345,8 +345,15 @@ felix_replication_view(PG_FUNCTION_ARGS)
 				nulls[4] = true;
 			values[5] = Int64GetDatum(written_end > fl->acked_end ?
 									  (int64) (written_end - fl->acked_end) : 0);
+			/*
+			 * A follower shipped to that has not answered on its current
+			 * connection and has an error to show -- its peers cannot log
+			 * in to it, say -- is not shipping but unreachable.
+			 */
 			values[6] = CStringGetTextDatum(fl->state == FELIX_FOLLOWER_HALTED ?
 											psprintf("halted_%s", felix_halt_name(fl->halt)) :
+											fl->state == FELIX_FOLLOWER_SHIPPING && !fl->answered &&
+											fl->last_error[0] != '\0' ? "unreachable" :
 											felix_follower_state_name(fl->state));
 			if (fl->last_answer_at != 0)
 				values[7] = TimestampTzGetDatum(fl->last_answer_at);

@@ -269,10 +269,14 @@ RETURNS text
     AS 'MODULE_PATHNAME', 'felix_cp_move_replica_sql' LANGUAGE C CALLED ON NULL INPUT VOLATILE;
 CREATE FUNCTION felix.cp_remove_node(node text) RETURNS void
     AS 'MODULE_PATHNAME', 'felix_cp_remove_node_sql' LANGUAGE C CALLED ON NULL INPUT VOLATILE;
+-- clash_*: the last server refused this node's name while it was alive.
 CREATE FUNCTION felix.cp_nodes()
 RETURNS TABLE (name text, conninfo text, alive boolean, last_heartbeat timestamptz,
-               incarnation text, duty boolean, peers jsonb)
+               incarnation text, duty boolean, peers jsonb,
+               clash_incarnation text, clash_conninfo text, clash_at timestamptz)
     AS 'MODULE_PATHNAME', 'felix_cp_nodes_sql' LANGUAGE C STRICT VOLATILE;
+CREATE FUNCTION felix.cp_name_clash(node text, incarnation text, conninfo text) RETURNS void
+    AS 'MODULE_PATHNAME', 'felix_cp_name_clash_sql' LANGUAGE C CALLED ON NULL INPUT VOLATILE;
 CREATE FUNCTION felix.cp_halted()
 RETURNS TABLE (stream text, shard integer, node text, generation bigint, leader text,
                halted_at_seq bigint, reason text, since timestamptz)
@@ -291,14 +295,16 @@ REVOKE ALL ON FUNCTION felix.cp_heartbeat(text, text, text, bigint, text, text[]
     felix.cp_drop_stream(text, uuid, boolean), felix.cp_report(text, jsonb, bigint, text),
     felix.cp_tick(text, text), felix.cp_nodes(), felix.cp_halted(),
     felix.cp_transfer(text, integer, bigint, text, text),
-    felix.cp_move_replica(text, integer, text, text), felix.cp_remove_node(text)
+    felix.cp_move_replica(text, integer, text, text), felix.cp_remove_node(text),
+    felix.cp_name_clash(text, text, text)
     FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION felix.cp_heartbeat(text, text, text, bigint, text, text[], integer, jsonb, text[]),
     felix.cp_create_stream(text, integer, integer, text, text, text, bigint, interval, text, boolean),
     felix.cp_drop_stream(text, uuid, boolean), felix.cp_report(text, jsonb, bigint, text),
     felix.cp_tick(text, text), felix.cp_nodes(), felix.cp_halted(),
     felix.cp_transfer(text, integer, bigint, text, text),
-    felix.cp_move_replica(text, integer, text, text), felix.cp_remove_node(text)
+    felix.cp_move_replica(text, integer, text, text), felix.cp_remove_node(text),
+    felix.cp_name_clash(text, text, text)
     TO felix_replication;
 -- END control plane
 

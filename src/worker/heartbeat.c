@@ -104,6 +104,8 @@ PGDLLEXPORT void felix_heartbeat_worker_main(Datum arg);
 #define HB_LOG_INTERVAL_NS	(INT64CONST(5) * 1000000000)
 /* How often a failed check of felix.node_conninfo is tried again. */
 #define HB_SELF_CHECK_NS	(INT64CONST(1) * 1000000000)
+/* How often a server refused its node name tells the control plane so. */
+#define HB_CLASH_NOTE_MS	2000
 /* A stream's creation may fail quietly for this long (a race, see below). */
 #define HB_CREATE_GRACE_NS	(INT64CONST(2) * 1000000000)
 
@@ -710,14 +712,35 @@ local_extension_ready(void)
 static void
 refresh_directory(void)
 {
+	static TimestampTz clash_logged = 0;
 	FelixNodeInfo *nodes;
 	int			n;
 	int			elevel = failure_elevel();
 
-	if (felix_cp_nodes(&cp_session, &nodes, &n, elevel))
-		felix_nodes_listed(nodes, n);
-	else
+	if (!felix_cp_nodes(&cp_session, &nodes, &n, elevel))
+	{
 		cp_failed(elevel);
+		return;
+	}
+	felix_nodes_listed(nodes, n);
+
+	/* another server was refused this node's name: say so here too */
+	for (int i = 0; i < n; i++)
+	{
+		FelixNodeInfo *x = &nodes[i];
+
+		if (!felix_is_this_node(x->name) || x->clash_at <= clash_logged ||
+			x->clash_incarnation[0] == '\0')
+			continue;
+		clash_logged = x->clash_at;
+		ereport(WARNING,
+				(errcode(ERRCODE_DUPLICATE_OBJECT),
+				 errmsg("felix heartbeat: another server, at \"%s\", tried to register as node \"%s\"; the control plane refused it",
+						x->clash_conninfo, x->name),
+				 errdetail("This server, at \"%s\", is felix data directory incarnation %s; the other is incarnation %s.",
+						   x->conninfo, x->incarnation, x->clash_incarnation),
+				 errhint("Give each server its own felix.node_name; felix_nodes shows the last such attempt.")));
+	}
 }
 
 /*
@@ -870,11 +893,13 @@ refresh_halts(void)
 }
 
 static void note_store(bool ok, int64 beat_no);
+static void note_blocked(const char *why);
 
 static void
 heartbeat_once(void)
 {
 	static int64 beats = 0;
+	static int64 clash_noted_beat = -1000000;
 	const char *me = felix_node_name_resolved();
 	/* only where this node is: its credentials never leave it */
 	const char *my_conninfo = felix_conninfo_address(felix_node_conninfo_resolved());
@@ -892,7 +917,14 @@ heartbeat_once(void)
 	if (!local_extension_ready())
 		return;
 	if (!own_conninfo_ok())
+	{
+		note_blocked(felix_conninfo_verified() < 0 ?
+					 "felix.node_conninfo reaches another felix node, not this server, so this node does not join "
+					 "(the server log names it): set felix.node_conninfo to this server's own address and restart" :
+					 psprintf("felix.node_conninfo does not reach this server, so this node does not join yet: %s",
+							  felix_conn_last_error()));
 		return;
+	}
 	felix_node_note(me, my_conninfo);
 	unable = unable_list(&nunable);
 	ends = held_ends(&nends);
@@ -927,6 +959,13 @@ heartbeat_once(void)
 			/* an older copy of this data directory: it becomes a new one */
 			felix_incarnation_renew();
 			shard_mark_stale_copies();
+		}
+		else if (strcmp(felix_cp_last_sqlstate(), "42710") == 0 &&
+				 (beats - clash_noted_beat) * felix_heartbeat_interval >= HB_CLASH_NOTE_MS)
+		{
+			/* another server holds this node's name: let it (and everyone) know */
+			clash_noted_beat = beats;
+			(void) felix_cp_name_clash(&cp_session, DEBUG1);
 		}
 		cp_failed(elevel);
 		felix_count(FELIX_CTR_HEARTBEATS_FAILED, 1);
@@ -1031,6 +1070,7 @@ static void
 note_store(bool ok, int64 beat_no)
 {
 	FelixStoreView v;
+	TimestampTz now = GetCurrentTimestamp();
 
 	memset(&v, 0, sizeof(v));
 	if (felix_store_is_etcd())
@@ -1053,8 +1093,28 @@ note_store(bool ok, int64 beat_no)
 		strlcpy(v.error, ok ? "" : felix_cp_last_error(), sizeof(v.error));
 	}
 	v.ok = ok;
+	v.joined = true;
+	strlcpy(v.sqlstate, ok ? "" : felix_cp_last_sqlstate(), sizeof(v.sqlstate));
 	SpinLockAcquire(&hb_shared->mutex);
+	v.ok_at = ok ? now : hb_shared->store.ok_at;
+	v.failing_since = ok ? 0 :
+		hb_shared->store.failing_since != 0 ? hb_shared->store.failing_since : now;
 	hb_shared->store = v;
+	SpinLockRelease(&hb_shared->mutex);
+}
+
+/* This node does not call the control plane at all: why, for felix_nodes. */
+static void
+note_blocked(const char *why)
+{
+	TimestampTz now = GetCurrentTimestamp();
+
+	SpinLockAcquire(&hb_shared->mutex);
+	hb_shared->store.ok = false;
+	hb_shared->store.joined = false;
+	strlcpy(hb_shared->store.error, why, sizeof(hb_shared->store.error));
+	if (hb_shared->store.failing_since == 0)
+		hb_shared->store.failing_since = now;
 	SpinLockRelease(&hb_shared->mutex);
 }
 

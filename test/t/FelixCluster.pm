@@ -85,34 +85,17 @@ sub new
 	{
 		push @pg, PostgreSQL::Test::Cluster->new("${prefix}$k");
 	}
-	my $cp_conninfo = _conninfo($pg[0]);
+	$self->{cp_conninfo} = _conninfo($pg[0]);
+	$self->{etcd_auth} = \%etcd_auth;
+	$self->{opt} = \%opt;
 	my @names = map { "node$_" } 1 .. $n;
 	for my $k (1 .. $n)
 	{
 		my $node = $pg[ $k - 1 ];
 		my $name = "node$k";
 		$node->init;
-		$node->append_conf(
-			'postgresql.conf',
-			join("\n",
-				felix_base_conf(),
-				"felix.node_name = '$name'",
-				"felix.node_conninfo = '" . felix_node_conninfo($node, $name) . "'",
-				$self->{etcd}
-				? ("felix.etcd_endpoints = '" . $self->{etcd}->endpoints . "'",
-					"felix.etcd_prefix = '$self->{etcd_prefix}'", @{ $etcd_auth{$k} // [] },
-					($opt{etcd_tls}
-					? ("felix.etcd_cacert = '$opt{etcd_tls}{ca}'",
-						"felix.etcd_cert = '$opt{etcd_tls}{client_cert}'",
-						"felix.etcd_key = '$opt{etcd_tls}{client_key}'")
-					: ()))
-				: ("felix.control_conninfo = '"
-					  . ($k == 1 ? '' : $cp_conninfo) . "'"),
-				"max_connections = 40",
-				"log_min_messages = info",
-				@{ $opt{conf} // [] },
-				@{ $opt{node_conf}{$k} // [] })
-			  . "\n");
+		$node->append_conf('postgresql.conf',
+			join("\n", $self->_node_conf($node, $name, $k), @{ $opt{node_conf}{$k} // [] }) . "\n");
 		$self->{nodes}[ $k - 1 ] = $node;
 		$self->{by_name}{$name} = $node;
 		$node->{felix_name} = $name;
@@ -129,6 +112,49 @@ sub new
 	$_->safe_psql('postgres', "SELECT $roles") for @pg;
 	$self->wait_alive(\@names, 60);
 	return $self;
+}
+
+# The postgresql.conf lines of a server that is node $name of this
+# cluster ($k: which node's etcd credentials it uses; node 1 hosts the
+# embedded control plane).
+sub _node_conf
+{
+	my ($self, $node, $name, $k) = @_;
+	my %opt = %{ $self->{opt} };
+	return (
+		felix_base_conf(),
+		"felix.node_name = '$name'",
+		"felix.node_conninfo = '" . felix_node_conninfo($node, $name) . "'",
+		$self->{etcd}
+		? ("felix.etcd_endpoints = '" . $self->{etcd}->endpoints . "'",
+			"felix.etcd_prefix = '$self->{etcd_prefix}'", @{ $self->{etcd_auth}{$k} // [] },
+			($opt{etcd_tls}
+			? ("felix.etcd_cacert = '$opt{etcd_tls}{ca}'",
+				"felix.etcd_cert = '$opt{etcd_tls}{client_cert}'",
+				"felix.etcd_key = '$opt{etcd_tls}{client_key}'")
+			: ()))
+		: ("felix.control_conninfo = '" . ($k == 1 ? '' : $self->{cp_conninfo}) . "'"),
+		"max_connections = 40",
+		"log_min_messages = info",
+		@{ $opt{conf} // [] });
+}
+
+# A server outside the cluster's node list (PostgreSQL::Test::Cluster
+# $pgname) configured as node $name of this cluster -- a second server
+# given a name already in use, say -- with etcd credentials of node $k.
+# Started, with the extension and every node's role; not waited for.
+sub extra_server
+{
+	my ($self, $pgname, $name, $k) = @_;
+	my $node = PostgreSQL::Test::Cluster->new($pgname);
+	$node->init;
+	$node->append_conf('postgresql.conf', join("\n", $self->_node_conf($node, $name, $k)) . "\n");
+	$node->start;
+	$node->safe_psql('postgres', 'CREATE EXTENSION felix');
+	my $roles = join(', ', map { "felix_create_node_role('node$_')" } 1 .. $self->{n});
+	$node->safe_psql('postgres', "SELECT $roles");
+	$node->{felix_name} = $name;
+	return $node;
 }
 
 # Where a node is: host=<socket dir> port=<port> dbname=postgres (what it

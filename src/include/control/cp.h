@@ -69,6 +69,15 @@ typedef struct CpHeartbeatResult
 
 extern void cp_heartbeat(const CpHeartbeatArgs *args, CpHeartbeatResult *out);
 
+/*
+ * A server whose heartbeat was refused because node `node` is alive as
+ * another data directory records that it tried (clashes/<node>), so that
+ * felix_nodes everywhere, and the log of the server holding the name, say
+ * so.  Does nothing unless the control plane still knows `node` alive
+ * under another incarnation than `incarnation`.
+ */
+extern void cp_name_clash(const char *node, const char *incarnation, const char *conninfo);
+
 /* ---- reports ---- */
 
 typedef struct CpReportRow
@@ -140,6 +149,7 @@ typedef struct CpNodeRow
 	const CpNode *node;
 	bool		alive;			/* in the duty holder's alive list */
 	bool		duty;			/* runs the duties */
+	const CpClash *clash;		/* the last server refused its name, or NULL */
 } CpNodeRow;
 
 typedef struct CpHaltRow

@@ -84,6 +84,9 @@ extern int	felix_cp_duty_tick(FelixCpSession *s, int elevel);
 
 /* The cluster's nodes and halted followers, for the caches the views read. */
 extern bool felix_cp_nodes(FelixCpSession *s, FelixNodeInfo **nodes, int *n, int elevel);
+/* After a heartbeat refused because another server holds this node's name:
+ * tell the control plane this server tried (cp_name_clash). */
+extern bool felix_cp_name_clash(FelixCpSession *s, int elevel);
 extern bool felix_cp_halted(FelixCpSession *s, FelixHaltInfo **halts, int *n, int elevel);
 
 /*

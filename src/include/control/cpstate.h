@@ -13,6 +13,8 @@
  *	    reports/<stream>/<NNNNNN> its leader's reports on followers (CpReports)
  *	    duty                      the node running the duties (CpDuty)
  *	    alive                     the nodes the duty holder sees alive (CpAlive)
+ *	    clashes/<name>            the last server refused the name <name>
+ *	                              while another held it (CpClash)
  *
  *	  Times in records are the writer's wall clock in ms since the Unix
  *	  epoch and are shown, never compared across hosts: every decision
@@ -169,8 +171,23 @@ typedef struct CpAlive
 	int64		rev;
 } CpAlive;
 
+/*
+ * A second server that asked to be node `node` while the control plane
+ * knew that node, alive, as another felix data directory: written by the
+ * refused server (cp_name_clash), shown by every node's felix_nodes and
+ * logged by the node that holds the name.  Never read by any rule.
+ */
+typedef struct CpClash
+{
+	char	   *node;
+	char	   *incarnation;	/* the refused server's data directory */
+	char	   *conninfo;		/* ... and its address (masked) */
+	int64		at_ms;
+} CpClash;
+
 /* Keys. */
 extern char *cp_key_node(const char *name);
+extern char *cp_key_clash(const char *name);
 extern char *cp_key_leads(const char *name);
 extern char *cp_key_stream(const char *name);
 extern char *cp_key_shard(const char *stream, int shard);
@@ -185,6 +202,7 @@ extern bool cp_shard_read(const FelixKV *kv, CpShard *out);
 extern bool cp_reports_read(const FelixKV *kv, CpReports *out);
 extern bool cp_duty_read(const FelixKV *kv, CpDuty *out);
 extern bool cp_alive_read(const FelixKV *kv, CpAlive *out);
+extern bool cp_clash_read(const FelixKV *kv, CpClash *out);
 
 /* ... and back (palloc'd JSON). */
 extern char *cp_node_write(const CpNode *n);
@@ -193,6 +211,7 @@ extern char *cp_shard_write(const CpShard *s);
 extern char *cp_reports_write(const CpReports *r);
 extern char *cp_duty_write(const CpDuty *d);
 extern char *cp_alive_write(const CpAlive *a);
+extern char *cp_clash_write(const CpClash *c);
 extern const char *cp_leads_value(void);
 
 /* Helpers over records. */
@@ -238,6 +257,8 @@ typedef struct CpSnapshot
 	int			nleads;
 	char	  **leads_node;
 	int64	   *leads_rev;
+	int			nclashes;
+	CpClash    *clashes;
 } CpSnapshot;
 
 /*
@@ -252,5 +273,6 @@ extern CpStream *cp_snapshot_stream(const CpSnapshot *snap, const char *name);
 extern CpShard *cp_snapshot_shard(const CpSnapshot *snap, const char *stream, int shard);
 extern CpReports *cp_snapshot_reports(const CpSnapshot *snap, const char *stream, int shard);
 extern int64 cp_snapshot_leads_rev(const CpSnapshot *snap, const char *node);
+extern CpClash *cp_snapshot_clash(const CpSnapshot *snap, const char *node);
 
 #endif							/* FELIX_CONTROL_CPSTATE_H */

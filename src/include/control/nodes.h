@@ -35,6 +35,10 @@ typedef struct FelixNodeInfo
 	bool		duty;			/* runs the control-plane duties */
 	TimestampTz last_heartbeat;
 	char		peers[FELIX_NODE_PEERS_LEN];	/* JSON: peer -> "" or why unreachable */
+	/* the last server refused this node's name while it was alive ("": none) */
+	char		clash_incarnation[FELIX_INCARNATION_LEN];
+	char		clash_conninfo[256];
+	TimestampTz clash_at;
 } FelixNodeInfo;
 
 /*

@@ -14,6 +14,8 @@
 
 #include "postgres.h"
 
+#include "datatype/timestamp.h"
+
 /* Register the worker (from _PG_init, while preloading). */
 extern void felix_heartbeat_worker_register(void);
 
@@ -25,8 +27,12 @@ extern void felix_heartbeat_apply_stream(const char *stream);
 typedef struct FelixStoreView
 {
 	bool		ok;				/* the last call succeeded */
+	bool		joined;			/* this node passed its own checks and called */
 	char		store[320];		/* which store, the endpoint, the etcd leader */
 	char		error[256];		/* the last failure ("" if ok) */
+	char		sqlstate[6];	/* ... and its SQLSTATE, when it had one */
+	TimestampTz ok_at;			/* the last heartbeat the store took (0: none) */
+	TimestampTz failing_since;	/* the first failure since then (0 if ok) */
 } FelixStoreView;
 
 extern void felix_heartbeat_store_view(FelixStoreView *out);
