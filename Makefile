@@ -73,7 +73,7 @@ SHLIB_LINK_INTERNAL = $(libpq)
 SHLIB_LINK = -lcurl
 PG_CFLAGS   = -Wall -Wextra -Werror -Wno-unused-parameter -Wno-missing-field-initializers -Wno-sign-compare
 
-REGRESS      = setup api refusals views control_plane truncate hostile security quota
+REGRESS      = setup api refusals views control_plane truncate hostile security utility_matrix quota
 REGRESS_OPTS = --temp-instance=./tmp_regress --temp-config=$(srcdir)/test/regress.conf
 
 ISOLATION      = publish_contiguous insert_abort copy_visibility publish_acl_first

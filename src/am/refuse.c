@@ -6,10 +6,29 @@
  *	  locked, indexed or reshaped.  Statements that would try are stopped
  *	  here before they run — an executor hook for UPDATE, DELETE, MERGE,
  *	  INSERT ... ON CONFLICT and row locks, a utility hook for TRUNCATE,
- *	  CREATE INDEX, ALTER TABLE, RENAME, VACUUM FULL, CLUSTER, rules and
- *	  row-level AFTER triggers — each with ERRCODE_FEATURE_NOT_SUPPORTED, a message
- *	  naming the stream and a hint.  The access method (tableam.c) raises
- *	  the same errors as a backstop for any path that gets past these.
+ *	  CREATE INDEX, ALTER TABLE, RENAME, SET SCHEMA (of a stream, or a
+ *	  rename of the schema holding one), VACUUM FULL, CLUSTER, rules,
+ *	  row-level AFTER triggers, inheritance and partitions, publications
+ *	  and extension membership — each with ERRCODE_FEATURE_NOT_SUPPORTED,
+ *	  a message naming the stream and a hint.  The access method
+ *	  (tableam.c) raises the same errors as a backstop for any path that
+ *	  gets past these.
+ *
+ *	  A table created USING felix by hand becomes a stream when a restore
+ *	  labels it (seclabel.c), so it must be created as plainly as
+ *	  felix_create_stream and pg_dump create one: no parent, no type, no
+ *	  constraints or defaults.
+ *
+ *	  Ownership decides the quotas (felix.max_streams_per_role and
+ *	  felix.max_shards_per_role count the streams a role owns), so ALTER
+ *	  TABLE ... OWNER TO and REASSIGN OWNED that give a role streams are
+ *	  checked against the new owner's quota once PostgreSQL has made the
+ *	  change (and checked the caller's right to make it); over quota, the
+ *	  statement fails and its transaction rolls the change back.
+ *
+ *	  sql/utility_matrix.sql applies every statement that can name a
+ *	  table to a stream, against test/matrix/statements.txt, which
+ *	  classifies every command tag of PostgreSQL.
  *
  *	  EXPLAIN without ANALYZE is let through: it shows the plan and runs
  *	  nothing.
@@ -22,17 +41,23 @@
  */
 #include "postgres.h"
 
+#include "access/tableam.h"
 #include "am/am.h"
 #include "api/catalog.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_trigger.h"
 #include "commands/defrem.h"
+#include "commands/extension.h"
 #include "executor/executor.h"
+#include "felix.h"
 #include "miscadmin.h"
+#include "nodes/makefuncs.h"
 #include "nodes/parsenodes.h"
 #include "nodes/plannodes.h"
 #include "parser/parsetree.h"
+#include "privilege.h"
 #include "tcop/utility.h"
+#include "utils/acl.h"
 #include "utils/lsyscache.h"
 
 static ExecutorStart_hook_type prev_ExecutorStart = NULL;
@@ -73,6 +98,27 @@ stream_name_rv(RangeVar *rv)
 	if (rv == NULL)
 		return NULL;
 	return stream_name(RangeVarGetRelid(rv, NoLock, true));
+}
+
+/*
+ * The name of a stream whose table is in schema nsp, or NULL.  Reads
+ * felix.streams, so only where the extension is installed.
+ */
+static const char *
+stream_in_schema(Oid nsp)
+{
+	ListCell   *lc;
+
+	if (!OidIsValid(nsp) || !OidIsValid(get_extension_oid("felix", true)))
+		return NULL;
+	foreach(lc, felix_stream_list())
+	{
+		FelixStream *stream = lfirst(lc);
+
+		if (get_rel_namespace(stream->relid) == nsp)
+			return stream->name;
+	}
+	return NULL;
 }
 
 /* ---------------------------------------------------------------------
@@ -231,6 +277,8 @@ felix_ExecutorStart(QueryDesc *queryDesc, int eflags)
  */
 #define FELIX_HINT_FIXED_SHAPE \
 	"A stream's table keeps the shape felix_create_stream gave it; create a new stream instead."
+#define FELIX_HINT_SCHEMA_RECORDED \
+	"The control plane records the schema of every stream, and every node keeps the stream's table there."
 
 /* ALTER TABLE subcommands that leave a stream's columns and storage alone. */
 static bool
@@ -358,9 +406,251 @@ refuse_rename(RenameStmt *stmt)
 			if (name != NULL)
 				felix_refuse_feature(name, "renaming its columns", FELIX_HINT_FIXED_SHAPE);
 			break;
+		case OBJECT_SCHEMA:
+			name = stream_in_schema(get_namespace_oid(stmt->subname, true));
+			if (name != NULL)
+				felix_refuse_feature(name, "renaming its schema",
+									 FELIX_HINT_SCHEMA_RECORDED
+									 " Move the schema's other objects to a new schema instead.");
+			break;
 		default:
 			break;
 	}
+}
+
+/*
+ * Object types whose statements name a table (PostgreSQL then checks the
+ * relation's kind): ALTER VIEW ... SET SCHEMA may name a stream's table too.
+ */
+static bool
+names_table(ObjectType type)
+{
+	switch (type)
+	{
+		case OBJECT_TABLE:
+		case OBJECT_VIEW:
+		case OBJECT_MATVIEW:
+		case OBJECT_FOREIGN_TABLE:
+		case OBJECT_SEQUENCE:
+			return true;
+		default:
+			return false;
+	}
+}
+
+/* ALTER TABLE (VIEW, SEQUENCE, ...) ... SET SCHEMA naming a stream. */
+static void
+refuse_set_schema(AlterObjectSchemaStmt *stmt)
+{
+	const char *name;
+
+	if (!names_table(stmt->objectType))
+		return;
+	name = stream_name_rv(stmt->relation);
+	if (name != NULL)
+		felix_refuse_feature(name, "ALTER TABLE ... SET SCHEMA",
+							 FELIX_HINT_SCHEMA_RECORDED
+							 " Create a stream in the other schema and copy the records with INSERT ... SELECT.");
+}
+
+/* ALTER EXTENSION ... ADD TABLE (VIEW, SEQUENCE, ...) naming a stream. */
+static void
+refuse_extension_member(AlterExtensionContentsStmt *stmt)
+{
+	const char *name;
+
+	if (stmt->action <= 0 || !names_table(stmt->objtype))
+		return;
+	name = stream_name_rv(makeRangeVarFromNameList(castNode(List, stmt->object)));
+	if (name != NULL)
+		felix_refuse_feature(name, "being a member of an extension",
+							 "pg_dump leaves an extension's members out and DROP TABLE will not drop one alone; "
+							 "a stream travels through pg_dump with its felix label and is dropped with felix_drop_stream.");
+}
+
+/* CREATE PUBLICATION ... FOR TABLE, ALTER PUBLICATION ... ADD/SET TABLE. */
+static void
+refuse_publication(List *pubobjects)
+{
+	ListCell   *lc;
+
+	foreach(lc, pubobjects)
+	{
+		PublicationObjSpec *obj = lfirst_node(PublicationObjSpec, lc);
+		const char *name;
+
+		if (obj->pubobjtype != PUBLICATIONOBJ_TABLE || obj->pubtable == NULL)
+			continue;
+		name = stream_name_rv(obj->pubtable->relation);
+		if (name != NULL)
+			felix_refuse_feature(name, "logical replication publications",
+								 "A stream's records are not written to the WAL, so a publication would carry none of them; "
+								 "felix replicates a stream itself (replication_factor), and a reader follows it by (shard, seq).");
+	}
+}
+
+/*
+ * A table created USING felix (by name, or through
+ * default_table_access_method) becomes a stream when a restore labels it
+ * (seclabel.c).  A stream's table has exactly the columns
+ * felix_create_stream gives it, and nothing else: no parent, no type, no
+ * constraint or default -- felix_publish, which writes past the executor,
+ * would never check them, and a stream that is a partition or an
+ * inheritance child is refused everywhere else.  felix_create_stream and
+ * pg_dump create it with plain columns only.
+ */
+static void
+refuse_felix_table(CreateStmt *stmt)
+{
+	const char *am = stmt->accessMethod != NULL ? stmt->accessMethod : default_table_access_method;
+	const char *what = NULL;
+	ListCell   *lc;
+
+	/* a partitioned table has no access method */
+	if (stmt->partspec != NULL || am == NULL || strcmp(am, "felix") != 0)
+		return;
+	if (stmt->inhRelations != NIL)
+		what = stmt->partbound != NULL ? "as a partition" : "with a parent table (INHERITS)";
+	else if (stmt->ofTypename != NULL)
+		what = "as a typed table (OF)";
+	else if (stmt->constraints != NIL)
+		what = "with constraints";
+	foreach(lc, stmt->tableElts)
+	{
+		Node	   *elt = lfirst(lc);
+
+		if (what != NULL)
+			break;
+		if (IsA(elt, TableLikeClause))
+			what = "with LIKE";
+		else if (!IsA(elt, ColumnDef))
+			what = "with constraints";
+		else if (((ColumnDef *) elt)->constraints != NIL ||
+				 ((ColumnDef *) elt)->raw_default != NULL ||
+				 ((ColumnDef *) elt)->cooked_default != NULL ||
+				 ((ColumnDef *) elt)->identity != '\0' ||
+				 ((ColumnDef *) elt)->generated != '\0')
+			what = "with column constraints, defaults or generated columns";
+	}
+	if (what != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("cannot create table \"%s\" USING felix %s", stmt->relation->relname, what),
+				 errdetail("A table USING felix becomes a stream when a restore labels it, and a stream's table has "
+						   "just the columns felix_create_stream gives it."),
+				 errhint("Create streams with felix_create_stream(); to restore one, list its columns "
+						 "(shard, seq, key, payload, published_at) and nothing else.")));
+}
+
+/* ---------------------------------------------------------------------
+ * Quotas follow ownership
+ * ---------------------------------------------------------------------
+ */
+/*
+ * A statement that gives a role streams: ALTER TABLE ... OWNER TO on a
+ * stream, or REASSIGN OWNED from roles that own streams.  Found before the
+ * statement runs (to name a stream, and to know whether there is anything
+ * to check), checked after it ran.
+ */
+typedef struct QuotaCheck
+{
+	Oid			role;			/* the new owner; InvalidOid: nothing to check */
+	const char *stream;			/* a stream the statement gives it */
+	int			streams;		/* how many streams it gives it */
+} QuotaCheck;
+
+static void
+quota_check_before(Node *parsetree, QuotaCheck *qc)
+{
+	ListCell   *lc;
+
+	memset(qc, 0, sizeof(*qc));
+
+	/*
+	 * As at felix_create_stream, a superuser is not bounded: it may give a
+	 * role streams past the role's quota.  A superuser that receives
+	 * streams has no quota either.
+	 */
+	if ((!IsA(parsetree, AlterTableStmt) && !IsA(parsetree, ReassignOwnedStmt)) ||
+		superuser())
+		return;
+	if (IsA(parsetree, AlterTableStmt))
+	{
+		AlterTableStmt *stmt = (AlterTableStmt *) parsetree;
+
+		foreach(lc, stmt->cmds)
+		{
+			AlterTableCmd *cmd = lfirst_node(AlterTableCmd, lc);
+			Oid			relid;
+			Oid			role;
+			const FelixStream *stream;
+
+			if (cmd->subtype != AT_ChangeOwner)
+				continue;
+			relid = RangeVarGetRelid(stmt->relation, NoLock, true);
+			role = get_rolespec_oid(cmd->newowner, true);
+			if (stream_name(relid) == NULL || !OidIsValid(role) || superuser_arg(role) ||
+				felix_relation_owner_if_any(relid) == role ||
+				(stream = felix_stream_by_relid(relid)) == NULL)
+				return;
+			qc->role = role;
+			qc->stream = pstrdup(stream->name);
+			qc->streams = 1;
+			return;
+		}
+	}
+	else if (IsA(parsetree, ReassignOwnedStmt))
+	{
+		ReassignOwnedStmt *stmt = (ReassignOwnedStmt *) parsetree;
+		Oid			role = get_rolespec_oid(stmt->newrole, true);
+		List	   *from = NIL;
+
+		if (!OidIsValid(role) || superuser_arg(role) ||
+			!OidIsValid(get_extension_oid("felix", true)))
+			return;
+		foreach(lc, stmt->roles)
+			from = lappend_oid(from, get_rolespec_oid(lfirst_node(RoleSpec, lc), true));
+		foreach(lc, felix_stream_list())
+		{
+			FelixStream *stream = lfirst(lc);
+			Oid			owner = felix_relation_owner_if_any(stream->relid);
+
+			if (owner == role || !list_member_oid(from, owner))
+				continue;
+			if (qc->streams++ == 0)
+				qc->stream = pstrdup(stream->name);
+		}
+		if (qc->streams > 0)
+			qc->role = role;
+	}
+}
+
+static void
+quota_check_after(const QuotaCheck *qc)
+{
+	int64		streams_owned;
+	int64		shards_owned;
+
+	if (!OidIsValid(qc->role))
+		return;
+	felix_catalog_owned(qc->role, &streams_owned, &shards_owned);
+	if (streams_owned > felix_max_streams_per_role)
+		ereport(ERROR,
+				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+				 errmsg("cannot give stream \"%s\" to role \"%s\": the role would own " INT64_FORMAT " streams",
+						qc->stream, GetUserNameFromId(qc->role, false), streams_owned),
+				 qc->streams > 1 ?
+				 errdetail("felix.max_streams_per_role is %d; the statement gives the role %d streams.",
+						   felix_max_streams_per_role, qc->streams) :
+				 errdetail("felix.max_streams_per_role is %d.", felix_max_streams_per_role),
+				 errhint("Drop streams the role no longer needs, or ask a superuser to raise felix.max_streams_per_role.")));
+	if (shards_owned > felix_max_shards_per_role)
+		ereport(ERROR,
+				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+				 errmsg("cannot give stream \"%s\" to role \"%s\": the role would own " INT64_FORMAT " shards",
+						qc->stream, GetUserNameFromId(qc->role, false), shards_owned),
+				 errdetail("felix.max_shards_per_role is %d.", felix_max_shards_per_role),
+				 errhint("Drop streams the role no longer needs, or ask a superuser to raise felix.max_shards_per_role.")));
 }
 
 static void
@@ -470,12 +760,33 @@ refuse_utility(Node *parsetree)
 			break;
 
 		case T_CreateStmt:
+		case T_CreateForeignTableStmt:
+			/* a CreateForeignTableStmt begins with its CreateStmt */
 			foreach(lc, ((CreateStmt *) parsetree)->inhRelations)
 			{
 				name = stream_name_rv(lfirst_node(RangeVar, lc));
 				if (name != NULL)
 					felix_refuse_feature(name, "inheritance", FELIX_HINT_FIXED_SHAPE);
 			}
+			if (IsA(parsetree, CreateStmt))
+				refuse_felix_table((CreateStmt *) parsetree);
+			break;
+
+		case T_AlterObjectSchemaStmt:
+			refuse_set_schema((AlterObjectSchemaStmt *) parsetree);
+			break;
+
+		case T_CreatePublicationStmt:
+			refuse_publication(((CreatePublicationStmt *) parsetree)->pubobjects);
+			break;
+
+		case T_AlterPublicationStmt:
+			if (((AlterPublicationStmt *) parsetree)->action != AP_DropObjects)
+				refuse_publication(((AlterPublicationStmt *) parsetree)->pubobjects);
+			break;
+
+		case T_AlterExtensionContentsStmt:
+			refuse_extension_member((AlterExtensionContentsStmt *) parsetree);
 			break;
 
 		default:
@@ -489,7 +800,10 @@ felix_ProcessUtility(PlannedStmt *pstmt, const char *queryString,
 					 ParamListInfo params, QueryEnvironment *queryEnv,
 					 DestReceiver *dest, QueryCompletion *qc)
 {
+	QuotaCheck	quota;
+
 	refuse_utility(pstmt->utilityStmt);
+	quota_check_before(pstmt->utilityStmt, &quota);
 
 	if (prev_ProcessUtility)
 		prev_ProcessUtility(pstmt, queryString, readOnlyTree, context,
@@ -497,6 +811,8 @@ felix_ProcessUtility(PlannedStmt *pstmt, const char *queryString,
 	else
 		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context,
 								params, queryEnv, dest, qc);
+
+	quota_check_after(&quota);
 }
 
 void
