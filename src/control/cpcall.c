@@ -901,13 +901,26 @@ felix_cp_report(const char *reports, int64 token, int elevel)
 static void
 require_own_conninfo(int timeout_ms)
 {
-	if (felix_conninfo_verified() <= 0 &&
-		felix_verify_own_conninfo(timeout_ms, WARNING) <= 0)
+	int			verdict;
+
+	if (felix_conninfo_verified() > 0)
+		return;
+	verdict = felix_verify_own_conninfo(timeout_ms, WARNING);
+	if (verdict < 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("node \"%s\" cannot join the cluster: felix.node_conninfo does not reach it",
+				 errmsg("node \"%s\" cannot join the cluster: felix.node_conninfo reaches another felix node",
 						felix_node_name_resolved()),
 				 errhint("Set felix.node_conninfo to an address of this server (the WARNING above says what it reached) and restart it.")));
+	if (verdict == 0)
+		/* most often: the node's own role may not log in here (yet) */
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("node \"%s\" cannot join the cluster: it cannot log in to itself through felix.node_conninfo",
+						felix_node_name_resolved()),
+				 errdetail("Logging in as role %s failed: %s",
+						   felix_node_role(felix_node_name_resolved()), felix_conn_last_error()),
+				 errhint("Let that role log in to this server: a pg_hba.conf line for +felix_replication, and its password in the passfile felix.node_conninfo names (scripts/felix-node-credentials writes both; docs/security.md, \"How nodes log in\").")));
 }
 
 /* Open a session for one backend call; its connection is closed by the caller. */

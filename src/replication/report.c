@@ -207,7 +207,9 @@ complain(const char *msg)
 		ereport(WARNING,
 				(errmsg("felix ship: replica report to the control plane failed: %s", msg),
 				 errdetail("Quorum marks stay where they were until a report lands."),
-				 errhint("Check that the control plane is reachable and runs felix.cp_report.")));
+				 felix_store_is_etcd() ?
+				 errhint("Check that the etcd members in felix.etcd_endpoints are reachable and that this node's etcd user may write the reports keys under felix.etcd_prefix.") :
+				 errhint("Check that the control plane (felix.control_conninfo) is reachable and that this node's role may execute felix.cp_report there.")));
 		strlcpy(last_complaint, msg, sizeof(last_complaint));
 	}
 }

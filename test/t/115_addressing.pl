@@ -184,6 +184,12 @@ ok(defined FelixCluster::poll(30, sub {
 	'node3 logs that its felix.node_conninfo reaches node2, not itself');
 ok(defined FelixCluster::poll(30, sub { alive_in_cp('node3') eq 'f' }, 0.1),
 	'felix_nodes on node1 shows node3 not alive once its last heartbeat expires');
+# node3's own felix_nodes says why it is out, not only that it is
+my $own = '';
+ok( FelixCluster::poll(10,
+		sub { ($own = $n3->safe_psql('postgres', "SELECT state || ': ' || coalesce(reason, '') FROM felix_nodes WHERE name = 'node3'"))
+			  =~ /felix\.node_conninfo reaches another felix node, not this server/ }),
+	"node3's own felix_nodes row says its conninfo reaches another node") or diag($own);
 # and it stays so, past one re-check of its address (every 10 s)
 my $woke = FelixCluster::poll(12, sub { alive_in_cp('node3') eq 't' }, 0.2);
 ok(!defined $woke, 'node3 stays not alive for 12 s: it does not heartbeat');

@@ -9,6 +9,8 @@
 # and felix_nodes shows that server unreachable, with the reason naming
 # the password (not alive and well); the server logs name it too.  The
 # credentials script run again mends it.  No server log holds a password.
+# Run before CREATE EXTENSION, the credentials script says to create the
+# extension first.
 use strict;
 use warnings;
 
@@ -62,6 +64,17 @@ for my $k (1 .. 3)
 	$node->start;
 	$node->{felix_name} = "node$k";
 	push @nodes, $node;
+}
+
+# The newcomer's slip: the credentials before the extension.  The script
+# says what to do instead of passing on psql's "function does not exist".
+{
+	my ($ok, $out, $err) = run_script("$scripts/felix-node-credentials", '-h', $nodes[0]->host,
+		'-p', $nodes[0]->port, 'node1', $creds, "$dir/pgpass_node1");
+	ok(!$ok, 'felix-node-credentials before CREATE EXTENSION fails');
+	like($err, qr/felix is not installed in database postgres here: run CREATE EXTENSION felix there first/,
+		'... saying to create the extension first');
+	unlike($err, qr/does not exist/, '... not with a missing function');
 }
 
 # 2. the extension, 3. the credentials, on every server.
