@@ -35,6 +35,7 @@ OBJS = \
 	src/api/stream.o \
 	src/api/seclabel.o \
 	src/api/publish.o \
+	src/api/forward.o \
 	src/api/pending.o \
 	src/api/views.o \
 	src/api/operations.o \

@@ -78,6 +78,7 @@ int			felix_max_transaction_bytes = 256 * 1024 * 1024;
 int			felix_max_streams_per_role = 64;
 int			felix_max_shards_per_role = 256;
 int			felix_max_bytes_per_role = 0;
+bool		felix_forward_publishes = true;
 
 bool		felix_preloaded = false;
 
@@ -194,6 +195,11 @@ define_gucs(void)
 							NULL,
 							&felix_node_expiry, 1500, 10, 3600000,
 							PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
+	DefineCustomBoolVariable("felix.forward_publishes",
+							 "Whether a publish of a shard this node does not lead is forwarded to its leader.",
+							 "Off: such a publish is refused with 55F02 naming the leader, for applications that route themselves.",
+							 &felix_forward_publishes, true,
+							 PGC_USERSET, 0, NULL, NULL, NULL);
 	DefineCustomBoolVariable("felix.control_plane_duties",
 							 "Whether this node may run the control-plane duties (failure detection, promotion).",
 							 "Exactly one node runs them at a time, chosen through the control-plane store; "

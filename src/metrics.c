@@ -49,6 +49,7 @@ const char *const felix_counter_names[FELIX_NUM_COUNTERS] = {
 	[FELIX_CTR_STORE_REQUESTS] = "store_requests",
 	[FELIX_CTR_STORE_FAILURES] = "store_failures",
 	[FELIX_CTR_STORE_REQUEST_US] = "store_request_us",
+	[FELIX_CTR_PUBLISHES_FORWARDED] = "publishes_forwarded",
 };
 
 static pg_atomic_uint64 *felix_counters = NULL;

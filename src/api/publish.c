@@ -27,10 +27,12 @@
 #include "access/htup_details.h"
 #include "access/relation.h"
 #include "api/catalog.h"
+#include "api/forward.h"
 #include "api/publish.h"
 #include "catalog/pg_trigger.h"
 #include "catalog/pg_type.h"
 #include "commands/trigger.h"
+#include "control/conninfo.h"
 #include "felix.h"
 #include "privilege.h"
 #include "fmgr.h"
@@ -40,6 +42,7 @@
 #include "storage/lmgr.h"
 #include "replication/leader.h"
 #include "storage/shard.h"
+#include "utils/acl.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
@@ -85,17 +88,31 @@ insert_trigger_fires(Relation rel)
 void
 publish_check_access(const FelixStream *stream)
 {
+	publish_check_access_as(stream, GetUserId());
+}
+
+void
+publish_check_access_as(const FelixStream *stream, Oid role)
+{
 	Relation	rel;
 
-	felix_check_stream_acl(stream->relid, stream->name, ACL_INSERT, "publish to");
+	if (pg_class_aclcheck(stream->relid, role, ACL_INSERT) != ACLCHECK_OK)
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("permission denied to publish to stream \"%s\"", stream->name),
+				 role != GetUserId() ?
+				 errdetail("Role \"%s\" has no INSERT privilege on the stream's table on leader \"%s\".",
+						   GetUserNameFromId(role, false), felix_node_name_resolved()) : 0,
+				 errhint("It needs INSERT privilege on the stream's table, on every node: GRANT INSERT ON %s TO ...",
+						 quote_identifier(stream->name))));
 	LockRelationOid(stream->relid, RowExclusiveLock);
 
 	rel = relation_open(stream->relid, NoLock);
-	if (check_enable_rls(stream->relid, InvalidOid, false) == RLS_ENABLED)
+	if (check_enable_rls(stream->relid, role, false) == RLS_ENABLED)
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 				 errmsg("cannot publish to stream \"%s\" with a function: its row-level security policies apply to role \"%s\"",
-						stream->name, GetUserNameFromId(GetUserId(), false)),
+						stream->name, GetUserNameFromId(role, false)),
 				 errhint("Publish with INSERT INTO %s (key, payload) VALUES (...), which applies the policies.",
 						 quote_qualified_identifier(get_namespace_name(RelationGetNamespace(rel)),
 													RelationGetRelationName(rel)))));
@@ -390,8 +407,10 @@ felix_publish(PG_FUNCTION_ARGS)
 	{
 		uint32		one = 1;
 		StringInfo	b = &batch;
+		FelixShard *s = felix_stream_shard(stream, shard);
 
-		seq = leader_publish(felix_stream_shard(stream, shard), &b, &one, 1);
+		seq = forward_wanted(s) ? forward_publish(stream, shard, b, one) :
+			leader_publish(s, &b, &one, 1);
 	}
 	pfree(batch.data);
 
@@ -530,8 +549,10 @@ felix_publish_batch(PG_FUNCTION_ARGS)
 			continue;
 		{
 			StringInfo	buf = &b->buf;
+			FelixShard *s = felix_stream_shard(stream, sh);
 
-			b->base = leader_publish(felix_stream_shard(stream, sh), &buf, &b->count, 1);
+			b->base = forward_wanted(s) ? forward_publish(stream, sh, buf, b->count) :
+				leader_publish(s, &buf, &b->count, 1);
 		}
 		pfree(b->buf.data);
 	}

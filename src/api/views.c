@@ -135,7 +135,10 @@ felix_shard_states(PG_FUNCTION_ARGS)
 				else if (phase == FELIX_SHARD_OPEN && v.role == FELIX_ROLE_LEADER &&
 						 felix_monotonic_ns() >= expiry)
 					/* leader by the last word of the control plane, but unable to act on it */
-					error = pstrdup("this node's lease on the shard has lapsed: it acknowledges no publish "
+					error = pstrdup(expiry == 0 ?
+									"this node holds no lease on the shard (released for a hand-over, or not "
+									"granted yet): it acknowledges no publish until the control plane grants one" :
+									"this node's lease on the shard has lapsed: it acknowledges no publish "
 									"until the control plane renews it (felix_nodes shows this node's "
 									"view of the control plane)");
 
@@ -282,7 +285,8 @@ felix_nodes_view(PG_FUNCTION_ARGS)
 	felix_heartbeat_store_view(&store);
 	memset(&t, 0, sizeof(t));
 	felix_incarnation(t.own_incarnation, NULL);
-	t.stale = !store.ok && store.failing_since != 0 &&
+	/* no heartbeat taken for a lease: whatever the last call said (a worker stuck, or gone) */
+	t.stale = (store.ok_at != 0 || store.failing_since != 0) &&
 		TimestampDifferenceExceeds(store.ok_at != 0 ? store.ok_at : store.failing_since,
 								   GetCurrentTimestamp(), felix_lease_duration);
 	if (t.stale)

@@ -162,6 +162,46 @@ void_reports(const CpSnapshot *snap, const char *node, bool drop,
 	}
 }
 
+/*
+ * The record of the node a refused heartbeat names, as this process last
+ * saw it, and since when (its monotonic clock) it has not changed.
+ */
+static struct
+{
+	char		node[NAMEDATALEN];
+	int64		rev;
+	int64		since_ns;
+}			holder_seen;
+
+/*
+ * Has node `holder` written nothing for felix.node_expiry (at least two
+ * leases and a margin), as this process saw its record?  The alive list is the duty holder's, and duties that do
+ * not run (held, or run by the very node whose directory was wiped) never
+ * declare a silent node dead; a node heartbeats every interval, so a
+ * record unchanged that long is one no server is heartbeating for, and a
+ * new incarnation may take the name.
+ */
+static bool
+holder_silent(const CpNode *holder)
+{
+	int64		now = felix_monotonic_ns();
+
+	if (strcmp(holder_seen.node, holder->name) != 0 || holder_seen.rev != holder->rev)
+	{
+		strlcpy(holder_seen.node, holder->name, NAMEDATALEN);
+		holder_seen.rev = holder->rev;
+		holder_seen.since_ns = now;
+		return false;
+	}
+	/*
+	 * At least two leases and a margin, whatever felix.node_expiry this
+	 * server was given: a pause of the holder shorter than that never
+	 * gives its name away.
+	 */
+	return now - holder_seen.since_ns >=
+		(int64) Max(felix_node_expiry, 2 * felix_lease_duration + felix_lease_margin) * 1000000;
+}
+
 void
 cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 {
@@ -210,11 +250,14 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 		 * a second server given the same felix.node_name.  Taking it would
 		 * make the two register in turn, each void the other's copies and
 		 * lose every lease.  It is refused until the known one is declared
-		 * dead -- which is also how a node whose directory was wiped comes
-		 * back: its old incarnation stops heartbeating first.
+		 * dead, or has not heartbeaten for felix.node_expiry (at least two
+		 * leases and a margin) as this process saw it -- which is also how
+		 * a node whose directory was wiped comes back: its old incarnation
+		 * stops heartbeating first.
 		 */
 		if (prev && strcmp(prev->incarnation, a->incarnation) != 0 &&
-			snap.have_alive && cp_alive_has(&snap.alive, prev->name))
+			!(snap.have_alive && !cp_alive_has(&snap.alive, prev->name)) &&
+			!holder_silent(prev))
 			ereport(ERROR,
 					(errcode(ERRCODE_DUPLICATE_OBJECT),
 					 errmsg("node name \"%s\" is in use by another server, at \"%s\"",

@@ -53,6 +53,7 @@ extern int	felix_max_transaction_bytes;	/* buffered INSERT/COPY bytes */
 extern int	felix_max_streams_per_role; /* streams a non-superuser may own */
 extern int	felix_max_shards_per_role;	/* shards a non-superuser may own */
 extern int	felix_max_bytes_per_role;	/* MB its streams may hold here; 0: no cap */
+extern bool felix_forward_publishes;	/* forward publishes to the shard's leader */
 
 /* felix's own SQLSTATEs (class 55: object not in prerequisite state) */
 #define FELIX_ERRCODE_QUORUM_TIMEOUT	MAKE_SQLSTATE('5','5','F','0','1')

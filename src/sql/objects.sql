@@ -393,6 +393,17 @@ RETURNS TABLE(seq bigint, key text, payload bytea, published_at bigint, visible_
 REVOKE ALL ON FUNCTION felix.read_shard(text, text, integer, bigint, bigint, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION felix.read_shard(text, text, integer, bigint, bigint, integer) TO felix_replication;
 
+-- A node publishes on the shard's leader for a client connected to it
+-- (felix.forward_publishes): the leader checks as_role's privileges and
+-- every record, and answers 'published' with the first seq, or
+-- 'not_leader' when it refused at admission (nothing was appended).
+CREATE FUNCTION felix.forward_publish(stream text, creation_id text, shard integer,
+                                      as_role text, batch bytea,
+                                      OUT status text, OUT seq bigint)
+    AS 'MODULE_PATHNAME', 'felix_forward_publish' LANGUAGE C CALLED ON NULL INPUT VOLATILE;
+REVOKE ALL ON FUNCTION felix.forward_publish(text, text, integer, text, bytea) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION felix.forward_publish(text, text, integer, text, bytea) TO felix_replication;
+
 -- Who this node is: its name and the incarnation of its felix data
 -- directory.  A node checks at registration that its own conninfo reaches
 -- a server answering with its name and incarnation.

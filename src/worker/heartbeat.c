@@ -892,7 +892,7 @@ refresh_halts(void)
 		cp_failed(elevel);
 }
 
-static void note_store(bool ok, int64 beat_no);
+static void note_store(bool ok, bool called, int64 beat_no);
 static void note_blocked(const char *why);
 
 static void
@@ -934,7 +934,7 @@ heartbeat_once(void)
 	{
 		felix_count(FELIX_CTR_HEARTBEATS_FAILED, 1);
 		failed_in_a_row++;
-		note_store(false, beats);
+		note_store(false, false, beats);
 		return;
 	}
 
@@ -953,7 +953,7 @@ heartbeat_once(void)
 							&shards, &nrows, elevel))
 	{
 		pgstat_report_activity(STATE_IDLE, NULL);
-		note_store(false, beats);
+		note_store(false, true, beats);
 		if (strcmp(felix_cp_last_sqlstate(), "55F06") == 0)
 		{
 			/* an older copy of this data directory: it becomes a new one */
@@ -973,7 +973,7 @@ heartbeat_once(void)
 		return;
 	}
 	pgstat_report_activity(STATE_IDLE, NULL);
-	note_store(true, beats);
+	note_store(true, true, beats);
 	if (failed_in_a_row > 0)
 		ereport(LOG,
 				(errmsg("felix heartbeat: the control plane answers again after %d failed heartbeat%s",
@@ -1067,7 +1067,7 @@ felix_heartbeat_store_view(FelixStoreView *out)
  * failure.
  */
 static void
-note_store(bool ok, int64 beat_no)
+note_store(bool ok, bool called, int64 beat_no)
 {
 	FelixStoreView v;
 	TimestampTz now = GetCurrentTimestamp();
@@ -1093,8 +1093,8 @@ note_store(bool ok, int64 beat_no)
 		strlcpy(v.error, ok ? "" : felix_cp_last_error(), sizeof(v.error));
 	}
 	v.ok = ok;
-	v.joined = true;
-	strlcpy(v.sqlstate, ok ? "" : felix_cp_last_sqlstate(), sizeof(v.sqlstate));
+	/* a failure to connect has no SQLSTATE of its own: never an old one */
+	strlcpy(v.sqlstate, ok || !called ? "" : felix_cp_last_sqlstate(), sizeof(v.sqlstate));
 	SpinLockAcquire(&hb_shared->mutex);
 	v.ok_at = ok ? now : hb_shared->store.ok_at;
 	v.failing_since = ok ? 0 :
@@ -1111,7 +1111,7 @@ note_blocked(const char *why)
 
 	SpinLockAcquire(&hb_shared->mutex);
 	hb_shared->store.ok = false;
-	hb_shared->store.joined = false;
+	hb_shared->store.sqlstate[0] = '\0';
 	strlcpy(hb_shared->store.error, why, sizeof(hb_shared->store.error));
 	if (hb_shared->store.failing_since == 0)
 		hb_shared->store.failing_since = now;

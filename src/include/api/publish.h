@@ -34,6 +34,8 @@ extern void publish_payload_bytes(const FelixStream *stream, int shard,
 
 /* Take the lock and privilege a publish needs on the stream's table. */
 extern void publish_check_access(const FelixStream *stream);
+/* ... for `role` rather than the current user (a publish forwarded here). */
+extern void publish_check_access_as(const FelixStream *stream, Oid role);
 
 /* What a publish is about to append to one stream (publish_check_bytes). */
 typedef struct PublishCharge

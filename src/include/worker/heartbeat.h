@@ -27,7 +27,6 @@ extern void felix_heartbeat_apply_stream(const char *stream);
 typedef struct FelixStoreView
 {
 	bool		ok;				/* the last call succeeded */
-	bool		joined;			/* this node passed its own checks and called */
 	char		store[320];		/* which store, the endpoint, the etcd leader */
 	char		error[256];		/* the last failure ("" if ok) */
 	char		sqlstate[6];	/* ... and its SQLSTATE, when it had one */
