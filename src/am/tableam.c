@@ -77,6 +77,8 @@ typedef struct CursorShard
 	bool		end_known;		/* elsewhere: end fixed by the first read */
 	uint64		start;			/* visible [start, end) */
 	uint64		end;
+	uint64		unchecked_lo;	/* records in [lo, hi) are checked (see below) */
+	uint64		unchecked_hi;
 	FelixShard *slot;
 } CursorShard;
 
@@ -221,7 +223,10 @@ cursor_take(FelixCursor *c, int32 i)
 			cs->end = PG_UINT64_MAX;
 		}
 		else
+		{
 			shard_visible(cs->slot, &cs->start, &cs->end);
+			shard_unchecked(cs->slot, &cs->unchecked_lo, &cs->unchecked_hi);
+		}
 		cs->taken = true;
 	}
 	return cs;
@@ -293,15 +298,17 @@ cursor_varlena(FelixCursor *c, char **buf, Size *cap, const char *bytes, uint32 
 }
 
 /*
- * A record read from a peer becomes values of text and of the stream's
- * payload type only if its key and payload are valid ones: bytes that are
- * not would be trusted by jsonb_out, the jsonb operators and the text
- * functions, which may crash on them, and a node must never crash on what
- * a peer sent.  Records from this node's own segment files are not
- * checked again here: each was validated before it was written (a value
- * PostgreSQL made, or a shipment verified by append.c), and the files'
- * CRC-32C checksums catch damage since.  Checking them on every read
- * would cost a full scan three times its time (docs/security.md).
+ * A record becomes values of text and of the stream's payload type only
+ * if its key and payload are valid ones: bytes that are not would be
+ * trusted by jsonb_out, the jsonb operators and the text functions, which
+ * may crash on them, and a node must never crash on what a peer sent or a
+ * file held.  Checked here: every record read from a peer, and every
+ * record of this node's segment files as they were when the shard opened,
+ * until the node worker has checked those once (shard_unchecked).
+ * Records appended since were checked before they were written (a value
+ * PostgreSQL made, or a shipment verified by append.c), and CRC-32C
+ * catches damage to them; checking every record on every read would cost
+ * a full scan three times its time (docs/security.md).
  */
 static void
 cursor_check_record(FelixCursor *c, int32 shard, const FelixRecord *rec,
@@ -316,12 +323,19 @@ cursor_check_record(FelixCursor *c, int32 shard, const FelixRecord *rec,
 									  rec->payload_len, &why)))
 		return;
 	felix_count(FELIX_CTR_CORRUPTIONS_DETECTED, 1);
+	if (c->remote != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_CORRUPTED),
+				 errmsg("stream \"%s\" shard %d: the record at seq " UINT64_FORMAT " read from node \"%s\" is not a valid %s: %s",
+						c->stream.name, shard, rec->seq, remote_reader_node(c->remote),
+						bad_key ? "key" : format_type_be(c->stream.payload_type), why),
+				 errhint("Read the shard on another replica (felix_shards lists them), and check that node's felix version and its copy of the shard.")));
 	ereport(ERROR,
 			(errcode(ERRCODE_DATA_CORRUPTED),
-			 errmsg("stream \"%s\" shard %d: the record at seq " UINT64_FORMAT " read from node \"%s\" is not a valid %s: %s",
-					c->stream.name, shard, rec->seq, remote_reader_node(c->remote),
+			 errmsg("stream \"%s\" shard %d: the record at seq " UINT64_FORMAT " in this node's segment files is not a valid %s: %s",
+					c->stream.name, shard, rec->seq,
 					bad_key ? "key" : format_type_be(c->stream.payload_type), why),
-			 errhint("Read the shard on another replica (felix_shards lists them), and check that node's felix version and its copy of the shard.")));
+			 errhint("The files were changed outside felix.  Restore the shard's copy from a replica (felix_rebuild on a follower) or from a backup.")));
 }
 
 static void
@@ -337,7 +351,8 @@ cursor_fill(FelixCursor *c, TupleTableSlot *slot, int32 shard, const FelixRecord
 						c->stream.name, slot->tts_tupleDescriptor->natts, FELIX_NATTS),
 				 errhint("A stream's table must keep the shape felix_create_stream gave it; recreate the stream.")));
 
-	if (c->remote != NULL)
+	if (c->remote != NULL ||
+		(rec->seq >= c->shards[shard].unchecked_lo && rec->seq < c->shards[shard].unchecked_hi))
 		cursor_check_record(c, shard, rec, c->needed[FELIX_ATTNUM_KEY - 1],
 							c->needed[FELIX_ATTNUM_PAYLOAD - 1]);
 	ExecClearTuple(slot);

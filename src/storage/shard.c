@@ -514,6 +514,8 @@ shard_open_locked(FelixShard *s)
 		s->hwm_end = Max(s->log.start_seq, Min(persisted, s->log.next_seq));
 	s->copy_stale = stale;
 	s->diverged_at = diverged_at;
+	s->opened_end = s->log.next_seq;
+	s->checked_end = s->log.start_seq;
 	s->phase = FELIX_SHARD_OPEN;
 	SpinLockRelease(&s->mutex);
 	LWLockRelease(&s->mark_lock);
@@ -936,6 +938,25 @@ shard_flush(FelixShard *s, uint64 upto)
  * What readers see
  * ---------------------------------------------------------------------
  */
+void
+shard_unchecked(FelixShard *s, uint64 *lo, uint64 *hi)
+{
+	SpinLockAcquire(&s->mutex);
+	*lo = Max(s->checked_end, s->start_seq);
+	*hi = s->opened_end;
+	SpinLockRelease(&s->mutex);
+}
+
+void
+shard_set_checked(FelixShard *s, uint64 opened_end, uint64 checked_end)
+{
+	SpinLockAcquire(&s->mutex);
+	if (s->phase == FELIX_SHARD_OPEN && s->opened_end == opened_end &&
+		checked_end > s->checked_end)
+		s->checked_end = checked_end;
+	SpinLockRelease(&s->mutex);
+}
+
 void
 shard_visible(FelixShard *s, uint64 *start_seq, uint64 *end)
 {

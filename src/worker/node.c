@@ -5,6 +5,9 @@
  *	  streams in felix.database, which runs each shard's recovery (torn
  *	  tails cut, indexes rebuilt, damage reported) before clients arrive,
  *	  and then applies retention every felix.retention_check_interval.
+ *	  Once after a shard opens it reads every record its files held then,
+ *	  checking each as a value of the stream's types (check_contents): a
+ *	  file changed outside felix is reported, never crashes a reader.
  *	  Shards of other databases are opened lazily by their first user.
  *
  *	  Every felix.heartbeat_interval, and as it exits, it makes each
@@ -29,7 +32,10 @@
  */
 #include "postgres.h"
 
+#include "access/table.h"
 #include "access/xact.h"
+#include "am/am.h"
+#include "executor/tuptable.h"
 #include "api/catalog.h"
 #include "catalog/namespace.h"
 #include "control/client.h"
@@ -73,14 +79,57 @@ typedef struct TendArgs
  * Retention is maintenance of the stream's table: it runs as the table's
  * owner in a security-restricted operation, as VACUUM does (privilege.c).
  */
+/*
+ * Check, once after the shard opened, every record its segment files held
+ * then as a value of the stream's types: the cursor checks each record of
+ * shard_unchecked's range as it reads it (tableam.c), so reading them all
+ * through it is the check; each pass goes as far as readers can see.  A record that fails raises its error,
+ * names it, and leaves the shard unchecked: readers go on checking, and
+ * get the same error there, never a crash.
+ */
+static void
+check_contents(const FelixStream *stream, int shard, FelixShard *s)
+{
+	uint64		lo;
+	uint64		hi;
+	uint64		start;
+	uint64		visible;
+	Relation	rel;
+	FelixCursor *c;
+	TupleTableSlot *slot;
+
+	shard_unchecked(s, &lo, &hi);
+	if (lo >= hi)
+		return;
+	/* records above the mark are not readable yet: they are checked later */
+	shard_visible(s, &start, &visible);
+	visible = Min(visible, hi);
+	if (lo >= visible)
+		return;
+	rel = table_open(stream->relid, AccessShareLock);
+	c = felix_cursor_begin(stream);
+	felix_cursor_set_local(c);
+	felix_cursor_set_range(c, shard, shard + 1, lo, visible);
+	slot = MakeSingleTupleTableSlot(RelationGetDescr(rel), &TTSOpsVirtual);
+	while (felix_cursor_next(c, slot))
+		CHECK_FOR_INTERRUPTS();
+	ExecDropSingleTupleTableSlot(slot);
+	felix_cursor_end(c);
+	table_close(rel, AccessShareLock);
+	shard_set_checked(s, hi, visible);
+}
+
 static void
 tend_shard_guts(void *arg)
 {
 	TendArgs   *t = arg;
 	FelixContext cxt;
+	FelixShard *s;
 
 	felix_context_begin(&cxt, felix_relation_owner(t->stream->relid));
-	shard_trim(felix_stream_shard(t->stream, t->shard));
+	s = felix_stream_shard(t->stream, t->shard);
+	shard_trim(s);
+	check_contents(t->stream, t->shard, s);
 	felix_context_end(&cxt);
 }
 

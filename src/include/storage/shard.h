@@ -117,6 +117,11 @@ typedef struct FelixShard
 	/* (mark_lock) the high-water mark last made durable
 	 * (shard_persist_hwm) */
 	uint64		hwm_persisted;
+	/* (mutex; written with the tail held) where the log ended when the
+	 * shard was opened from its files, and below which of those records
+	 * every one has been checked as a value since (shard_unchecked) */
+	uint64		opened_end;
+	uint64		checked_end;
 	/* (tail) the storage layer's tail bookkeeping */
 	FelixLogState log;
 
@@ -330,6 +335,18 @@ extern void shard_flush(FelixShard *s, uint64 upto);
  * from the leader's (shard_mark_diverged).
  */
 extern void shard_visible(FelixShard *s, uint64 *start_seq, uint64 *end);
+
+/*
+ * The records of this node's segment files, as they were when the shard
+ * opened, not yet checked as values of the stream's types: [*lo, *hi), in
+ * which a reader checks each record it turns into values (empty: nothing
+ * to check).  Records appended since the shard opened were checked before
+ * they were written.  The node worker checks the rest once (worker/node.c)
+ * and records how far it got with shard_set_checked, passing the *hi it
+ * was given, so a shard opened again meanwhile is checked again.
+ */
+extern void shard_unchecked(FelixShard *s, uint64 *lo, uint64 *hi);
+extern void shard_set_checked(FelixShard *s, uint64 opened_end, uint64 checked_end);
 
 /*
  * With the tail held: the leader's records differ from this copy's from
