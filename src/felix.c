@@ -30,6 +30,8 @@
 #include "felix.h"
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "storage/latch.h"
+#include "utils/wait_event.h"
 #include "postmaster/postmaster.h"
 #include "replication/quorum.h"
 #include "replication/ship.h"
@@ -392,4 +394,13 @@ felix_monotonic_ns(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (int64) ts.tv_sec * INT64CONST(1000000000) + ts.tv_nsec;
+}
+
+void
+felix_nap(long ms)
+{
+	(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+					 ms, PG_WAIT_EXTENSION);
+	ResetLatch(MyLatch);
+	CHECK_FOR_INTERRUPTS();
 }

@@ -193,16 +193,6 @@ drop_conn(const char *name)
 		}
 }
 
-/* Sleep a little on the latch (interrupts serviced). */
-static void
-nap(long ms)
-{
-	(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-					 ms, PG_WAIT_EXTENSION);
-	ResetLatch(MyLatch);
-	CHECK_FOR_INTERRUPTS();
-}
-
 /*
  * An error of the forwarded call that leaves its outcome unknown: the
  * connection broke or timed out, the leader's session was cancelled or
@@ -300,7 +290,7 @@ forward_publish(const FelixStream *stream, int shard, StringInfo batch, uint32 c
 		{
 			resetStringInfo(&why);
 			appendStringInfoString(&why, "the control plane names no leader");
-			nap(FORWARD_RETRY_MS);
+			felix_nap(FORWARD_RETRY_MS);
 			continue;
 		}
 		conn = leader_conn(v.leader);
@@ -312,7 +302,7 @@ forward_publish(const FelixStream *stream, int shard, StringInfo batch, uint32 c
 			if (!woke)
 				felix_heartbeat_wake();
 			woke = true;
-			nap(FORWARD_RETRY_MS * 5);
+			felix_nap(FORWARD_RETRY_MS * 5);
 			continue;
 		}
 		res = call_leader(stream, shard, v.leader, conn, values, left_ms + felix_quorum_timeout);
@@ -335,7 +325,7 @@ forward_publish(const FelixStream *stream, int shard, StringInfo batch, uint32 c
 			if (!woke)
 				felix_heartbeat_wake();
 			woke = true;
-			nap(FORWARD_RETRY_MS);
+			felix_nap(FORWARD_RETRY_MS);
 			continue;
 		}
 		PQclear(res);

@@ -263,16 +263,6 @@ felix_halted_view(PG_FUNCTION_ARGS)
 	return (Datum) 0;
 }
 
-/* Sleep a little on the latch (interrupts serviced). */
-static void
-nap(long ms)
-{
-	(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-					 ms, PG_WAIT_EXTENSION);
-	ResetLatch(MyLatch);
-	CHECK_FOR_INTERRUPTS();
-}
-
 /* A connection to node `name`, or NULL: waking it is a help, not a need. */
 static PGconn *
 peer_connect(const char *name)
@@ -403,7 +393,7 @@ transfer_one(const FelixStream *stream, int shard, const char *target)
 						 errdetail("It holds seqs below " UINT64_FORMAT "; the log ends at " UINT64_FORMAT ".",
 								   f.acked_end, written_end),
 						 errhint("The shard stays led here; try again, or pick another follower.")));
-			nap(1);
+			felix_nap(1);
 		}
 
 		/* 3. stop writing at this generation, then 4. hand the next one over */
@@ -442,7 +432,7 @@ transfer_one(const FelixStream *stream, int shard, const char *target)
 		shard_read(s, &now);
 		if (now.generation >= next || GetCurrentTimestamp() >= deadline)
 			break;
-		nap(5);
+		felix_nap(5);
 	}
 	return next;
 }

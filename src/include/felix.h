@@ -121,4 +121,7 @@ extern void felix_shmem_install_hooks(void);
 /* Monotonic clock in nanoseconds (CLOCK_MONOTONIC); leases are judged by it. */
 extern int64 felix_monotonic_ns(void);
 
+/* Sleep ms on the latch in a backend's wait, servicing interrupts. */
+extern void felix_nap(long ms);
+
 #endif							/* FELIX_H */
