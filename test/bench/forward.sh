@@ -76,7 +76,7 @@ chmod 755 "$BASE" "$WORK" "$SOCK"
 [[ $(id -u) == 0 ]] && chown -R "$RUN_USER": "$BASE"
 cd "$BASE"
 
-felix_cluster_start
+felix_cluster_start "felix.forward_publishes = on"
 STREAM=fwd
 q "${FPORTS[0]}" -c "SELECT felix_create_stream('$STREAM', shards => 1, replication_factor => 3, consistency => 'quorum')" >/dev/null
 LEADER=$(leader_port "$STREAM") || die "no leader for $STREAM"

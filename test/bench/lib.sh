@@ -182,6 +182,7 @@ felix_cluster_start() {	# [extra conf lines for every node]
 felix.etcd_prefix = '/felix/bench/'"
 		init_node "${FPREFIX:-f}$i" "${FPORTS[$((i-1))]}" "shared_preload_libraries = 'felix'
 felix.database = 'postgres'
+felix.forward_publishes = off
 felix.node_name = 'node$i'
 felix.node_conninfo = '$(fconn "${FPORTS[$((i-1))]}")'
 $store

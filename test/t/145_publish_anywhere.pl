@@ -33,7 +33,7 @@ use FelixCluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
-my $c = FelixCluster->new(nodes => 3);
+my $c = FelixCluster->new(nodes => 3, conf => ["felix.forward_publishes = on"]);
 my @n = map { $c->node($_) } 1 .. 3;
 
 for my $node (@n)

@@ -40,7 +40,8 @@ use constant BATCH_RECORDS        => 1;
 use constant FELIX_TEST_SECRET => 'felixTAPsecret';
 
 # The postgresql.conf lines every felix test node has: felix preloaded,
-# its worker in the "postgres" database, messages untranslated.
+# its worker in the "postgres" database, messages untranslated, publishes
+# not forwarded.
 # fault_shim.c (beside the tests), built for this machine into tmp_check
 # once per test script: the LD_PRELOAD library that fails syncs or writes
 # of chosen files while a trigger file exists (see its header).  Bails out
@@ -59,7 +60,10 @@ sub felix_base_conf
 {
 	return ("shared_preload_libraries = 'felix'",
 		"felix.database = 'postgres'",
-		"lc_messages = 'C'");
+		"lc_messages = 'C'",
+		# the tests route their publishes themselves, and count on a
+		# follower's refusal (55F02); 145_publish_anywhere turns it on
+		"felix.forward_publishes = off");
 }
 
 # This node's felix.node_conninfo: where it is (its Unix socket, its port,
