@@ -48,12 +48,23 @@ my $inc2 = $n2->safe_psql('postgres', 'SELECT incarnation FROM felix.node_identi
 # ---------------------------------------------------------------------
 # Part 1: a second server named node2
 # ---------------------------------------------------------------------
+# (a log file may hold an earlier run's lines, of the other store: read
+# each from where this part began)
+sub log_from
+{
+	my ($file, $off) = @_;
+	return '' unless -e $file;
+	my $all = slurp_file($file);
+	return substr($all, $off // 0);
+}
+my $twin_log = "$PostgreSQL::Test::Utils::log_path/144_name_clash_twin.log";
+my %off = (twin => (-s $twin_log) // 0, n1 => -s $n1->logfile, n2 => -s $n2->logfile);
 my $twin = $c->extra_server('twin', 'node2', 2);
-my $twin_log = $twin->logfile;
+$twin_log = $twin->logfile;
 ok( FelixCluster::poll(20,
-		sub { slurp_file($twin_log) =~ /node name "node2" is in use by another server, at "[^"]+"/ }),
+		sub { log_from($twin_log, $off{twin}) =~ /node name "node2" is in use by another server, at "[^"]+"/ }),
 	"the twin's heartbeats are refused: node2's name is in use");
-like(slurp_file($twin_log), qr/DETAIL:  The control plane knows node "node2" as felix data directory incarnation \Q$inc2\E, alive; this server, at "[^"]+", is incarnation [0-9a-f-]{36}\./,
+like(log_from($twin_log, $off{twin}), qr/DETAIL:  The control plane knows node "node2" as felix data directory incarnation \Q$inc2\E, alive; this server, at "[^"]+", is incarnation [0-9a-f-]{36}\./,
 	'... naming both servers and both incarnations');
 my $row;
 ok( FelixCluster::poll(10,
@@ -66,7 +77,7 @@ ok( FelixCluster::poll(10,
   or diag($row, "\n", $twin->safe_psql('postgres', 'SELECT * FROM felix_nodes'));
 
 ok( FelixCluster::poll(20,
-		sub { slurp_file($n2->logfile) =~ /another server, at "[^"]+", tried to register as node "node2"; the control plane refused it/ }),
+		sub { log_from($n2->logfile, $off{n2}) =~ /another server, at "[^"]+", tried to register as node "node2"; the control plane refused it/ }),
 	'node2 logs that another server tried to take its name');
 for my $node ($n1, $n2)
 {
@@ -78,7 +89,7 @@ for my $node ($n1, $n2)
 
 # a few seconds of both servers trying: nothing moves
 sleep 3;
-unlike(slurp_file($n1->logfile), qr/node "node2" has a new felix data directory/,
+unlike(log_from($n1->logfile, $off{n1}), qr/node "node2" has a new felix data directory/,
 	'the control plane never took the twin for node2');
 is($n1->safe_psql('postgres', "SELECT count(*) || ':' || bool_and(alive) FROM felix_nodes WHERE name = 'node2'"),
 	'1:true', 'node1 lists node2 once, alive');
