@@ -166,7 +166,7 @@ fetch_chunk(FelixRemoteReader *r, int elevel)
 	values[5] = max_s;
 	return felix_conn_exec(r->open->conn, "felix.read_shard",
 						   "SELECT seq, key, pg_catalog.encode(payload, 'hex'), published_at, visible_end "
-						   "FROM felix.read_shard($1, $2, $3::integer, $4::bigint, $5::bigint, $6::integer)",
+						   "FROM felix.read_shard($1, $2, $3::pg_catalog.int4, $4::pg_catalog.int8, $5::pg_catalog.int8, $6::pg_catalog.int4)",
 						   6, values, REMOTE_CHUNK_TIMEOUT_MS, elevel);
 }
 

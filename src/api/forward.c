@@ -219,7 +219,7 @@ call_leader(const FelixStream *stream, int shard, const char *leader, PGconn *co
 	PG_TRY();
 	{
 		res = felix_conn_exec(conn, "felix.forward_publish",
-							  "SELECT status, seq FROM felix.forward_publish($1, $2, $3::integer, $4, $5::bytea)",
+							  "SELECT status, seq FROM felix.forward_publish($1, $2, $3::pg_catalog.int4, $4, $5::pg_catalog.bytea)",
 							  5, values, timeout_ms, ERROR);
 	}
 	PG_CATCH();
@@ -418,7 +418,7 @@ felix_forward_publish(PG_FUNCTION_ARGS)
 	StringInfo	b = &rebuilt;
 	uint32		count;
 	FelixShard *s;
-	volatile bool admitted = false;
+	volatile uint64 generation = 0;
 	MemoryContext cxt = CurrentMemoryContext;
 	TupleDesc	desc;
 	Datum		values[2];
@@ -469,15 +469,15 @@ felix_forward_publish(PG_FUNCTION_ARGS)
 
 	/*
 	 * Refused at admission, nothing was appended: the asking node may try
-	 * the next leader.  Anything that fails later -- even 55F02, a leader
-	 * deposed while it waited for the acknowledgement -- is an error of
-	 * the publish, never retried.
+	 * the next leader.  Anything that fails later -- even 55F02 from the
+	 * check right before the append, or from a leader deposed while it
+	 * waited for the acknowledgement -- is an error of the publish, never
+	 * retried.
 	 */
 	s = felix_stream_shard(stream, shard);
 	PG_TRY();
 	{
-		(void) lease_admit(s);
-		admitted = true;
+		generation = lease_admit(s);
 	}
 	PG_CATCH();
 	{
@@ -491,13 +491,14 @@ felix_forward_publish(PG_FUNCTION_ARGS)
 		FreeErrorData(e);
 	}
 	PG_END_TRY();
-	if (!admitted)
+	if (generation == 0)
 	{
 		values[0] = CStringGetTextDatum("not_leader");
 		nulls[1] = true;
 		PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(desc, values, nulls)));
 	}
 	values[0] = CStringGetTextDatum("published");
-	values[1] = Int64GetDatum((int64) leader_publish(s, &b, &count, 1));
+	/* admitted once, here; the lease is checked again by the write path */
+	values[1] = Int64GetDatum((int64) leader_publish_admitted(s, generation, &b, &count, 1));
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(desc, values, nulls)));
 }

@@ -400,17 +400,19 @@ felix_publish(PG_FUNCTION_ARGS)
 	batch_seal_body(&batch, FELIX_BATCH_RECORDS);
 
 	{
-		PublishCharge charge = {stream, batch.len};
-
-		publish_check_bytes(&charge, 1);
-	}
-	{
 		uint32		one = 1;
 		StringInfo	b = &batch;
 		FelixShard *s = felix_stream_shard(stream, shard);
+		PublishCharge charge = {stream, batch.len};
 
-		seq = forward_wanted(s) ? forward_publish(stream, shard, b, one) :
-			leader_publish(s, &b, &one, 1);
+		/* the owner's byte cap is the appending node's: the leader checks it */
+		if (forward_wanted(s))
+			seq = forward_publish(stream, shard, b, one);
+		else
+		{
+			publish_check_bytes(&charge, 1);
+			seq = leader_publish(s, &b, &one, 1);
+		}
 	}
 	pfree(batch.data);
 
@@ -423,6 +425,7 @@ typedef struct ShardBatch
 	StringInfoData buf;
 	uint32		count;
 	uint64		base;
+	bool		forward;		/* published through the shard's leader */
 } ShardBatch;
 
 PG_FUNCTION_INFO_V1(felix_publish_batch);
@@ -526,7 +529,11 @@ felix_publish_batch(PG_FUNCTION_ARGS)
 		index_in_shard[i] = b->count++;
 	}
 
-	/* The owner's byte cap, for the whole call, before anything goes down. */
+	/*
+	 * The owner's byte cap, for the whole call, before anything goes down:
+	 * over the shards appended here (a forwarded shard's leader checks its
+	 * own).
+	 */
 	{
 		PublishCharge charge = {stream, 0};
 
@@ -535,9 +542,12 @@ felix_publish_batch(PG_FUNCTION_ARGS)
 			if (batches[sh].count == 0)
 				continue;
 			batch_seal_body(&batches[sh].buf, FELIX_BATCH_RECORDS);
-			charge.bytes += batches[sh].buf.len;
+			batches[sh].forward = forward_wanted(felix_stream_shard(stream, sh));
+			if (!batches[sh].forward)
+				charge.bytes += batches[sh].buf.len;
 		}
-		publish_check_bytes(&charge, 1);
+		if (charge.bytes > 0)
+			publish_check_bytes(&charge, 1);
 	}
 
 	/* One batch per shard, in shard order. */
@@ -549,10 +559,9 @@ felix_publish_batch(PG_FUNCTION_ARGS)
 			continue;
 		{
 			StringInfo	buf = &b->buf;
-			FelixShard *s = felix_stream_shard(stream, sh);
 
-			b->base = forward_wanted(s) ? forward_publish(stream, sh, buf, b->count) :
-				leader_publish(s, &buf, &b->count, 1);
+			b->base = b->forward ? forward_publish(stream, sh, buf, b->count) :
+				leader_publish(felix_stream_shard(stream, sh), &buf, &b->count, 1);
 		}
 		pfree(b->buf.data);
 	}

@@ -52,11 +52,16 @@ count_records(FelixShard *s, StringInfo *batches, const uint32 *counts, int n)
 uint64
 leader_publish(FelixShard *s, StringInfo *batches, const uint32 *counts, int n)
 {
+	return leader_publish_admitted(s, lease_admit(s), batches, counts, n);
+}
+
+uint64
+leader_publish_admitted(FelixShard *s, uint64 generation, StringInfo *batches,
+						const uint32 *counts, int n)
+{
 	uint64		total = count_records(s, batches, counts, n);
-	uint64		generation;
 	uint64		base;
 
-	generation = lease_admit(s);
 	shard_lock_tail(s);
 	lease_recheck(s, generation);
 	base = shard_append_locked(s, generation, batches, n, NULL, -1);

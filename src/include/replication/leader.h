@@ -26,6 +26,10 @@
  */
 extern uint64 leader_publish(FelixShard *s, StringInfo *batches,
 							 const uint32 *counts, int n);
+/* ... the same, for a write its caller already admitted at `generation`
+ * (lease_admit): the tail is taken and the lease checked again there. */
+extern uint64 leader_publish_admitted(FelixShard *s, uint64 generation, StringInfo *batches,
+									  const uint32 *counts, int n);
 
 /* One shard's part of a commit. */
 typedef struct FelixCommitPart
