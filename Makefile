@@ -36,6 +36,7 @@ OBJS = \
 	src/api/seclabel.o \
 	src/api/publish.o \
 	src/api/forward.o \
+	src/api/forward_commit.o \
 	src/api/pending.o \
 	src/api/views.o \
 	src/api/operations.o \

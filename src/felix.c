@@ -22,6 +22,7 @@
 #include "access/table.h"
 #include "am/am.h"
 #include "api/catalog.h"
+#include "api/forward.h"
 #include "api/pending.h"
 #include "api/seclabel.h"
 #include "api/stream.h"
@@ -198,7 +199,7 @@ define_gucs(void)
 							&felix_node_expiry, 1500, 10, 3600000,
 							PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
 	DefineCustomBoolVariable("felix.forward_publishes",
-							 "Whether a publish of a shard this node does not lead is forwarded to its leader.",
+							 "Whether a publish or commit to a shard this node does not lead is forwarded to its leader.",
 							 "Off: such a publish is refused with 55F02 naming the leader, for applications that route themselves.",
 							 &felix_forward_publishes, true,
 							 PGC_USERSET, 0, NULL, NULL, NULL);
@@ -278,6 +279,7 @@ _PG_init(void)
 	felix_am_init();
 	felix_catalog_init();
 	pending_init();
+	forward_commit_init();
 	felix_stream_init();
 	felix_seclabel_init();
 	felix_node_worker_register();

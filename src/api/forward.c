@@ -12,8 +12,9 @@
  *	    node's own role to the leader the control plane names and calls
  *	    felix.forward_publish with the sealed batch and the publishing
  *	    role.  A leader that refuses at admission ("not_leader": nothing
- *	    of the batch was appended) is asked again, and so is the next
- *	    leader once the control plane names one, until felix.quorum_timeout;
+ *	    of the batch was appended) or that has not learned of the stream
+ *	    yet (42P01) is asked again, and so is the next leader once the
+ *	    control plane names one, until felix.quorum_timeout;
  *	    so a publish follows a failover.  A call whose answer never came
  *	    (the connection broke once the request was sent) is not sent
  *	    again: its records may have been appended, and sending them again
@@ -102,14 +103,8 @@ forward_wanted(FelixShard *s)
 		!felix_is_this_node(v.leader);
 }
 
-/*
- * Is a cached connection still one a call can go on?  libpq's own state
- * says nothing of a server that has gone since (a restart, a terminated
- * or timed-out session): read what the server sent meanwhile, without
- * waiting, and give up on the connection if it closed or said anything.
- */
-static bool
-conn_alive(PGconn *conn)
+bool
+forward_conn_alive(PGconn *conn)
 {
 	return felix_conn_usable(conn) && PQconsumeInput(conn) == 1 &&
 		PQstatus(conn) == CONNECTION_OK && !PQisBusy(conn);
@@ -139,9 +134,8 @@ limit_session(PGconn *conn)
 	return res != NULL;
 }
 
-/* A usable connection to node `name`, or NULL (why in felix_conn_last_error). */
-static PGconn *
-leader_conn(const char *name)
+PGconn *
+forward_conn(const char *name)
 {
 	char		address[FELIX_NODE_CONNINFO_LEN];
 	ForwardConn *slot = NULL;
@@ -152,7 +146,7 @@ leader_conn(const char *name)
 
 		if (c->conn != NULL && strcmp(c->node, name) == 0)
 		{
-			if (conn_alive(c->conn))
+			if (forward_conn_alive(c->conn))
 				return c->conn;
 			felix_conn_close(c->conn);
 			c->conn = NULL;
@@ -182,8 +176,8 @@ leader_conn(const char *name)
 	return slot->conn;
 }
 
-static void
-drop_conn(const char *name)
+void
+forward_drop_conn(const char *name)
 {
 	for (int i = 0; i < FORWARD_MAX_CONNS; i++)
 		if (conns[i].conn != NULL && strcmp(conns[i].node, name) == 0)
@@ -193,14 +187,8 @@ drop_conn(const char *name)
 		}
 }
 
-/*
- * An error of the forwarded call that leaves its outcome unknown: the
- * connection broke or timed out, the leader's session was cancelled or
- * ended, or the leader itself could not tell (55F01).  Its records may
- * have been appended there, so it is never sent again.
- */
-static bool
-outcome_unknown(int sqlerrcode)
+bool
+forward_outcome_unknown(int sqlerrcode)
 {
 	char	   *state = unpack_sql_state(sqlerrcode);
 
@@ -208,7 +196,7 @@ outcome_unknown(int sqlerrcode)
 		sqlerrcode == FELIX_ERRCODE_QUORUM_TIMEOUT;
 }
 
-/* Ask node `leader` to publish; NULL when it refused at admission. */
+/* Ask node `leader` to publish; NULL when it does not know the stream yet. */
 static PGresult *
 call_leader(const FelixStream *stream, int shard, const char *leader, PGconn *conn,
 			const char *const *values, long timeout_ms)
@@ -230,14 +218,20 @@ call_leader(const FelixStream *stream, int shard, const char *leader, PGconn *co
 		e = CopyErrorData();
 		FlushErrorState();
 		/* whatever happened, the session may be mid-call: never reuse it */
-		drop_conn(leader);
-		if (outcome_unknown(e->sqlerrcode))
+		forward_drop_conn(leader);
+		if (forward_outcome_unknown(e->sqlerrcode))
 			ereport(ERROR,
 					(errcode(FELIX_ERRCODE_QUORUM_TIMEOUT),
 					 errmsg("stream \"%s\" shard %d: the publish forwarded to leader \"%s\" got no answer",
 							stream->name, shard, leader),
 					 errdetail("%s", e->message ? e->message : "the call failed"),
 					 errhint("Its records may or may not have been published; read the shard to find out before publishing them again.")));
+		/* a leader that has not learned of the stream yet: nothing was appended */
+		if (e->sqlerrcode == ERRCODE_UNDEFINED_TABLE)
+		{
+			FreeErrorData(e);
+			return NULL;
+		}
 		/* the leader's refusal, as the leader said it */
 		e->elevel = ERROR;
 		e->context = psprintf("publish forwarded to the leader of stream \"%s\" shard %d, node \"%s\"",
@@ -293,7 +287,7 @@ forward_publish(const FelixStream *stream, int shard, StringInfo batch, uint32 c
 			felix_nap(FORWARD_RETRY_MS);
 			continue;
 		}
-		conn = leader_conn(v.leader);
+		conn = forward_conn(v.leader);
 		if (conn == NULL)
 		{
 			/* nothing was sent: asking again (or another leader) is safe */
@@ -306,6 +300,14 @@ forward_publish(const FelixStream *stream, int shard, StringInfo batch, uint32 c
 			continue;
 		}
 		res = call_leader(stream, shard, v.leader, conn, values, left_ms + felix_quorum_timeout);
+		if (res == NULL)
+		{
+			/* its heartbeat creates the stream there soon */
+			resetStringInfo(&why);
+			appendStringInfo(&why, "node \"%s\" has not learned of the stream yet", v.leader);
+			felix_nap(FORWARD_RETRY_MS * 5);
+			continue;
+		}
 		if (PQntuples(res) == 1 && PQnfields(res) == 2 &&
 			strcmp(PQgetvalue(res, 0, 0), "published") == 0 && !PQgetisnull(res, 0, 1))
 		{
@@ -349,9 +351,24 @@ forward_publish(const FelixStream *stream, int shard, StringInfo batch, uint32 c
  * ---------------------------------------------------------------------
  */
 
-/* A batch a peer sent: checksum and shape first, then every record. */
-static void
-check_forwarded(const FelixStream *stream, int shard, const char *data, Size len,
+const FelixStream *
+forward_stream(const char *name, const char *creation_id)
+{
+	const FelixStream *stream = felix_stream_by_name(name);
+
+	if (strcmp(stream->creation_id, creation_id) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_TABLE),
+				 errmsg("stream \"%s\" of creation %s does not exist on node \"%s\"",
+						stream->name, creation_id, felix_node_name_resolved()),
+				 errdetail("The stream of that name here is another creation (%s): it was dropped and created again.",
+						   stream->creation_id),
+				 errhint("Publish again once every node has learned of the stream's new creation.")));
+	return stream;
+}
+
+void
+forward_check_batch(const FelixStream *stream, int shard, const char *data, Size len,
 				StringInfo rebuilt, uint32 *count)
 {
 	FelixBatchHeader h;
@@ -433,14 +450,8 @@ felix_forward_publish(PG_FUNCTION_ARGS)
 					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 					 errmsg("felix.forward_publish: %s must not be NULL", names[i]),
 					 errhint("This is felix's internal protocol; nodes call it to publish on a shard's leader.")));
-	stream = felix_stream_by_name(text_to_cstring(PG_GETARG_TEXT_PP(0)));
-	if (strcmp(stream->creation_id, text_to_cstring(PG_GETARG_TEXT_PP(1))) != 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("stream \"%s\": node \"%s\" has another stream of that name",
-						stream->name, felix_node_name_resolved()),
-				 errdetail("The stream of that name here is not the one the publishing node knows: it was dropped and created again."),
-				 errhint("Publish again once every node has learned of the stream's new creation.")));
+	stream = forward_stream(text_to_cstring(PG_GETARG_TEXT_PP(0)),
+							text_to_cstring(PG_GETARG_TEXT_PP(1)));
 	shard = PG_GETARG_INT32(2);
 	felix_check_shard(stream, shard);
 	role_name = text_to_cstring(PG_GETARG_TEXT_PP(3));
@@ -456,7 +467,7 @@ felix_forward_publish(PG_FUNCTION_ARGS)
 	publish_check_access_as(stream, role);
 	batch = PG_GETARG_BYTEA_PP(4);
 	initStringInfo(&rebuilt);
-	check_forwarded(stream, shard, VARDATA_ANY(batch), VARSIZE_ANY_EXHDR(batch), &rebuilt, &count);
+	forward_check_batch(stream, shard, VARDATA_ANY(batch), VARSIZE_ANY_EXHDR(batch), &rebuilt, &count);
 	{
 		PublishCharge charge = {stream, rebuilt.len};
 

@@ -44,6 +44,7 @@
 
 #include "access/xact.h"
 #include "api/catalog.h"
+#include "api/forward.h"
 #include "api/pending.h"
 #include "api/publish.h"
 #include "felix.h"
@@ -74,6 +75,7 @@ typedef struct PendingShard
 	StringInfoData buf;			/* batch_begin'd; records appended */
 	uint32		count;
 	List	   *marks;			/* PendingMark *, oldest first */
+	List	   *roles;			/* OIDs of the roles that inserted rows */
 
 	/*
 	 * Restored records (rows that bring their seq and published_at, as a
@@ -327,6 +329,8 @@ pending_add(const FelixStream *stream, TupleTableSlot *slot)
 		MemoryContext old = MemoryContextSwitchTo(pending_cxt);
 		int			before = ps->buf.len;
 
+		/* a leader elsewhere checks the inserting roles' rights again */
+		ps->roles = list_append_unique_oid(ps->roles, GetUserId());
 		batch_add(&ps->buf, key, key_len, bytes, len);
 		pending_bytes += ps->buf.len - before;
 		MemoryContextSwitchTo(old);
@@ -396,9 +400,11 @@ pending_batches(PendingShard *ps, StringInfo **batches_out, uint32 **counts_out)
 /*
  * Publish every buffered record, or none: one part per shard, committed
  * together by the leader's write path (leader_commit: all shards'
- * batches down before any is published, all cut back if one fails).
- * The owners' byte caps are checked once, for the whole commit, before
- * anything is appended.
+ * batches down before any is published, all cut back if one fails), or,
+ * when other nodes lead some of the shards and felix.forward_publishes is
+ * on, staged at every leader before any is published (forward_commit).
+ * The owners' byte caps are checked once per leader, for its parts,
+ * before anything is appended.
  */
 static void
 pending_publish_all(void)
@@ -406,10 +412,12 @@ pending_publish_all(void)
 	ListCell   *lc;
 	FelixCommitPart *parts;
 	PublishCharge *charges;
+	List	  **roles;
 	int			n = 0;
 
 	parts = palloc0(sizeof(FelixCommitPart) * Max(list_length(pending), 1));
 	charges = palloc0(sizeof(PublishCharge) * Max(list_length(pending), 1));
+	roles = palloc0(sizeof(List *) * Max(list_length(pending), 1));
 	foreach(lc, pending)
 	{
 		PendingShard *ps = lfirst(lc);
@@ -431,13 +439,21 @@ pending_publish_all(void)
 		else
 			parts[n].nbatches = pending_batches(ps, &parts[n].batches, &parts[n].counts);
 		charges[n].stream = ps->stream;
+		roles[n] = ps->roles;
 		for (int i = 0; i < parts[n].nbatches; i++)
 			charges[n].bytes += parts[n].batches[i]->len;
 		n++;
 	}
+	if (n == 0)
+		return;
+	if (forward_commit_wanted(parts, n))
+	{
+		/* some shards are led elsewhere: each leader checks its own caps */
+		forward_commit(parts, charges, roles, n);
+		return;
+	}
 	publish_check_bytes(charges, n);
-	if (n > 0)
-		leader_commit(parts, n);
+	leader_commit(parts, n);
 }
 
 static void

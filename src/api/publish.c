@@ -92,10 +92,8 @@ publish_check_access(const FelixStream *stream)
 }
 
 void
-publish_check_access_as(const FelixStream *stream, Oid role)
+publish_check_insert_as(const FelixStream *stream, Oid role)
 {
-	Relation	rel;
-
 	if (pg_class_aclcheck(stream->relid, role, ACL_INSERT) != ACLCHECK_OK)
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
@@ -106,7 +104,14 @@ publish_check_access_as(const FelixStream *stream, Oid role)
 				 errhint("It needs INSERT privilege on the stream's table, on every node: GRANT INSERT ON %s TO ...",
 						 quote_identifier(stream->name))));
 	LockRelationOid(stream->relid, RowExclusiveLock);
+}
 
+void
+publish_check_access_as(const FelixStream *stream, Oid role)
+{
+	Relation	rel;
+
+	publish_check_insert_as(stream, role);
 	rel = relation_open(stream->relid, NoLock);
 	if (check_enable_rls(stream->relid, role, false) == RLS_ENABLED)
 		ereport(ERROR,

@@ -67,6 +67,7 @@ typedef struct StreamNote
 	char		name[NAMEDATALEN];	/* the stream's name: its table's */
 	char		creation_id[FELIX_CREATION_ID_LEN]; /* its control-plane identity */
 	SubTransactionId subid;
+	bool		superseded;		/* dropped: the control plane has a newer one */
 } StreamNote;
 
 /* StreamNote *, in TopTransactionContext */
@@ -83,6 +84,7 @@ note_stream(List **list, Oid relid, const char *name, const char *creation_id)
 	strlcpy(n->name, name, NAMEDATALEN);
 	strlcpy(n->creation_id, creation_id, FELIX_CREATION_ID_LEN);
 	n->subid = GetCurrentSubTransactionId();
+	n->superseded = false;
 	*list = lappend(*list, n);
 	MemoryContextSwitchTo(old);
 	return n;
@@ -472,13 +474,28 @@ felix_stream_adopt(Oid relid, const FelixStreamSettings *st)
 					schema, name, name, st->shards, st->replication_factor, st->consistency)));
 }
 
+/*
+ * DROP TABLE checks ownership too; the drop hook and the event trigger
+ * take care of the catalog row and, at commit, the files.
+ */
+static void
+drop_table(const FelixStream *stream)
+{
+	char	   *sql = psprintf("DROP TABLE %s.%s",
+							   quote_identifier(get_namespace_name(get_rel_namespace(stream->relid))),
+							   quote_identifier(get_rel_name(stream->relid)));
+
+	SPI_connect();
+	if (SPI_execute(sql, false, 0) != SPI_OK_UTILITY)
+		elog(ERROR, "felix: dropping stream \"%s\" failed", stream->name);
+	SPI_finish();
+}
+
 PG_FUNCTION_INFO_V1(felix_drop_stream);
 Datum
 felix_drop_stream(PG_FUNCTION_ARGS)
 {
 	const FelixStream *stream;
-	Oid			relid;
-	char	   *sql;
 
 	if (PG_ARGISNULL(0))
 		ereport(ERROR,
@@ -486,21 +503,27 @@ felix_drop_stream(PG_FUNCTION_ARGS)
 				 errmsg("a stream name must not be NULL"),
 				 errhint("Pass the name of the stream to drop; felix_streams lists them.")));
 	stream = felix_stream_by_name(text_to_cstring(PG_GETARG_TEXT_PP(0)));
-	relid = stream->relid;
-	felix_check_stream_owner(relid, stream->name, "drop");
-
-	/*
-	 * DROP TABLE checks ownership too; the drop hook and event trigger take
-	 * care of the catalog row and, at commit, the files.
-	 */
-	sql = psprintf("DROP TABLE %s.%s",
-				   quote_identifier(get_namespace_name(get_rel_namespace(relid))),
-				   quote_identifier(get_rel_name(relid)));
-	SPI_connect();
-	if (SPI_execute(sql, false, 0) != SPI_OK_UTILITY)
-		elog(ERROR, "felix: dropping stream \"%s\" failed", stream->name);
-	SPI_finish();
+	felix_check_stream_owner(stream->relid, stream->name, "drop");
+	drop_table(stream);
 	PG_RETURN_VOID();
+}
+
+/* The drop under way is felix_stream_drop_superseded's. */
+static bool dropping_superseded = false;
+
+void
+felix_stream_drop_superseded(const FelixStream *stream)
+{
+	dropping_superseded = true;
+	PG_TRY();
+	{
+		drop_table(stream);
+	}
+	PG_FINALLY();
+	{
+		dropping_superseded = false;
+	}
+	PG_END_TRY();
 }
 
 /* ---------------------------------------------------------------------
@@ -534,7 +557,7 @@ unregister_streams(SubTransactionId from_subid)
 					 errdetail("The nodes will create the stream's table from the control plane's definition."),
 					 errhint("Drop it with felix_drop_stream('%s') once the control plane is reachable.",
 							 n->name)));
-		shard_note_stream_gone();
+		shard_note_streams_changed();
 		registered = foreach_delete_current(registered, lc);
 	}
 }
@@ -578,6 +601,7 @@ stream_object_access(ObjectAccessType access, Oid classId, Oid objectId,
 					 errhint("Ask the owner of table \"%s\", or a superuser, to drop the stream with felix_drop_stream('%s').",
 							 get_rel_name(objectId), stream->name)));
 		d = note_stream(&dropped, objectId, stream->name, stream->creation_id);
+		d->superseded = dropping_superseded;
 
 		/*
 		 * Hold the name until commit, as a creation does: the node agent
@@ -610,13 +634,18 @@ stream_xact_callback(XactEvent event, void *arg)
 				{
 					StreamNote *n = lfirst(lc);
 
-					felix_cp_drop_stream(n->name, n->creation_id);
+					/* a superseded creation is gone there already */
+					if (!n->superseded)
+						felix_cp_drop_stream(n->name, n->creation_id);
 				}
 			}
 			break;
 		case XACT_EVENT_COMMIT:
 			foreach(lc, dropped)
 				shard_forget_stream(MyDatabaseId, ((StreamNote *) lfirst(lc))->relid);
+			/* the node agent's rows may predate a stream made here */
+			if (registered != NIL)
+				shard_note_streams_changed();
 			dropped = registered = NIL;
 			break;
 		case XACT_EVENT_ABORT:

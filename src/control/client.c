@@ -494,67 +494,81 @@ felix_conn_report_result(int elevel, PGresult *res, PGconn *conn, const char *ca
 			 errcontext("remote call to %s", call)));
 }
 
-PGresult *
-felix_conn_exec(PGconn *conn, const char *call, const char *sql,
-				int nparams, const char *const *values, int timeout_ms, int elevel)
+bool
+felix_conn_send(PGconn *conn, const char *call, const char *sql,
+				int nparams, const char *const *values, int64 deadline_ns, int elevel)
 {
-	int64		deadline = felix_monotonic_ns() + (int64) timeout_ms * 1000000;
-	PGresult   *volatile result = NULL;
-	const char *volatile failure = NULL;
+	const char *failure = NULL;
 
 	last_sqlstate[0] = '\0';
 
-	if (!felix_conn_usable(conn))
+	/* idle, or inside a transaction its caller began (and no call running) */
+	if (conn == NULL || PQstatus(conn) != CONNECTION_OK ||
+		(PQtransactionStatus(conn) != PQTRANS_IDLE &&
+		 PQtransactionStatus(conn) != PQTRANS_INTRANS))
 	{
 		ereport(elevel,
 				(errcode(ERRCODE_CONNECTION_DOES_NOT_EXIST),
 				 errmsg("no usable connection for the remote call to %s", call),
 				 errhint("Reconnect and repeat the call.")));
-		return NULL;
+		return false;
 	}
 
 	if (!PQsendQueryParams(conn, sql, nparams, NULL, values, NULL, NULL, 0))
 	{
 		report_conn_failure(elevel, conn, call, "could not send the query");
-		return NULL;
+		return false;
 	}
+
+	/* Send what libpq buffered; read meanwhile so the peer never stalls. */
+	for (;;)
+	{
+		int			f = PQflush(conn);
+		int			rc;
+
+		if (f == 0)
+			break;
+		if (f < 0)
+		{
+			failure = "could not send the query";
+			break;
+		}
+		rc = wait_socket(conn, WL_SOCKET_READABLE | WL_SOCKET_WRITEABLE, deadline_ns);
+		if (rc & WL_TIMEOUT)
+		{
+			failure = "timed out sending the query";
+			break;
+		}
+		if ((rc & WL_SOCKET_READABLE) && !PQconsumeInput(conn))
+		{
+			failure = "could not read the reply";
+			break;
+		}
+	}
+	if (failure != NULL)
+	{
+		report_conn_failure(elevel, conn, call, failure);
+		return false;
+	}
+	return true;
+}
+
+PGresult *
+felix_conn_receive(PGconn *conn, const char *call, int64 deadline_ns, int elevel)
+{
+	PGresult   *volatile result = NULL;
+	const char *volatile failure = NULL;
 
 	PG_TRY();
 	{
-		/* Send what libpq buffered; read meanwhile so the peer never stalls. */
-		for (;;)
-		{
-			int			f = PQflush(conn);
-			int			rc;
-
-			if (f == 0)
-				break;
-			if (f < 0)
-			{
-				failure = "could not send the query";
-				break;
-			}
-			rc = wait_socket(conn, WL_SOCKET_READABLE | WL_SOCKET_WRITEABLE, deadline);
-			if (rc & WL_TIMEOUT)
-			{
-				failure = "timed out sending the query";
-				break;
-			}
-			if ((rc & WL_SOCKET_READABLE) && !PQconsumeInput(conn))
-			{
-				failure = "could not read the reply";
-				break;
-			}
-		}
-
 		/* Collect every result; keep the first error, else the last. */
-		while (failure == NULL)
+		for (;;)
 		{
 			PGresult   *res;
 
 			while (failure == NULL && PQisBusy(conn))
 			{
-				int			rc = wait_socket(conn, WL_SOCKET_READABLE, deadline);
+				int			rc = wait_socket(conn, WL_SOCKET_READABLE, deadline_ns);
 
 				if (rc & WL_TIMEOUT)
 					failure = "timed out waiting for the reply";
@@ -602,6 +616,17 @@ felix_conn_exec(PGconn *conn, const char *call, const char *sql,
 		return NULL;
 	}
 	return result;
+}
+
+PGresult *
+felix_conn_exec(PGconn *conn, const char *call, const char *sql,
+				int nparams, const char *const *values, int timeout_ms, int elevel)
+{
+	int64		deadline = felix_monotonic_ns() + (int64) timeout_ms * 1000000;
+
+	if (!felix_conn_send(conn, call, sql, nparams, values, deadline, elevel))
+		return NULL;
+	return felix_conn_receive(conn, call, deadline, elevel);
 }
 
 bool

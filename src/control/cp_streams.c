@@ -290,6 +290,16 @@ cp_create_stream(const CpCreateArgs *a)
 	return st.creation_id;
 }
 
+/* Does one of ops[0..nops) already name key? */
+static bool
+ops_name(const FelixStoreOp *ops, int nops, const char *key)
+{
+	for (int i = 0; i < nops; i++)
+		if (strcmp(ops[i].key, key) == 0)
+			return true;
+	return false;
+}
+
 void
 cp_drop_stream(const char *name, const char *creation_id, bool missing_ok)
 {
@@ -332,7 +342,8 @@ cp_drop_stream(const char *name, const char *creation_id, bool missing_ok)
 				continue;
 			ops[nops].key = cp_key_shard(name, s->shard);
 			ops[nops++].value = NULL;
-			if (s->leader)
+			/* once per leader: etcd refuses a transaction naming a key twice */
+			if (s->leader && !ops_name(ops, nops, cp_key_leads(s->leader)))
 			{
 				ops[nops].key = cp_key_leads(s->leader);
 				ops[nops++].value = cp_leads_value();

@@ -454,8 +454,12 @@ report_failure(int elevel, const EtcdCall *call, const char *what)
 
 	if (strstr(call->error, "too many operations in txn") != NULL)
 		hint = "Run the etcd members with --max-txn-ops of at least felix.max_shards_per_stream + 1 (a stream is created in one transaction).";
-	else if (call->outcome == ETCD_REFUSED)
+	else if (call->outcome == ETCD_REFUSED &&
+			 (strstr(call->error, "permission") != NULL || strstr(call->error, "auth") != NULL ||
+			  strstr(call->error, "user") != NULL))
 		hint = "Check felix.etcd_user, felix.etcd_password_file and the user's permissions on felix.etcd_prefix.";
+	else if (call->outcome == ETCD_REFUSED)
+		hint = "etcd refused the request as malformed: this is a felix bug; report it with this message.";
 	else
 		hint = "Check that a majority of the etcd members in felix.etcd_endpoints is running and reachable.";
 	ereport(elevel,

@@ -16,7 +16,11 @@
  *	  A commit over several shards (INSERT, COPY) runs steps 1 for every
  *	  shard first, then 2-3 for each shard in slot order behind that
  *	  shard's commit gate, publishing nothing until every append is down,
- *	  cutting every part back if one fails; then 4-5 for each.
+ *	  cutting every part back if one fails; then 4-5 for each.  The
+ *	  stages are separate calls (stage, publish or cancel, acknowledge) so
+ *	  that a commit whose other shards are led elsewhere can stage here,
+ *	  stage there, and publish only once every leader has staged
+ *	  (api/forward_commit.c).
  *
  * Locking rule: no lock of its own; the tail is held only between steps 2
  * and 3, and never while waiting for a flush or an acknowledgement.
@@ -84,17 +88,10 @@ cmp_slot(const void *a, const void *b)
 }
 
 void
-leader_commit(FelixCommitPart *parts, int nparts)
+leader_commit_stage(FelixCommitPart *parts, int nparts)
 {
 	volatile int appended = 0;
 	MemoryContext oldcxt;
-
-	if (nparts == 1 && !parts[0].restore)
-	{
-		parts[0].base = leader_publish(parts[0].s, parts[0].batches, parts[0].counts,
-									   parts[0].nbatches);
-		return;
-	}
 
 	/*
 	 * Admit every shard first, so a shard this node cannot write (damaged,
@@ -141,15 +138,45 @@ leader_commit(FelixCommitPart *parts, int nparts)
 		ReThrowError(edata);
 	}
 	PG_END_TRY();
+}
 
+void
+leader_commit_cancel(FelixCommitPart *parts, int nparts)
+{
+	for (int i = 0; i < nparts; i++)
+		shard_release_gate(parts[i].s, false);
+}
+
+void
+leader_commit_publish(FelixCommitPart *parts, int nparts)
+{
 	for (int i = 0; i < nparts; i++)
 	{
 		shard_release_gate(parts[i].s, true);
 		felix_count(FELIX_CTR_RECORDS_PUBLISHED, parts[i].end - parts[i].base);
 	}
+}
+
+void
+leader_commit_acknowledge(FelixCommitPart *parts, int nparts)
+{
 	for (int i = 0; i < nparts; i++)
 	{
 		shard_flush(parts[i].s, parts[i].end);
 		quorum_acknowledge(parts[i].s, parts[i].generation, parts[i].end);
 	}
+}
+
+void
+leader_commit(FelixCommitPart *parts, int nparts)
+{
+	if (nparts == 1 && !parts[0].restore)
+	{
+		parts[0].base = leader_publish(parts[0].s, parts[0].batches, parts[0].counts,
+									   parts[0].nbatches);
+		return;
+	}
+	leader_commit_stage(parts, nparts);
+	leader_commit_publish(parts, nparts);
+	leader_commit_acknowledge(parts, nparts);
 }

@@ -214,6 +214,7 @@ lease_apply_assignment(FelixShard *s, const FelixAssignment *a)
 {
 	char		incarnation[FELIX_INCARNATION_LEN];
 	bool		lead;
+	bool		gated;
 	int64		expiry = 0;
 	FelixShardView v;
 
@@ -229,9 +230,19 @@ lease_apply_assignment(FelixShard *s, const FelixAssignment *a)
 	if (a->lease_granted)
 		expiry = a->sent_at_ns + (a->lease_ms - felix_lease_epsilon) * INT64CONST(1000000);
 
-	shard_lock_tail(s);
+	/*
+	 * A commit's staged batches may wait behind the shard's gate for as
+	 * long as its other leaders take to stage theirs (api/forward_commit.c):
+	 * never wait for them here, where every shard's renewal waits in turn.
+	 * A renewal or a word on the replicas needs only the lock; a change of
+	 * role or generation waits for the next heartbeat.
+	 */
+	gated = shard_lock_tail_nowait_gate(s);
 	shard_read(s, &v);
-	if (v.phase != FELIX_SHARD_OPEN)
+	if (v.phase != FELIX_SHARD_OPEN ||
+		(gated && a->generation >= v.generation &&
+		 (lead ? (a->generation > v.generation || v.role != FELIX_ROLE_LEADER) :
+		  (a->generation > v.generation || v.role != FELIX_ROLE_FOLLOWER))))
 	{
 		shard_unlock_tail(s);
 		return;

@@ -48,7 +48,7 @@ typedef struct FelixShardRegistry
 	int			append_tranche_id;	/* every shard's append_lock */
 	int			flush_tranche_id;	/* every shard's flush_lock */
 	int			mark_tranche_id;	/* every shard's mark_lock */
-	pg_atomic_uint64 streams_forgotten; /* streams gone so far (see shard.h) */
+	pg_atomic_uint64 streams_changes; /* streams come or gone so far (shard.h) */
 	pg_atomic_uint32 slots_used;	/* slots [0, slots_used) were ever used */
 	int			nslots;
 	FelixShard	slots[FLEXIBLE_ARRAY_MEMBER];
@@ -97,7 +97,7 @@ shard_registry_init(void)
 		registry->append_tranche_id = LWLockNewTrancheId();
 		registry->flush_tranche_id = LWLockNewTrancheId();
 		registry->mark_tranche_id = LWLockNewTrancheId();
-		pg_atomic_init_u64(&registry->streams_forgotten, 0);
+		pg_atomic_init_u64(&registry->streams_changes, 0);
 		pg_atomic_init_u32(&registry->slots_used, 0);
 		registry->nslots = felix_max_shards;
 		LWLockInitialize(&registry->lock, registry->tranche_id);
@@ -626,6 +626,13 @@ shard_lock_tail(FelixShard *s)
 		}
 		ConditionVariableCancelSleep();
 	}
+}
+
+bool
+shard_lock_tail_nowait_gate(FelixShard *s)
+{
+	LWLockAcquire(&s->append_lock, LW_EXCLUSIVE);
+	return s->commit_holder != 0 && s->commit_holder != my_gate_mark();
 }
 
 /*
@@ -1251,22 +1258,22 @@ shard_forget_stream(Oid dboid, Oid relid)
 		}
 	}
 	LWLockRelease(&registry->lock);
-	shard_note_stream_gone();
+	shard_note_streams_changed();
 
 	felix_stream_dir(dboid, relid, dir);
 	log_remove_all(dir);
 }
 
 void
-shard_note_stream_gone(void)
+shard_note_streams_changed(void)
 {
 	registry_attach();
-	pg_atomic_fetch_add_u64(&registry->streams_forgotten, 1);
+	pg_atomic_fetch_add_u64(&registry->streams_changes, 1);
 }
 
 uint64
-shard_streams_forgotten(void)
+shard_streams_changes(void)
 {
 	registry_attach();
-	return pg_atomic_read_u64(&registry->streams_forgotten);
+	return pg_atomic_read_u64(&registry->streams_changes);
 }

@@ -41,8 +41,10 @@
  *
  *	  A node joins once CREATE EXTENSION felix has run in felix.database;
  *	  until then the worker waits without contacting the control plane.
- *	  Streams dropped at the control plane are not dropped here (a later
- *	  issue); their rows simply stop arriving.
+ *	  A stream dropped at the control plane keeps its table here while its
+ *	  name stays unused (its rows simply stop arriving); once the name is
+ *	  used again, the control plane's rows name another creation of it, and
+ *	  the old one is dropped here before the new one is created.
  *
  * Locking rule: holds AccessShareLock on a stream's table while applying
  * an assignment to one of its shards, taken conditionally: a stream being
@@ -113,7 +115,9 @@ PGDLLEXPORT void felix_heartbeat_worker_main(Datum arg);
 typedef struct HbRow
 {
 	FelixCpShard c;
-	bool		missing;		/* the stream has no table here yet */
+	bool		missing;		/* the stream has no table here yet, or only
+								 * one of an older creation (superseded) */
+	bool		superseded;
 	bool		created;		/* ... and this cycle created it */
 	bool		applied;		/* the assignment reached the local shard */
 	int			slot;			/* its local shard's slot if it names this
@@ -147,14 +151,18 @@ static HeldShard *held = NULL;
 static int	nheld = 0;
 
 /*
- * shard_streams_forgotten() just before this heartbeat's rows were asked
+ * shard_streams_changes() just before this heartbeat's rows were asked
  * for.  A stream drop commits its control-plane change first and its local
  * one second, and a creation that rolls back undoes its control-plane
  * registration as it aborts, so rows fetched before either finished may
  * still list a stream that has gone here: a missing stream is created only
- * if no stream has gone since the rows were fetched.
+ * if no stream has gone since the rows were fetched.  Likewise a stream
+ * created here registers at the control plane before its table commits,
+ * so rows fetched before it may name an older creation of that name: a
+ * stream here is taken for one the control plane replaced only if no
+ * stream has come or gone since the rows were fetched.
  */
-static uint64 drops_before_rows = 0;
+static uint64 changes_before_rows = 0;
 
 /* ---------------------------------------------------------------------
  * Rate-limited reporting
@@ -354,14 +362,11 @@ apply_row_guts(void *arg)
 	stream = *found;
 
 	if (strcmp(stream.creation_id, r->c.creation_id) != 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("stream \"%s\" here is not the stream the control plane knows by that name",
-						r->c.stream),
-				 errdetail("Its creation id is %s here and %s at the control plane: the stream was dropped and created again elsewhere.",
-						   stream.creation_id, r->c.creation_id),
-				 errhint("Drop the local stream \"%s\" (felix_drop_stream) to let this node "
-						 "create the cluster's stream of that name.", r->c.stream)));
+	{
+		/* an older creation: replaced with the streams to create */
+		r->superseded = true;
+		return;
+	}
 	if (stream.shards != r->c.shards ||
 		stream.replication_factor != r->c.replication_factor ||
 		stream.consistency != consistency)
@@ -497,6 +502,36 @@ name_in(HTAB *names, const char *name)
 	return hash_search(names, key, HASH_FIND, NULL) != NULL;
 }
 
+static void create_stream_guts(void *arg);
+
+/*
+ * The control plane lists another creation of a stream this node has: the
+ * one here was dropped elsewhere and its name used again.  It goes here
+ * too, with its records, as it went everywhere else, and the new one is
+ * created in its place (inside a subtransaction).  Not while someone
+ * holds the name, nor on rows that may predate a stream made here.
+ */
+static void
+replace_stream_guts(void *arg)
+{
+	HbRow	   *r = arg;
+	const FelixStream *found;
+
+	if (shard_streams_changes() != changes_before_rows ||
+		!felix_stream_lock_name(r->c.stream, false))
+		return;
+	found = felix_stream_by_name(r->c.stream);
+	if (strcmp(found->creation_id, r->c.creation_id) == 0)
+		return;
+	ereport(LOG,
+			(errmsg("felix heartbeat: dropping stream \"%s\" here: it was dropped elsewhere and created again",
+					r->c.stream),
+			 errdetail("Its creation id is %s here and %s at the control plane.",
+					   found->creation_id, r->c.creation_id)));
+	felix_stream_drop_superseded(found);
+	create_stream_guts(r);
+}
+
 /* Create a stream the control plane lists (inside a subtransaction). */
 static void
 create_stream_guts(void *arg)
@@ -513,7 +548,7 @@ create_stream_guts(void *arg)
 	 */
 	if (!felix_stream_lock_name(r->c.stream, false))
 		return;
-	if (shard_streams_forgotten() != drops_before_rows ||
+	if (shard_streams_changes() != changes_before_rows ||
 		name_in(local_stream_names(), r->c.stream))
 		return;
 	refuse_bad_row(r);
@@ -602,6 +637,11 @@ apply_rows(HbRow *rows, int nrows)
 			(void) run_isolated(apply_row_guts, r, r->c.shard,
 								psprintf("applying the control plane's assignment of stream \"%s\" shard %d",
 										 r->c.stream, r->c.shard));
+			if (r->superseded)
+			{
+				r->missing = true;
+				nmissing++;
+			}
 		}
 	}
 	end_work();
@@ -635,7 +675,7 @@ apply_rows(HbRow *rows, int nrows)
 			(void) hash_search(tried, key, HASH_ENTER, &found);
 			if (found)
 				continue;
-			if (run_isolated(create_stream_guts, r, -1,
+			if (run_isolated(r->superseded ? replace_stream_guts : create_stream_guts, r, -1,
 							 psprintf("creating stream \"%s\" as the control plane defines it",
 									  r->c.stream)))
 			{
@@ -945,7 +985,7 @@ heartbeat_once(void)
 	 * costs.
 	 */
 	pgstat_report_activity(STATE_RUNNING, "felix: heartbeat");
-	drops_before_rows = shard_streams_forgotten();
+	changes_before_rows = shard_streams_changes();
 	felix_count(FELIX_CTR_HEARTBEATS_SENT, 1);
 	elevel = failure_elevel();
 	if (!felix_cp_heartbeat(&cp_session, unable, nunable, ends, nends,

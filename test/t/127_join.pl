@@ -9,6 +9,7 @@
 # and felix_nodes shows that server unreachable, with the reason naming
 # the password (not alive and well); the server logs name it too.  The
 # credentials script run again mends it.  No server log holds a password.
+# The README's SQL, read from README.md, runs on that cluster.
 # Run before CREATE EXTENSION, the credentials script says to create the
 # extension first.
 use strict;
@@ -101,22 +102,81 @@ like($nodes[0]->safe_psql('postgres', "SELECT store FROM felix_nodes WHERE name 
 	qr/^etcd http:\/\/127\.0\.0\.1:\d+/, 'node1 says its store is etcd and which endpoint answers');
 
 $nodes[0]->safe_psql('postgres',
-	"SELECT felix_create_stream('orders', shards => 1, replication_factor => 3, consistency => 'quorum')");
+	"SELECT felix_create_stream('joined', shards => 1, replication_factor => 3, consistency => 'quorum')");
 my $leader;
 ok(defined FelixCluster::poll(30, sub {
 	for my $n (@nodes)
 	{
 		my $r = $n->safe_psql('postgres',
-			"SELECT role || ' ' || coalesce(lease_remaining_ms, 0) FROM felix_shards WHERE stream = 'orders'");
+			"SELECT role || ' ' || coalesce(lease_remaining_ms, 0) FROM felix_shards WHERE stream = 'joined'");
 		if ($r =~ /^leader (\d+)/ && $1 > 0) { $leader = $n; return 1; }
 	}
 	0 }, 0.1), 'the stream has a leader');
 my $pos = $leader->safe_psql('postgres',
-	"SET felix.quorum_timeout = '20s'; SELECT seq FROM felix_publish('orders', '{\"joined\": true}'::jsonb)");
+	"SET felix.quorum_timeout = '20s'; SELECT seq FROM felix_publish('joined', '{\"joined\": true}'::jsonb)");
 is($pos, '0', 'a quorum publish is acknowledged (a majority of three holds it)');
 ok(defined FelixCluster::poll(30, sub {
-	!grep { $_->safe_psql('postgres', "SELECT count(*) FROM felix_shards WHERE stream = 'orders' AND next_seq = 1") ne '1' } @nodes }, 0.2),
+	!grep { $_->safe_psql('postgres', "SELECT count(*) FROM felix_shards WHERE stream = 'joined' AND next_seq = 1") ne '1' } @nodes }, 0.2),
 	'all three replicas hold it');
+
+# The README's own SQL, read from README.md, on node3: the quick tour
+# (every statement must succeed, and the publish it shows must answer
+# what it shows), the cluster's check and stream, and the operators'
+# calls, which must at least name functions that exist and take those
+# arguments (they name nodes and states for illustration).
+{
+	my $readme = read_file("$FindBin::RealBin/../../README.md");
+	my @blocks = $readme =~ /^```sql\n(.*?)^```/msg;
+	ok(@blocks >= 4, 'README.md has its SQL blocks: ' . scalar(@blocks));
+	my ($tour, $check, $stream, $ops) = @blocks;
+	# the tour begins with CREATE EXTENSION, which step 2 ran already
+	like($tour, qr/^CREATE EXTENSION felix;/, 'the tour begins by creating the extension');
+	$tour =~ s/^CREATE EXTENSION felix;.*$//m;
+	my ($shown) = $tour =~ /key => 'cust-7'\);\n--\s+shard \| seq\n-- -+\+-+\n--\s+(\d+ \|\s+\d+)/;
+	ok(defined $shown, 'the tour shows what its publish answers');
+	my $file = "$dir/readme_tour.sql";
+	write_file($file, $tour);
+	my ($out, $err) = ('', '');
+	my $rc = $nodes[2]->psql('postgres', undef, extra_params => [ '-v', 'ON_ERROR_STOP=1', '-v', 'VERBOSITY=verbose', '-f', $file ],
+		stdout => \$out, stderr => \$err, timeout => 120);
+	is($rc, 0, "the README's quick tour runs on node3, a node of the cluster") or diag($err);
+	($shown // '') =~ /(\d+) \|\s+(\d+)/;
+	like($out, qr/^$1\|$2$/m, "its keyed publish answers shard $1, seq $2, as the README shows");
+
+	for my $block ([ 'check', $check ], [ 'stream', $stream ])
+	{
+		write_file("$dir/readme_$block->[0].sql", $block->[1]);
+		$rc = $nodes[2]->psql('postgres', undef, extra_params => [ '-v', 'ON_ERROR_STOP=1', '-f', "$dir/readme_$block->[0].sql" ],
+			stdout => \$out, stderr => \$err, timeout => 60);
+		is($rc, 0, "the README's cluster $block->[0] block runs") or diag($err);
+	}
+	like($stream, qr/felix_create_stream\('orders'/, 'the README creates stream orders in the cluster');
+	# the tour dropped its orders on node3 and the cluster block made
+	# another: every node drops its old one and creates the new one
+	my $id = $nodes[2]->safe_psql('postgres', "SELECT creation_id FROM felix.streams WHERE name = 'orders'");
+	ok(defined FelixCluster::poll(30, sub {
+		!grep { $_->safe_psql('postgres', "SELECT creation_id FROM felix.streams WHERE name = 'orders'") ne $id } @nodes }, 0.2),
+		'every node replaced its table of the dropped orders with the new stream');
+	ok(defined FelixCluster::poll(30, sub {
+		$nodes[0]->safe_psql('postgres',
+			"SELECT count(*) FROM felix_shards WHERE stream = 'orders' AND leader IS NOT NULL") == 4 }, 0.2),
+		"the README's stream has a leader for each of its shards");
+	# the tour's INSERT, on every node: any node commits
+	for my $node (@nodes)
+	{
+		my ($insert) = $readme =~ /^(INSERT INTO orders .*;)$/m;
+		$rc = $node->psql('postgres', $insert, stderr => \$err, timeout => 60);
+		is($rc, 0, "the README's INSERT commits on $node->{felix_name}") or diag($err);
+	}
+	for my $stmt (grep { /\S/ } map { s/--.*$//mgr } split /;\s*(?:--[^\n]*)?\n/, $ops)
+	{
+		$rc = $nodes[2]->psql('postgres', $stmt, stderr => \$err, timeout => 60,
+			extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+		my ($state) = $err =~ /ERROR:\s+(\w{5}):/;
+		ok($rc == 0 || ($state && $state !~ /^(42601|42883|42P01|42703|42725)$/),
+			"README: $stmt -- " . ($rc == 0 ? 'ran' : "refused with $state")) or diag($err);
+	}
+}
 
 # What a new user gets wrong: node2's server has another password for node1.
 my $off1 = -s $nodes[0]->logfile;

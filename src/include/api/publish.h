@@ -36,6 +36,9 @@ extern void publish_payload_bytes(const FelixStream *stream, int shard,
 extern void publish_check_access(const FelixStream *stream);
 /* ... for `role` rather than the current user (a publish forwarded here). */
 extern void publish_check_access_as(const FelixStream *stream, Oid role);
+/* ... INSERT privilege and the lock only: for rows an INSERT or COPY on
+ * another node buffered, where its row security and triggers applied. */
+extern void publish_check_insert_as(const FelixStream *stream, Oid role);
 
 /* What a publish is about to append to one stream (publish_check_bytes). */
 typedef struct PublishCharge

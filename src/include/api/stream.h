@@ -41,6 +41,14 @@ extern Oid	felix_stream_create_local(const char *name, const char *schema,
  */
 extern void felix_stream_adopt(Oid relid, const FelixStreamSettings *s);
 
+/*
+ * Drop this node's table of a stream the control plane has replaced with
+ * another creation of its name (the node agent): as DROP TABLE does, its
+ * files at commit, without telling the control plane, which dropped that
+ * creation already.
+ */
+extern void felix_stream_drop_superseded(const FelixStream *stream);
+
 /* Lock a stream name until the end of the transaction (false: busy). */
 extern bool felix_stream_lock_name(const char *name, bool wait);
 

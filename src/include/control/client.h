@@ -48,6 +48,18 @@ extern PGresult *felix_conn_exec(PGconn *conn, const char *call,
 								 const char *const *values,
 								 int timeout_ms, int elevel);
 
+/*
+ * felix_conn_exec in two halves, for calls on several connections at
+ * once: send the query (false, reported at elevel, if it could not be
+ * sent by deadline_ns, felix_monotonic_ns), then collect its result as
+ * felix_conn_exec does.
+ */
+extern bool felix_conn_send(PGconn *conn, const char *call, const char *sql,
+							int nparams, const char *const *values,
+							int64 deadline_ns, int elevel);
+extern PGresult *felix_conn_receive(PGconn *conn, const char *call,
+									int64 deadline_ns, int elevel);
+
 /* The SQLSTATE of the last remote error felix_conn_exec reported in this
  * process ("" after a success or a connection failure). */
 extern const char *felix_conn_last_sqlstate(void);

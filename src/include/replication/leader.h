@@ -58,4 +58,20 @@ typedef struct FelixCommitPart
  */
 extern void leader_commit(FelixCommitPart *parts, int nparts);
 
+/*
+ * leader_commit in its steps, for a commit that spans leaders:
+ *  - stage: admit every part, then append each behind its gate (slot
+ *    order; `parts` is reordered); nothing is published, and if it raises,
+ *    nothing of any part remains;
+ *  - then either cancel (cut every staged part back) or publish (release
+ *    the gates: the parts reach flushers, shippers and readers);
+ *  - acknowledge: wait for each published part's flush and
+ *    acknowledgement at the generation it was staged at.
+ * Gates a backend still holds when it exits are cut back (storage/shard.c).
+ */
+extern void leader_commit_stage(FelixCommitPart *parts, int nparts);
+extern void leader_commit_cancel(FelixCommitPart *parts, int nparts);
+extern void leader_commit_publish(FelixCommitPart *parts, int nparts);
+extern void leader_commit_acknowledge(FelixCommitPart *parts, int nparts);
+
 #endif							/* FELIX_REPLICATION_LEADER_H */

@@ -273,6 +273,10 @@ extern void shard_check_serving(FelixShard *s);
 /* Take / release the tail: the append lock, once no other backend's
  * commit gate holds it. */
 extern void shard_lock_tail(FelixShard *s);
+/* The append lock alone, without waiting for another backend's gate;
+ * true if one holds it (its staged batches sit at the tail: nothing that
+ * moves the tail or the leadership may be done until it is released). */
+extern bool shard_lock_tail_nowait_gate(FelixShard *s);
 extern void shard_lock_tail_open(FelixShard *s);
 extern void shard_unlock_tail(FelixShard *s);
 /* After an error: let go of the tail if this backend still holds it. */
@@ -414,11 +418,12 @@ extern void shard_truncate_to_locked(FelixShard *s, uint64 cut);
  * shards' slots and remove its files. */
 extern void shard_forget_stream(Oid dboid, Oid relid);
 
-/* How many streams have gone since startup (any database): drops that
- * committed, creations undone at the control plane as they rolled back.  A
- * change tells the node agent its control-plane rows may predate one. */
-extern void shard_note_stream_gone(void);
-extern uint64 shard_streams_forgotten(void);
+/* How many streams have come or gone since startup (any database): drops
+ * and creations that committed, creations undone at the control plane as
+ * they rolled back.  A change tells the node agent its control-plane rows
+ * may predate one. */
+extern void shard_note_streams_changed(void);
+extern uint64 shard_streams_changes(void);
 
 /* ---- the notify hook ---- */
 

@@ -1,0 +1,745 @@
+/*-------------------------------------------------------------------------
+ *
+ * forward_commit.c
+ *	  A transactional INSERT or COPY on a node that does not lead every
+ *	  shard it wrote to: the commit is staged at every leader and published
+ *	  only once all of them have staged, so it keeps its all-or-nothing
+ *	  rule across leaders as leader_commit keeps it across this node's
+ *	  shards.  Both halves are here:
+ *
+ *	  - the asking side (forward_commit), called at pre-commit by
+ *	    pending.c when some part goes to another leader:
+ *	      1. the parts are grouped by the leader the control plane names
+ *	         (this node's own parts form one group);
+ *	      2. each group is staged, in the order of the leaders' names: here
+ *	         by leader_commit_stage, elsewhere by BEGIN and
+ *	         felix.forward_stage on the node's own connection to the
+ *	         leader.  Every commit that spans leaders takes their gates in
+ *	         that one order -- node name, then slot on the node -- so two
+ *	         of them never wait for each other in a cycle.  A leader that
+ *	         refuses at admission (55F02, 55F03), that has not learned of
+ *	         the stream yet (42P01) or that could not be reached makes the
+ *	         whole commit start over, with nothing staged
+ *	         anywhere, on the leaders the control plane names by then,
+ *	         until felix.quorum_timeout; any other refusal cancels every
+ *	         stage and fails the commit with nothing published;
+ *	      3. once every group is staged, COMMIT is sent to every other
+ *	         leader, this node's parts are published and acknowledged, and
+ *	         then every leader's answer is collected.
+ *	    The window this leaves: a leader whose COMMIT never arrives (its
+ *	    connection broke between its stage and the commit) cuts its part
+ *	    back while the other leaders publish theirs; the commit then fails
+ *	    with 55F01, saying so.  It is the cross-node form of the crash
+ *	    between pre-commit and the commit record (docs/sql-api.md).
+ *	  - the answering side (felix.forward_stage), on a leader, inside the
+ *	    asking node's transaction: for a caller acting for the cluster, it
+ *	    checks the inserting role's INSERT privilege and every batch as
+ *	    felix.forward_publish does, the owners' byte caps, and stages the
+ *	    parts (leader_commit_stage).  The transaction's COMMIT publishes
+ *	    and acknowledges them (pre-commit); its end in any other way -- a
+ *	    ROLLBACK, an error, the session ending -- cuts them back.  Row
+ *	    security and INSERT triggers applied where the INSERT ran.  A
+ *	    staged session left idle for felix.quorum_timeout is ended by the
+ *	    server (idle_in_transaction_session_timeout), so an asking node
+ *	    that stops cannot hold the shards' gates for longer.
+ *
+ * Locking rule: backend-local.  Staged parts hold their shards' commit
+ * gates (storage/shard.c) from the stage to the commit or abort; the
+ * heartbeat never waits for them (lease_apply_assignment).  The answering
+ * side holds RowExclusiveLock on each stream's table until its
+ * transaction ends.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "api/catalog.h"
+#include "api/forward.h"
+#include "api/publish.h"
+#include "catalog/pg_type.h"
+#include "control/client.h"
+#include "control/conninfo.h"
+#include "felix.h"
+#include "metrics.h"
+#include "miscadmin.h"
+#include "privilege.h"
+#include "replication/lease.h"
+#include "storage/format.h"
+#include "utils/acl.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/memutils.h"
+#include "worker/heartbeat.h"
+
+#define FORWARD_RETRY_MS	20
+
+/* One leader's share of a commit, on the asking side. */
+typedef struct CommitGroup
+{
+	char		leader[NAMEDATALEN];
+	bool		here;			/* this node's own parts */
+	FelixCommitPart *parts;
+	const PublishCharge **charges;
+	List	  **roles;			/* the roles that inserted each part's rows */
+	int			nparts;
+	bool		staged;
+	PGconn	   *conn;			/* elsewhere, once BEGIN was sent */
+} CommitGroup;
+
+/* ---------------------------------------------------------------------
+ * The asking side
+ * ---------------------------------------------------------------------
+ */
+
+bool
+forward_commit_wanted(const FelixCommitPart *parts, int nparts)
+{
+	for (int i = 0; i < nparts; i++)
+		if (!parts[i].restore && forward_wanted(parts[i].s))
+			return true;
+	return false;
+}
+
+static int
+cmp_group(const void *a, const void *b)
+{
+	return strcmp(((const CommitGroup *) a)->leader, ((const CommitGroup *) b)->leader);
+}
+
+/*
+ * Group the parts by the leader the control plane names now, in the order
+ * of the leaders' names.  Restored records are never forwarded: they stay
+ * here, where their shard's admission refuses them if it is led elsewhere.
+ */
+static int
+group_parts(FelixCommitPart *parts, const PublishCharge *charges, List *const *roles,
+			int nparts, CommitGroup *groups)
+{
+	int			ngroups = 0;
+
+	for (int i = 0; i < nparts; i++)
+	{
+		FelixShardView v;
+		const char *leader = felix_node_name_resolved();
+		bool		here = true;
+		CommitGroup *g = NULL;
+
+		if (!parts[i].restore && forward_wanted(parts[i].s))
+		{
+			shard_read(parts[i].s, &v);
+			leader = pstrdup(v.leader);
+			here = false;
+		}
+		for (int k = 0; k < ngroups; k++)
+			if (groups[k].here == here && strcmp(groups[k].leader, leader) == 0)
+				g = &groups[k];
+		if (g == NULL)
+		{
+			g = &groups[ngroups++];
+			memset(g, 0, sizeof(CommitGroup));
+			strlcpy(g->leader, leader, NAMEDATALEN);
+			g->here = here;
+			g->parts = palloc(sizeof(FelixCommitPart) * nparts);
+			g->charges = palloc(sizeof(PublishCharge *) * nparts);
+			g->roles = palloc(sizeof(List *) * nparts);
+		}
+		g->parts[g->nparts] = parts[i];
+		g->charges[g->nparts] = &charges[i];
+		g->roles[g->nparts] = roles[i];
+		g->nparts++;
+	}
+	qsort(groups, ngroups, sizeof(CommitGroup), cmp_group);
+	return ngroups;
+}
+
+/* An array literal element, quoted for array_in. */
+static void
+append_quoted(StringInfo buf, const char *value)
+{
+	appendStringInfoChar(buf, '"');
+	for (const char *p = value; *p; p++)
+	{
+		if (*p == '"' || *p == '\\')
+			appendStringInfoChar(buf, '\\');
+		appendStringInfoChar(buf, *p);
+	}
+	appendStringInfoChar(buf, '"');
+}
+
+/*
+ * Stage group g at its leader: BEGIN, then felix.forward_stage with every
+ * batch of its parts, one array element per batch.
+ */
+static void
+stage_elsewhere(CommitGroup *g, int64 deadline)
+{
+	StringInfoData inserters;
+	StringInfoData streams;
+	StringInfoData ids;
+	StringInfoData shards;
+	StringInfoData hex;
+	const char *values[5];
+	long		left_ms = (long) ((deadline - felix_monotonic_ns()) / 1000000);
+	PGresult   *res;
+	bool		first = true;
+
+	g->conn = forward_conn(g->leader);
+	if (g->conn == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_CONNECTION_FAILURE),
+				 errmsg("could not reach leader \"%s\": %s", g->leader, felix_conn_last_error())));
+
+	/* which role inserted into which stream: {{stream, role}, ...} */
+	initStringInfo(&inserters);
+	appendStringInfoChar(&inserters, '{');
+	for (int i = 0; i < g->nparts; i++)
+	{
+		ListCell   *lc;
+
+		foreach(lc, g->roles[i])
+		{
+			if (inserters.len > 1)
+				appendStringInfoChar(&inserters, ',');
+			appendStringInfoChar(&inserters, '{');
+			append_quoted(&inserters, g->charges[i]->stream->name);
+			appendStringInfoChar(&inserters, ',');
+			append_quoted(&inserters, GetUserNameFromId(lfirst_oid(lc), false));
+			appendStringInfoChar(&inserters, '}');
+		}
+	}
+	appendStringInfoChar(&inserters, '}');
+
+	initStringInfo(&streams);
+	initStringInfo(&ids);
+	initStringInfo(&shards);
+	initStringInfo(&hex);
+	appendStringInfoChar(&streams, '{');
+	appendStringInfoChar(&ids, '{');
+	appendStringInfoChar(&shards, '{');
+	appendStringInfoString(&hex, "\\x");
+	for (int i = 0; i < g->nparts; i++)
+	{
+		FelixCommitPart *p = &g->parts[i];
+		const FelixStream *stream = g->charges[i]->stream;
+
+		for (int b = 0; b < p->nbatches; b++)
+		{
+			StringInfo	batch = p->batches[b];
+
+			if (!first)
+			{
+				appendStringInfoChar(&streams, ',');
+				appendStringInfoChar(&ids, ',');
+				appendStringInfoChar(&shards, ',');
+			}
+			first = false;
+			append_quoted(&streams, stream->name);
+			append_quoted(&ids, stream->creation_id);
+			appendStringInfo(&shards, "%d", p->s->key.shard);
+			enlargeStringInfo(&hex, batch->len * 2);
+			hex.len += hex_encode(batch->data, batch->len, hex.data + hex.len);
+			hex.data[hex.len] = '\0';
+		}
+	}
+	appendStringInfoChar(&streams, '}');
+	appendStringInfoChar(&ids, '}');
+	appendStringInfoChar(&shards, '}');
+	values[0] = inserters.data;
+	values[1] = streams.data;
+	values[2] = ids.data;
+	values[3] = shards.data;
+	values[4] = hex.data;
+
+	res = felix_conn_exec(g->conn, "BEGIN", "BEGIN", 0, NULL, Max(left_ms, 1), ERROR);
+	PQclear(res);
+	res = felix_conn_exec(g->conn, "felix.forward_stage",
+						  "SELECT felix.forward_stage($1::pg_catalog.text[], $2::pg_catalog.text[], $3::pg_catalog.text[], "
+						  "$4::pg_catalog.int4[], $5::pg_catalog.bytea)",
+						  5, values, Max(left_ms, 1), ERROR);
+	PQclear(res);
+	g->staged = true;
+}
+
+/*
+ * Is a leader's session still inside the transaction that staged its
+ * part?  Read what it sent meanwhile without waiting: a session the
+ * leader ended (idle too long, terminated) has cut its part back.
+ */
+static bool
+staged_alive(PGconn *conn)
+{
+	return PQconsumeInput(conn) == 1 && PQstatus(conn) == CONNECTION_OK &&
+		PQtransactionStatus(conn) == PQTRANS_INTRANS && !PQisBusy(conn);
+}
+
+/* Undo every stage: here cut back, elsewhere the session is closed. */
+static void
+cancel_all(CommitGroup *groups, int ngroups)
+{
+	for (int k = 0; k < ngroups; k++)
+	{
+		CommitGroup *g = &groups[k];
+
+		if (g->here && g->staged)
+			leader_commit_cancel(g->parts, g->nparts);
+		else if (!g->here && g->conn != NULL)
+			forward_drop_conn(g->leader);	/* its transaction aborts there */
+		g->staged = false;
+		g->conn = NULL;
+	}
+}
+
+/* May the commit start over after this error?  Only if nothing was published. */
+static bool
+stage_retryable(int sqlerrcode)
+{
+	return sqlerrcode == FELIX_ERRCODE_NOT_LEADER || sqlerrcode == FELIX_ERRCODE_LEASE_EXPIRED ||
+		sqlerrcode == ERRCODE_UNDEFINED_TABLE ||
+		strncmp(unpack_sql_state(sqlerrcode), "08", 2) == 0;
+}
+
+/* Stage every group, starting over while a leader moves. */
+static int
+stage_all(FelixCommitPart *parts, const PublishCharge *charges, List *const *roles,
+		  int nparts, CommitGroup *groups)
+{
+	int64		deadline = felix_monotonic_ns() + (int64) felix_quorum_timeout * 1000000;
+	MemoryContext cxt = CurrentMemoryContext;
+	bool		woke = false;
+
+	for (;;)
+	{
+		int			ngroups = group_parts(parts, charges, roles, nparts, groups);
+		volatile bool retry = false;
+		volatile int current = 0;
+
+		PG_TRY();
+		{
+			for (int k = 0; k < ngroups; k++)
+			{
+				CommitGroup *g = &groups[k];
+
+				current = k;
+				if (g->here)
+				{
+					PublishCharge *mine = palloc(sizeof(PublishCharge) * g->nparts);
+
+					for (int i = 0; i < g->nparts; i++)
+						mine[i] = *g->charges[i];
+					publish_check_bytes(mine, g->nparts);
+					leader_commit_stage(g->parts, g->nparts);
+					g->staged = true;
+				}
+				else
+					stage_elsewhere(g, deadline);
+			}
+			/* a leader whose session went meanwhile has cut its part back */
+			for (int k = 0; k < ngroups; k++)
+				if (!groups[k].here && !staged_alive(groups[k].conn))
+				{
+					current = k;
+					ereport(ERROR,
+							(errcode(ERRCODE_CONNECTION_FAILURE),
+							 errmsg("the connection to leader \"%s\" ended after it staged its part",
+									groups[k].leader)));
+				}
+		}
+		PG_CATCH();
+		{
+			ErrorData  *e;
+			CommitGroup *g = &groups[current];
+
+			MemoryContextSwitchTo(cxt);
+			e = CopyErrorData();
+			FlushErrorState();
+			cancel_all(groups, ngroups);
+			if (stage_retryable(e->sqlerrcode) && felix_monotonic_ns() < deadline)
+				retry = true;
+			else if (stage_retryable(e->sqlerrcode))
+				ereport(ERROR,
+						(errcode(FELIX_ERRCODE_NOT_LEADER),
+						 errmsg("stream \"%s\" shard %d: no leader took its part of the commit within felix.quorum_timeout (%d ms)",
+								g->charges[0]->stream->name, g->parts[0].s->key.shard,
+								felix_quorum_timeout),
+						 errdetail("Last, leader \"%s\": %s", g->leader, e->message),
+						 errhint("Nothing of the transaction was published.  felix_shards shows each shard's leader; commit again once it has one.")));
+			else
+			{
+				if (!g->here)
+				{
+					e->context = psprintf("commit part forwarded to leader \"%s\"", g->leader);
+					if (e->hint == NULL)
+						e->hint = pstrdup("Nothing of the transaction was published.");
+				}
+				ReThrowError(e);
+			}
+			FreeErrorData(e);
+		}
+		PG_END_TRY();
+
+		if (!retry)
+			return ngroups;
+		if (!woke)
+			felix_heartbeat_wake();
+		woke = true;
+		felix_nap(FORWARD_RETRY_MS);
+		CHECK_FOR_INTERRUPTS();
+	}
+}
+
+/*
+ * A leader's COMMIT failed (e, its error) or never answered: say what
+ * became of what.  Every other leader was sent its COMMIT.
+ */
+static void
+report_commit_failure(CommitGroup *g, ErrorData *e)
+{
+	if (forward_outcome_unknown(e->sqlerrcode))
+		ereport(ERROR,
+				(errcode(FELIX_ERRCODE_QUORUM_TIMEOUT),
+				 errmsg("stream \"%s\" shard %d: the commit of its part on leader \"%s\" got no answer",
+						g->charges[0]->stream->name, g->parts[0].s->key.shard, g->leader),
+				 errdetail("%s", e->message ? e->message : "the call failed"),
+				 errhint("The transaction's records on the other leaders' shards were published; "
+						 "those on node \"%s\"'s may or may not have been.  Read the shards to find out before inserting them again.",
+						 g->leader)));
+	e->elevel = ERROR;
+	e->context = psprintf("commit of the part forwarded to leader \"%s\"; the transaction's records on the other leaders' shards were published",
+						  g->leader);
+	ReThrowError(e);
+}
+
+/* Run step(g) for group g; its error, if any, is kept (the first). */
+typedef void (*CommitStep) (CommitGroup *g, int64 deadline);
+
+static void
+commit_step(CommitStep step, CommitGroup *g, int64 deadline,
+			ErrorData **first, CommitGroup **first_group)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+
+	PG_TRY();
+	{
+		step(g, deadline);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *e;
+
+		MemoryContextSwitchTo(cxt);
+		e = CopyErrorData();
+		FlushErrorState();
+		if (!g->here)
+			forward_drop_conn(g->leader);	/* mid-call: never reused */
+		g->conn = NULL;
+		if (*first == NULL)
+		{
+			*first = e;
+			*first_group = g;
+		}
+	}
+	PG_END_TRY();
+}
+
+static void
+send_commit(CommitGroup *g, int64 deadline)
+{
+	felix_conn_send(g->conn, "COMMIT", "COMMIT", 0, NULL, deadline, ERROR);
+}
+
+static void
+publish_here(CommitGroup *g, int64 deadline)
+{
+	leader_commit_publish(g->parts, g->nparts);
+	leader_commit_acknowledge(g->parts, g->nparts);
+}
+
+static void
+receive_commit(CommitGroup *g, int64 deadline)
+{
+	if (g->conn == NULL)
+		return;					/* its COMMIT was never sent: kept already */
+	PQclear(felix_conn_receive(g->conn, "COMMIT", deadline, ERROR));
+	felix_count(FELIX_CTR_PUBLISHES_FORWARDED, 1);
+}
+
+void
+forward_commit(FelixCommitPart *parts, const PublishCharge *charges, List *const *roles,
+			   int nparts)
+{
+	CommitGroup *groups = palloc0(sizeof(CommitGroup) * nparts);
+	int			ngroups = stage_all(parts, charges, roles, nparts, groups);
+	int64		deadline;
+	ErrorData  *first = NULL;
+	CommitGroup *first_group = NULL;
+
+	/*
+	 * Every leader has staged: from here on nothing is cancelled, and a
+	 * step that fails does not stop the others.  Each leader's COMMIT
+	 * acknowledges its parts before it answers, as this node's own parts
+	 * are acknowledged here meanwhile.
+	 */
+	deadline = felix_monotonic_ns() +
+		(int64) (2 * felix_quorum_timeout + 2 * felix_lease_duration + 1000) * 1000000;
+	for (int k = 0; k < ngroups; k++)
+		if (!groups[k].here)
+			commit_step(send_commit, &groups[k], deadline, &first, &first_group);
+	for (int k = 0; k < ngroups; k++)
+		if (groups[k].here)
+			commit_step(publish_here, &groups[k], deadline, &first, &first_group);
+	for (int k = 0; k < ngroups; k++)
+		if (!groups[k].here)
+			commit_step(receive_commit, &groups[k], deadline, &first, &first_group);
+
+	if (first == NULL)
+		return;
+	if (first_group->here)
+		ReThrowError(first);	/* this node's own acknowledgement */
+	report_commit_failure(first_group, first);
+}
+
+/* ---------------------------------------------------------------------
+ * The answering side
+ * ---------------------------------------------------------------------
+ */
+
+/* What this backend's transaction staged for another node's commit. */
+static FelixCommitPart *staged = NULL;
+static int	nstaged = 0;
+
+static void
+forward_commit_xact_callback(XactEvent event, void *arg)
+{
+	FelixCommitPart *parts = staged;
+	int			n = nstaged;
+
+	if (parts == NULL)
+		return;
+	switch (event)
+	{
+		case XACT_EVENT_PRE_COMMIT:
+			/* from here an error aborts with the parts already published */
+			staged = NULL;
+			nstaged = 0;
+			leader_commit_publish(parts, n);
+			leader_commit_acknowledge(parts, n);
+			break;
+		case XACT_EVENT_PRE_PREPARE:
+			ereport(ERROR,
+					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+					 errmsg("cannot PREPARE a transaction that staged a forwarded commit"),
+					 errhint("This is felix's internal protocol; the asking node commits it.")));
+			break;
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+			staged = NULL;
+			nstaged = 0;
+			leader_commit_cancel(parts, n);
+			break;
+		default:
+			break;
+	}
+}
+
+void
+forward_commit_init(void)
+{
+	RegisterXactCallback(forward_commit_xact_callback, NULL);
+}
+
+/* Text array argument i, checked: no NULLs, one dimension. */
+static int
+text_array_arg(FunctionCallInfo fcinfo, int i, const char *name, char ***out)
+{
+	Datum	   *elems;
+	bool	   *nulls;
+	int			n;
+
+	deconstruct_array(PG_GETARG_ARRAYTYPE_P(i), TEXTOID, -1, false, TYPALIGN_INT,
+					  &elems, &nulls, &n);
+	*out = palloc(sizeof(char *) * Max(n, 1));
+	for (int k = 0; k < n; k++)
+	{
+		if (nulls[k])
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("felix.forward_stage: %s must not hold NULLs", name),
+					 errhint("This is felix's internal protocol; nodes call it to stage a commit on a shard's leader.")));
+		(*out)[k] = TextDatumGetCString(elems[k]);
+	}
+	return n;
+}
+
+/*
+ * The rights of every role that inserted rows into `stream` where the
+ * transaction runs ({stream, role} pairs), here as there.  A stream no
+ * pair names is refused: every row was inserted by someone.
+ */
+static void
+check_inserters(const FelixStream *stream, char **pairs, int npairs)
+{
+	bool		named = false;
+
+	for (int k = 0; k + 1 < npairs; k += 2)
+	{
+		Oid			role;
+
+		if (strcmp(pairs[k], stream->name) != 0)
+			continue;
+		named = true;
+		role = get_role_oid(pairs[k + 1], true);
+		if (!OidIsValid(role))
+			ereport(ERROR,
+					(errcode(ERRCODE_UNDEFINED_OBJECT),
+					 errmsg("stream \"%s\": role \"%s\" does not exist on leader \"%s\"",
+							stream->name, pairs[k + 1], felix_node_name_resolved()),
+					 errhint("Roles are per server: create the role, with the same grants, on every node.")));
+		publish_check_insert_as(stream, role);
+	}
+	if (!named)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("felix.forward_stage: no inserting role is named for stream \"%s\"", stream->name),
+				 errhint("This is felix's internal protocol; nodes call it to stage a commit on a shard's leader.")));
+}
+
+PG_FUNCTION_INFO_V1(felix_forward_stage);
+Datum
+felix_forward_stage(PG_FUNCTION_ARGS)
+{
+	const char *names[] = {"inserters", "streams", "creation_ids", "shards", "batches"};
+	char	  **stream_names;
+	char	  **creation_ids;
+	Datum	   *shard_datums;
+	bool	   *shard_nulls;
+	int			n;
+	int			nshards;
+	char	  **inserters;
+	int			ninserters;
+	bytea	   *all;
+	const char *data;
+	Size		left;
+	FelixCommitPart *parts;
+	PublishCharge *charges;
+	int			nparts = 0;
+	List	   *checked = NIL;
+	MemoryContext old;
+	char		idle[32];
+
+	felix_require_preload();
+	felix_require_replication_role("felix.forward_stage");
+	felix_require_nargs(fcinfo, 5, "felix.forward_stage");
+	for (int i = 0; i < 5; i++)
+		if (PG_ARGISNULL(i))
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("felix.forward_stage: %s must not be NULL", names[i]),
+					 errhint("This is felix's internal protocol; nodes call it to stage a commit on a shard's leader.")));
+	if (!IsTransactionBlock())
+		ereport(ERROR,
+				(errcode(ERRCODE_NO_ACTIVE_SQL_TRANSACTION),
+				 errmsg("felix.forward_stage must run inside a transaction block"),
+				 errhint("This is felix's internal protocol: its COMMIT publishes what it staged.")));
+	if (staged != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_ACTIVE_SQL_TRANSACTION),
+				 errmsg("felix.forward_stage was already called in this transaction"),
+				 errhint("This is felix's internal protocol; a commit stages once per leader.")));
+
+	ninserters = text_array_arg(fcinfo, 0, "inserters", &inserters);
+	if (ninserters == 0 || ARR_NDIM(PG_GETARG_ARRAYTYPE_P(0)) != 2 ||
+		ARR_DIMS(PG_GETARG_ARRAYTYPE_P(0))[1] != 2)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("felix.forward_stage: inserters must be pairs {stream, role}, at least one"),
+				 errhint("This is felix's internal protocol; nodes call it to stage a commit on a shard's leader.")));
+	n = text_array_arg(fcinfo, 1, "streams", &stream_names);
+	if (text_array_arg(fcinfo, 2, "creation_ids", &creation_ids) != n)
+		n = -1;
+	deconstruct_array(PG_GETARG_ARRAYTYPE_P(3), INT4OID, 4, true, TYPALIGN_INT,
+					  &shard_datums, &shard_nulls, &nshards);
+	if (n <= 0 || nshards != n)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("felix.forward_stage: streams, creation_ids and shards must name the same number of batches, at least one"),
+				 errhint("This is felix's internal protocol; nodes call it to stage a commit on a shard's leader.")));
+
+	/* what is staged lives until the transaction ends */
+	old = MemoryContextSwitchTo(TopTransactionContext);
+	parts = palloc0(sizeof(FelixCommitPart) * n);
+	charges = palloc0(sizeof(PublishCharge) * n);
+	all = PG_GETARG_BYTEA_PP(4);
+	data = VARDATA_ANY(all);
+	left = VARSIZE_ANY_EXHDR(all);
+	for (int i = 0; i < n; i++)
+	{
+		const FelixStream *stream = forward_stream(stream_names[i], creation_ids[i]);
+		int			shard;
+		FelixBatchHeader h;
+		Size		len;
+		StringInfo	rebuilt = makeStringInfo();
+		uint32		count;
+		FelixShard *s;
+		int			p;
+
+		if (shard_nulls[i])
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("felix.forward_stage: shards must not hold NULLs"),
+					 errhint("This is felix's internal protocol; nodes call it to stage a commit on a shard's leader.")));
+		shard = DatumGetInt32(shard_datums[i]);
+		felix_check_shard(stream, shard);
+		if (!list_member_oid(checked, stream->relid))
+		{
+			check_inserters(stream, inserters, ninserters);
+			checked = lappend_oid(checked, stream->relid);
+		}
+
+		/* this element's batch: a header, its body and its trailer */
+		len = left;
+		if (left >= sizeof(FelixBatchHeader))
+		{
+			memcpy(&h, data, sizeof(h));
+			if (h.body_len <= FELIX_MAX_BATCH_BYTES)
+				len = Min(left, sizeof(FelixBatchHeader) + (Size) h.body_len + sizeof(FelixBatchTrailer));
+		}
+		forward_check_batch(stream, shard, data, len, rebuilt, &count);
+		data += len;
+		left -= len;
+
+		s = felix_stream_shard(stream, shard);
+		for (p = 0; p < nparts; p++)
+			if (parts[p].s == s)
+				break;
+		if (p == nparts)
+		{
+			parts[p].s = s;
+			parts[p].batches = palloc(sizeof(StringInfo) * n);
+			parts[p].counts = palloc(sizeof(uint32) * n);
+			charges[p].stream = stream;
+			nparts++;
+		}
+		parts[p].batches[parts[p].nbatches] = rebuilt;
+		parts[p].counts[parts[p].nbatches] = count;
+		parts[p].nbatches++;
+		charges[p].bytes += rebuilt->len;
+	}
+	if (left != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_BINARY_REPRESENTATION),
+				 errmsg("felix.forward_stage: %zu bytes follow the last batch", left),
+				 errhint("This is felix's internal protocol; nothing of it was staged.")));
+	publish_check_bytes(charges, nparts);
+	leader_commit_stage(parts, nparts);
+	staged = parts;
+	nstaged = nparts;
+	MemoryContextSwitchTo(old);
+
+	/* an asking node that goes quiet cannot hold the gates for long */
+	snprintf(idle, sizeof(idle), "%dms", felix_quorum_timeout);
+	(void) set_config_option("idle_in_transaction_session_timeout", idle,
+							 PGC_USERSET, PGC_S_SESSION, GUC_ACTION_LOCAL, true, 0, false);
+	PG_RETURN_VOID();
+}
