@@ -4,12 +4,15 @@
 #
 # Three felix nodes on this machine (node1 hosts the control plane), a
 # 1-shard stream with replication_factor = 3 and consistency = 'quorum'.
-# felix_publish of a 100-byte jsonb record per transaction, pgbench -M
-# prepared at 1, 8 and 32 clients, in the same run:
+# A 100-byte jsonb record per transaction, pgbench -M prepared at 1, 8
+# and 32 clients, in the same run, published two ways -- felix_publish,
+# and a one-row INSERT (a transaction committed through the pending
+# buffer) -- each from two places:
 #
 #   leader:    the clients connect to the shard's leader;
 #   forwarded: the clients connect to a follower, which forwards each
-#              publish to the leader (felix.forward_publishes = on).
+#              publish to the leader, or stages each INSERT's commit there
+#              and then commits it (felix.forward_publishes = on).
 #
 # Rounds alternate which goes first.  Reports tps and p50 latency of each,
 # the ratio forwarded / leader, and checks that the forwarded publishes
@@ -90,20 +93,25 @@ log "leader on port $LEADER, clients of the forwarded case on $FOLLOWER"
 
 PAYLOAD=$(q "${FPORTS[0]}" -c "SELECT jsonb_build_object('id', 0, 'pad', repeat('x', 80))::text")
 [[ ${#PAYLOAD} == 100 ]] || die "payload text is ${#PAYLOAD} bytes, expected 100"
-SCRIPT=$(write_script publish "SELECT felix_publish('$STREAM', '$PAYLOAD'::jsonb, shard => 0);")
+declare -A SCRIPTS
+SCRIPTS[publish]=$(write_script publish "SELECT felix_publish('$STREAM', '$PAYLOAD'::jsonb, shard => 0);")
+SCRIPTS[insert]=$(write_script insert "INSERT INTO $STREAM (shard, payload) VALUES (0, '$PAYLOAD'::jsonb);")
+KINDS=(publish insert)
 
 fwd_before=$(q "$FOLLOWER" -c "SELECT value::bigint FROM felix_metrics WHERE name = 'publishes_forwarded'")
 total=0
 for (( r = 1; r <= ROUNDS; r++ )); do
-	for c in "${CLIENTS[@]}"; do
-		order=(leader forwarded)
-		(( r % 2 == 0 )) && order=(forwarded leader)
-		for v in "${order[@]}"; do
-			port=$LEADER
-			[[ $v == forwarded ]] && port=$FOLLOWER
-			pgbench_run "$v-c$c-r$r" "$port" "$SCRIPT" "$c" "$DURATION"
-			record_point "$v-$c"
-			total=$(( total + ${PB_TX:-0} ))
+	for k in "${KINDS[@]}"; do
+		for c in "${CLIENTS[@]}"; do
+			order=(leader forwarded)
+			(( r % 2 == 0 )) && order=(forwarded leader)
+			for v in "${order[@]}"; do
+				port=$LEADER
+				[[ $v == forwarded ]] && port=$FOLLOWER
+				pgbench_run "$k-$v-c$c-r$r" "$port" "${SCRIPTS[$k]}" "$c" "$DURATION"
+				record_point "$k-$v-$c"
+				total=$(( total + ${PB_TX:-0} ))
+			done
 		done
 	done
 done
@@ -118,15 +126,17 @@ report=$(
 	echo "Command: \`$CMDLINE\`; $(nproc) cores, $(uname -r); felix $(git -C "$SCRIPT_DIR" log -1 --format='%h' 2>/dev/null || echo '?')."
 	echo "1-shard quorum stream, replication factor 3, three nodes on this machine; 100-byte jsonb, pgbench -M prepared, ${DURATION} s x ${ROUNDS} round(s)."
 	echo
-	echo "| clients | leader tps | forwarded tps | ratio | leader p50 ms | forwarded p50 ms | added p50 ms |"
-	echo "| --- | --- | --- | --- | --- | --- | --- |"
-	for c in "${CLIENTS[@]}"; do
-		lt=$(mean_of TPS_SUM "leader-$c"); ft=$(mean_of TPS_SUM "forwarded-$c")
-		lp=$(mean_of P50_SUM "leader-$c"); fp=$(mean_of P50_SUM "forwarded-$c")
-		echo "| $c | $lt | $ft | $(ratio "$ft" "$lt") | $lp | $fp | $(awk -v a="$fp" -v b="$lp" 'BEGIN{ if (a == "" || b == "") print "n/a"; else printf "%.3f", a - b }') |"
+	echo "| how | clients | leader tps | forwarded tps | ratio | leader p50 ms | forwarded p50 ms | added p50 ms |"
+	echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+	for k in "${KINDS[@]}"; do
+		for c in "${CLIENTS[@]}"; do
+			lt=$(mean_of TPS_SUM "$k-leader-$c"); ft=$(mean_of TPS_SUM "$k-forwarded-$c")
+			lp=$(mean_of P50_SUM "$k-leader-$c"); fp=$(mean_of P50_SUM "$k-forwarded-$c")
+			echo "| $k | $c | $lt | $ft | $(ratio "$ft" "$lt") | $lp | $fp | $(awk -v a="$fp" -v b="$lp" 'BEGIN{ if (a == "" || b == "") print "n/a"; else printf "%.3f", a - b }') |"
+		done
 	done
 	echo
-	echo "Forwarded publishes counted by the follower: $(( fwd_after - fwd_before )); records in the shard: $records (pgbench completed $total)."
+	echo "Forwarded publishes and commit parts counted by the follower: $(( fwd_after - fwd_before )); records in the shard: $records (pgbench completed $total)."
 	if [[ ${#SANITY[@]} -gt 0 ]]; then
 		echo
 		echo "Problems:"

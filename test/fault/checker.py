@@ -26,6 +26,8 @@ The properties:
      a publish that began just before the grant is not judged by it, the
      lease rules keep that case, and 1 catches any loss.)
   5. no payload twice: a record published once is stored once.
+Committed transactions (INSERT through any node) are held to 1: each of
+their records is in the shard it named, at some seq.
 
 A shard that no node serves at the end (unplaced: no copy the control
 plane may promote) is reported as unavailable, not as a violation: felix
@@ -142,6 +144,24 @@ def check(history, final, consistency):
             v.append("%s shard %d: record %s at seq %d, written at generation %d, acknowledged by %s "
                      "for a publish begun at %.2f s, after generation %d was granted" %
                      (key[0], key[1], ev["id"], ev["seq"], gen, ev["node"], ev["inv"], max(later)))
+
+    # 1, for transactions: every record of a committed INSERT is there,
+    # in the shard it named (a commit returns no seqs)
+    for ev in history:
+        if ev["k"] != "commit":
+            continue
+        figures["commits"] += 1
+        if ev["st"] != "ok":
+            figures["commit_" + ev["st"]] += 1
+            continue
+        figures["commits_acknowledged"] += 1
+        for shard, i in ev["ids"]:
+            key = (ev["stream"], shard)
+            if i in final_map.get(key, {}).values() or any(x == i for _, x in on_disk.get(key, ())):
+                continue
+            figures["lost"] += 1
+            v.append("%s shard %d: record %s of a transaction committed through %s (%.2f-%.2f s) is lost" %
+                     (key[0], key[1], i, ev["node"], ev["inv"], ev["ret"]))
 
     # 3: what readers saw
     pubs = {ev["id"]: ev for ev in history if ev["k"] == "pub"}

@@ -359,7 +359,8 @@ class Cluster:
             "felix.node_name = '%s'" % x.name,
             "felix.node_conninfo = 'host=%s port=%d dbname=postgres'" % (x.addr, PG_PORT),
             "felix.data_directory = '%s'" % x.felix_dir,
-            # the workload routes itself; the checker counts on refusals
+            # the producers route themselves, except the one that turns
+            # forwarding on in its own sessions (workload.py)
             "felix.forward_publishes = off",
             "lc_messages = 'C'",
             "max_connections = 80",

@@ -207,7 +207,8 @@ def run_schedule(args, store, seed, profile, template, shim, run_no):
         for name, (consistency, shards) in STREAMS.items():
             c.nodes[0].sql("SELECT felix_create_stream(%s, shards => %s, replication_factor => 3, "
                            "consistency => %s)", (name, shards, consistency), timeout=30)
-        wl = workload.Workload(c, h, {n: s for n, (_, s) in STREAMS.items()}, seed)
+        wl = workload.Workload(c, h, {n: s for n, (_, s) in STREAMS.items()}, seed,
+                               forward_streams=[n for n, (k, _) in STREAMS.items() if k == "quorum"])
         inj = faults.Injector(c, h, sched)
         wl.start()
         time.sleep(1.0)

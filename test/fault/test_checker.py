@@ -39,6 +39,19 @@ class Checks(unittest.TestCase):
         self.assertEqual(v, [])
         self.assertEqual(f["acknowledged"], 2)
 
+    def test_commit(self):
+        # a committed transaction's records must all be there; one that
+        # failed is not held to it
+        c = {"k": "commit", "w": 3, "stream": "q", "shard": 0, "id": "t", "node": "node2",
+             "inv": 1.0, "ret": 1.1, "st": "ok", "ids": [[0, "t-s0"]]}
+        failed = dict(c, st="fail", ids=[[0, "u-s0"]])
+        h = [grant(1, "node1", 0.5), pub("a", 0), c, failed]
+        v, f, _ = checker.check(h, final([(0, "a"), (1, "t-s0")]), CONS)
+        self.assertEqual(v, [])
+        self.assertEqual(f["commits_acknowledged"], 1)
+        v, _, _ = checker.check(h, final([(0, "a")]), CONS)
+        self.assertTrue(any("of a transaction committed through node2" in x for x in v), v)
+
     def test_quorum_loss(self):
         h = [grant(1, "node1", 0.5), pub("a", 0), pub("b", 1), grant(2, "node2", 2.0)]
         v, _, _ = checker.check(h, final([(0, "a")], leader="node2"), CONS)

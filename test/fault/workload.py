@@ -8,6 +8,14 @@ the history it keeps of it.
   Each publish is one history event: invoked at, returned at, and ok (with
   its seq), failed (with its SQLSTATE: nothing was acknowledged) or unknown
   (no answer in time: it may or may not have been).
+- The last producer is a client that does not route: it connects to a
+  random node with felix.forward_publishes on, and publishes to the
+  quorum streams through whichever node that is -- a forwarded
+  felix_publish (an event like the others), or a transactional INSERT of
+  one record into each shard of the stream (a "commit" event: its ids,
+  and ok only if COMMIT returned).  It publishes to quorum streams only,
+  so that the checker's leader-stream window, which needs the
+  acknowledging node, never applies to it.
 - Readers read a random shard on a random node -- a leader, a follower, or
   a node that holds no copy of the shard -- and record what they saw.
 - The watcher reads the control plane's shard assignments every 100 ms,
@@ -95,10 +103,11 @@ class History:
 
 
 class Workload:
-    def __init__(self, cluster, history, streams, seed, producers=4, readers=2):
+    def __init__(self, cluster, history, streams, seed, producers=4, readers=2, forward_streams=()):
         self.cluster = cluster
         self.h = history
         self.streams = streams          # {name: shards}
+        self.forward_streams = list(forward_streams)    # quorum streams
         self.stop = threading.Event()
         self.leaders = {}               # (stream, shard) -> node name
         self.rng = random.Random(seed)
@@ -162,20 +171,38 @@ class Workload:
         rng = random.Random(seed)
         conns = {}
         n = 0
+        forwarding = w == self.nprod - 1 and bool(self.forward_streams)
         while not self.stop.is_set():
-            stream, shard = rng.choice(self.shards())
-            name = self.leaders.get((stream, shard)) or rng.choice(self.cluster.nodes).name
-            node = self.cluster.node(name)
             n += 1
-            ev = {"k": "pub", "w": w, "stream": stream, "shard": shard, "id": "w%d-%d" % (w, n),
-                  "node": name, "inv": self.h.now()}
+            if forwarding:
+                stream = rng.choice(self.forward_streams)
+                shard = rng.randrange(self.streams[stream])
+                name = rng.choice(self.cluster.nodes).name
+            else:
+                stream, shard = rng.choice(self.shards())
+                name = self.leaders.get((stream, shard)) or rng.choice(self.cluster.nodes).name
+            node = self.cluster.node(name)
+            commit = forwarding and n % 2 == 0
+            ev = {"k": "commit" if commit else "pub", "w": w, "stream": stream, "shard": shard,
+                  "id": "w%d-%d" % (w, n), "node": name, "inv": self.h.now()}
             try:
                 c = conns.get(name)
                 if c is None:
                     c = conns[name] = Conn(node.addr, 2.0)
-                rows = c.query("SELECT (felix_publish(%s, %s::jsonb, shard => %s)).seq",
-                               (stream, json.dumps({"id": ev["id"]}), shard), timeout=4.0)
-                ev.update(st="ok", seq=rows[0][0])
+                    if forwarding:
+                        c.query("SELECT set_config('felix.forward_publishes', 'on', false)", timeout=2.0)
+                if commit:
+                    # one record in each shard, all or nothing; a commit
+                    # returns no seq, so the ids are what is checked
+                    ev["ids"] = [[s, "%s-s%d" % (ev["id"], s)] for s in range(self.streams[stream])]
+                    values = ", ".join(c.conn.cursor().mogrify("(%s, %s::jsonb)", (s, json.dumps({"id": i}))).decode()
+                                       for s, i in ev["ids"])
+                    c.query("INSERT INTO %s (shard, payload) VALUES %s" % (stream, values), timeout=8.0)
+                    ev.update(st="ok")
+                else:
+                    rows = c.query("SELECT (felix_publish(%s, %s::jsonb, shard => %s)).seq",
+                                   (stream, json.dumps({"id": ev["id"]}), shard), timeout=8.0 if forwarding else 4.0)
+                    ev.update(st="ok", seq=rows[0][0])
             except Timeout:
                 ev.update(st="unknown", code="timeout")
                 self._drop(conns, name)
