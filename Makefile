@@ -11,10 +11,13 @@ PGFILEDESC = "felix - replicated log streams for PostgreSQL"
 OBJS = \
 	src/felix.o \
 	src/shmem.o \
-	src/metrics.o \
-	src/isolate.o \
-	src/privilege.o \
-	src/http.o \
+	src/base/settings.o \
+	src/base/common.o \
+	src/base/metrics.o \
+	src/base/isolate.o \
+	src/base/privilege.o \
+	src/base/http.o \
+	src/base/wake.o \
 	src/storage/crc.o \
 	src/storage/format.o \
 	src/storage/segment.o \
@@ -31,8 +34,9 @@ OBJS = \
 	src/am/scan.o \
 	src/am/refuse.o \
 	src/am/remote.o \
-	src/api/catalog.o \
+	src/core/catalog.o \
 	src/api/stream.o \
+	src/api/agent.o \
 	src/api/seclabel.o \
 	src/api/publish.o \
 	src/api/forward.o \
@@ -40,7 +44,7 @@ OBJS = \
 	src/api/pending.o \
 	src/api/views.o \
 	src/api/operations.o \
-	src/api/payload.o \
+	src/core/payload.o \
 	src/worker/node.o \
 	src/worker/heartbeat.o \
 	src/worker/reporter.o \
@@ -50,6 +54,7 @@ OBJS = \
 	src/control/halts.o \
 	src/control/json.o \
 	src/control/store.o \
+	src/control/store_view.o \
 	src/control/store_table.o \
 	src/control/store_etcd.o \
 	src/control/cpstate.o \
@@ -66,6 +71,7 @@ OBJS = \
 	src/replication/leader.o \
 	src/replication/ship.o \
 	src/replication/report.o \
+	src/replication/report_queue.o \
 	src/replication/append.o
 
 PG_CPPFLAGS = -I$(srcdir)/src/include -I$(libpq_srcdir)

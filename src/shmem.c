@@ -16,8 +16,10 @@
 
 #include "control/halts.h"
 #include "control/nodes.h"
+#include "control/store_view.h"
+#include "base/wake.h"
 #include "felix.h"
-#include "metrics.h"
+#include "base/metrics.h"
 #include "miscadmin.h"
 #include "storage/ipc.h"
 #include "storage/lwlock.h"
@@ -25,8 +27,7 @@
 #include "replication/state.h"
 #include "storage/incarnation.h"
 #include "storage/shard.h"
-#include "worker/heartbeat.h"
-#include "worker/reporter.h"
+#include "replication/report_queue.h"
 
 static const FelixShmemEntry felix_shmem_entries[] = {
 	{incarnation_shmem_size, incarnation_shmem_init},
@@ -35,8 +36,9 @@ static const FelixShmemEntry felix_shmem_entries[] = {
 	{felix_nodes_shmem_size, felix_nodes_shmem_init},
 	{felix_halts_shmem_size, felix_halts_shmem_init},
 	{repl_state_shmem_size, repl_state_shmem_init},
-	{felix_heartbeat_shmem_size, felix_heartbeat_shmem_init},
-	{felix_reporter_shmem_size, felix_reporter_shmem_init},
+	{felix_wake_shmem_size, felix_wake_shmem_init},
+	{felix_store_view_shmem_size, felix_store_view_shmem_init},
+	{report_queue_shmem_size, report_queue_shmem_init},
 };
 
 static shmem_request_hook_type prev_shmem_request_hook = NULL;

@@ -43,7 +43,7 @@
 
 #include "access/tableam.h"
 #include "am/am.h"
-#include "api/catalog.h"
+#include "core/catalog.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_trigger.h"
 #include "commands/defrem.h"
@@ -55,7 +55,7 @@
 #include "nodes/parsenodes.h"
 #include "nodes/plannodes.h"
 #include "parser/parsetree.h"
-#include "privilege.h"
+#include "base/privilege.h"
 #include "tcop/utility.h"
 #include "utils/acl.h"
 #include "utils/lsyscache.h"

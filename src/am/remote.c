@@ -51,7 +51,7 @@
 #include "felix.h"
 #include "funcapi.h"
 #include "miscadmin.h"
-#include "privilege.h"
+#include "base/privilege.h"
 #include "replication/lease.h"
 #include "utils/builtins.h"
 #include "utils/memutils.h"

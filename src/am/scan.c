@@ -39,7 +39,7 @@
 #include "access/stratnum.h"
 #include "access/sysattr.h"
 #include "am/am.h"
-#include "api/catalog.h"
+#include "core/catalog.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_operator.h"
 #include "catalog/pg_opfamily.h"

@@ -49,19 +49,20 @@
 #include "access/htup_details.h"
 #include "funcapi.h"
 
-#include "api/catalog.h"
+#include "core/catalog.h"
 #include "api/forward.h"
-#include "api/payload.h"
+#include "core/payload.h"
 #include "api/publish.h"
 #include "catalog/pg_type.h"
 #include "control/client.h"
 #include "control/conninfo.h"
 #include "control/nodes.h"
+#include "base/wake.h"
 #include "felix.h"
-#include "metrics.h"
+#include "base/metrics.h"
 #include "miscadmin.h"
 #include "storage/latch.h"
-#include "privilege.h"
+#include "base/privilege.h"
 #include "replication/lease.h"
 #include "replication/leader.h"
 #include "storage/format.h"
@@ -70,7 +71,6 @@
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 #include "utils/wait_event.h"
-#include "worker/heartbeat.h"
 
 /* How long connecting to a leader may take; how long between attempts. */
 #define FORWARD_CONNECT_TIMEOUT_MS	2000
@@ -294,7 +294,7 @@ forward_publish(const FelixStream *stream, int shard, StringInfo batch, uint32 c
 			resetStringInfo(&why);
 			appendStringInfo(&why, "node \"%s\": %s", v.leader, felix_conn_last_error());
 			if (!woke)
-				felix_heartbeat_wake();
+				felix_wake(FELIX_WORKER_HEARTBEAT);
 			woke = true;
 			felix_nap(FORWARD_RETRY_MS * 5);
 			continue;
@@ -325,7 +325,7 @@ forward_publish(const FelixStream *stream, int shard, StringInfo batch, uint32 c
 			resetStringInfo(&why);
 			appendStringInfo(&why, "node \"%s\" does not lead it any more", v.leader);
 			if (!woke)
-				felix_heartbeat_wake();
+				felix_wake(FELIX_WORKER_HEARTBEAT);
 			woke = true;
 			felix_nap(FORWARD_RETRY_MS);
 			continue;

@@ -54,16 +54,17 @@
 #include "postgres.h"
 
 #include "access/xact.h"
-#include "api/catalog.h"
+#include "core/catalog.h"
 #include "api/forward.h"
 #include "api/publish.h"
 #include "catalog/pg_type.h"
 #include "control/client.h"
 #include "control/conninfo.h"
+#include "base/wake.h"
 #include "felix.h"
-#include "metrics.h"
+#include "base/metrics.h"
 #include "miscadmin.h"
-#include "privilege.h"
+#include "base/privilege.h"
 #include "replication/lease.h"
 #include "storage/format.h"
 #include "utils/acl.h"
@@ -71,7 +72,6 @@
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
-#include "worker/heartbeat.h"
 
 #define FORWARD_RETRY_MS	20
 
@@ -382,7 +382,7 @@ stage_all(FelixCommitPart *parts, const PublishCharge *charges, List *const *rol
 		if (!retry)
 			return ngroups;
 		if (!woke)
-			felix_heartbeat_wake();
+			felix_wake(FELIX_WORKER_HEARTBEAT);
 		woke = true;
 		felix_nap(FORWARD_RETRY_MS);
 		CHECK_FOR_INTERRUPTS();

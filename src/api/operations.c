@@ -43,21 +43,21 @@
 #include "utils/builtins.h"
 #include "utils/tuplestore.h"
 
-#include "api/catalog.h"
+#include "core/catalog.h"
 #include "control/conninfo.h"
 #include "control/client.h"
 #include "control/cpcall.h"
 #include "control/halts.h"
 #include "control/nodes.h"
-#include "metrics.h"
+#include "base/metrics.h"
+#include "base/wake.h"
 #include "felix.h"
-#include "isolate.h"
-#include "privilege.h"
+#include "base/isolate.h"
+#include "base/privilege.h"
 #include "replication/lease.h"
 #include "replication/quorum.h"
 #include "replication/state.h"
 #include "storage/shard.h"
-#include "worker/heartbeat.h"
 
 /* How long felix_rebuild waits to see its rebuild begin. */
 #define REBUILD_START_WAIT_MS	2000
@@ -355,7 +355,7 @@ transfer_one(const FelixStream *stream, int shard, const char *target)
 		{
 			FelixShardView now;
 
-			repl_wake_shipper();
+			felix_wake(FELIX_WORKER_SHIP);
 			shard_read(s, &now);
 			if (now.role != FELIX_ROLE_LEADER || now.generation != generation)
 				ereport(ERROR,
@@ -411,13 +411,13 @@ transfer_one(const FelixStream *stream, int shard, const char *target)
 		/* not granted: lead on (the next heartbeat renews a released lease) */
 		if (next == 0)
 			lease_hand_off_cancel(s);
-		felix_heartbeat_wake();
+		felix_wake(FELIX_WORKER_HEARTBEAT);
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
 	felix_conn_close(peer);
 	felix_cp_close(&cp);
-	felix_heartbeat_wake();
+	felix_wake(FELIX_WORKER_HEARTBEAT);
 	felix_count(FELIX_CTR_PLANNED_MOVES, 1);
 	ereport(LOG,
 			(errmsg("stream \"%s\" shard %d: leadership handed to node \"%s\" at generation " UINT64_FORMAT,

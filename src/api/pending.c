@@ -43,7 +43,7 @@
 #include "postgres.h"
 
 #include "access/xact.h"
-#include "api/catalog.h"
+#include "core/catalog.h"
 #include "api/forward.h"
 #include "api/pending.h"
 #include "api/publish.h"

@@ -26,7 +26,7 @@
 
 #include "access/htup_details.h"
 #include "access/relation.h"
-#include "api/catalog.h"
+#include "core/catalog.h"
 #include "api/forward.h"
 #include "api/publish.h"
 #include "catalog/pg_trigger.h"
@@ -34,7 +34,7 @@
 #include "commands/trigger.h"
 #include "control/conninfo.h"
 #include "felix.h"
-#include "privilege.h"
+#include "base/privilege.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"

@@ -34,7 +34,7 @@
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
 
-#include "api/catalog.h"
+#include "core/catalog.h"
 #include "api/seclabel.h"
 #include "api/stream.h"
 #include "control/json.h"

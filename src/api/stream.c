@@ -44,8 +44,9 @@
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
 
-#include "api/catalog.h"
-#include "api/payload.h"
+#include "api/agent.h"
+#include "core/catalog.h"
+#include "core/payload.h"
 #include "api/publish.h"
 #include "api/seclabel.h"
 #include "api/stream.h"
@@ -53,9 +54,8 @@
 #include "control/cp.h"
 #include "control/cpcall.h"
 #include "felix.h"
-#include "privilege.h"
+#include "base/privilege.h"
 #include "storage/shard.h"
-#include "worker/heartbeat.h"
 
 /* ---------------------------------------------------------------------
  * What this transaction did to streams, for its commit or abort
@@ -288,7 +288,7 @@ felix_create_stream(PG_FUNCTION_ARGS)
 	felix_stream_check_name_free(name, schema);
 	creation_id = register_stream(name, schema, payload_type, &st, false);
 	relid = felix_stream_create_local(name, schema, creation_id, payload_type, &st);
-	felix_heartbeat_apply_stream(name);
+	agent_apply_stream(name);
 	PG_RETURN_OID(relid);
 }
 
@@ -468,7 +468,7 @@ felix_stream_adopt(Oid relid, const FelixStreamSettings *st)
 	creation_id = register_stream(name, schema, payload_type, st, true);
 	make_stream_local(relid, name, creation_id, shape.payload_type, st);
 	table_close(rel, NoLock);
-	felix_heartbeat_apply_stream(name);
+	agent_apply_stream(name);
 	ereport(NOTICE,
 			(errmsg("table \"%s.%s\" is now stream \"%s\" (%d shards, replication_factor %d, %s)",
 					schema, name, name, st->shards, st->replication_factor, st->consistency)));

@@ -28,18 +28,18 @@
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
 
-#include "api/catalog.h"
+#include "core/catalog.h"
 #include "control/conninfo.h"
 #include "control/json.h"
 #include "control/nodes.h"
 #include "felix.h"
-#include "metrics.h"
-#include "privilege.h"
+#include "base/metrics.h"
+#include "base/privilege.h"
 #include "replication/lease.h"
 #include "replication/state.h"
 #include "storage/incarnation.h"
 #include "storage/shard.h"
-#include "worker/heartbeat.h"
+#include "control/store_view.h"
 
 static const char *
 phase_name(FelixShardPhase phase)
@@ -282,7 +282,7 @@ felix_nodes_view(PG_FUNCTION_ARGS)
 	felix_require_preload();
 	InitMaterializedSRF(fcinfo, 0);
 	n = felix_nodes_list(&nodes);
-	felix_heartbeat_store_view(&store);
+	felix_store_view(&store);
 	memset(&t, 0, sizeof(t));
 	felix_incarnation(t.own_incarnation, NULL);
 	/* no heartbeat taken for a lease: whatever the last call said (a worker stuck, or gone) */

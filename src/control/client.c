@@ -55,7 +55,7 @@
 #include "utils/timestamp.h"
 #include "utils/wait_event.h"
 
-#include "api/catalog.h"
+#include "core/catalog.h"
 #include "control/client.h"
 #include "control/conninfo.h"
 #include "felix.h"

@@ -43,7 +43,7 @@
 
 #include "control/conninfo.h"
 #include "felix.h"
-#include "privilege.h"
+#include "base/privilege.h"
 #include "storage/incarnation.h"
 
 /* ---------------------------------------------------------------------

@@ -15,8 +15,8 @@
 #include "felix.h"
 #include "fmgr.h"
 #include "funcapi.h"
-#include "metrics.h"
-#include "privilege.h"
+#include "base/metrics.h"
+#include "base/privilege.h"
 #include "utils/builtins.h"
 
 const FelixStoreMethods *

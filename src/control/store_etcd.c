@@ -38,7 +38,7 @@
 #include "control/json.h"
 #include "control/store.h"
 #include "felix.h"
-#include "http.h"
+#include "base/http.h"
 #include "nodes/pg_list.h"
 #include "storage/fd.h"
 #include "utils/memutils.h"

@@ -1,8 +1,10 @@
 /*-------------------------------------------------------------------------
  *
  * felix.h
- *	  Names shared by every felix subsystem: the GUCs, the shard key, and the
- *	  shared-memory registry through which each subsystem reserves its space.
+ *	  Names shared by every felix subsystem, at the bottom of the layers
+ *	  (base): the settings, the shard key, the helpers of src/base/common.c,
+ *	  and the shared-memory registry through which each subsystem reserves
+ *	  its space.
  *
  * Nothing here takes a lock; each subsystem's header states its own rule.
  *
@@ -14,7 +16,11 @@
 #include "postgres.h"
 #include "fmgr.h"
 
-/* ---- GUCs (defined in src/felix.c) ---- */
+/* ---- settings (src/base/settings.c) ---- */
+
+/* Define every felix.* setting (from _PG_init, while preloading). */
+extern void felix_settings_define(void);
+
 extern char *felix_data_directory;	/* felix.data_directory; "" = $PGDATA/felix */
 extern int	felix_max_shards;		/* felix.max_shards: shared shard slots */
 extern int	felix_segment_bytes;	/* felix.segment_bytes: roll threshold */

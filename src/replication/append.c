@@ -51,16 +51,17 @@
  */
 #include "postgres.h"
 
-#include "api/catalog.h"
-#include "api/payload.h"
+#include "core/catalog.h"
+#include "core/payload.h"
 #include "control/conninfo.h"
+#include "base/wake.h"
 #include "felix.h"
-#include "privilege.h"
+#include "base/privilege.h"
 #include "replication/lease.h"
 #include "replication/rules.h"
 #include "fmgr.h"
 #include "funcapi.h"
-#include "metrics.h"
+#include "base/metrics.h"
 #include "miscadmin.h"
 #include "storage/format.h"
 #include "storage/incarnation.h"
@@ -69,7 +70,6 @@
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 #include "utils/tuplestore.h"
-#include "worker/heartbeat.h"
 
 /* One verified batch of a shipment. */
 typedef struct ShippedBatch
@@ -448,7 +448,7 @@ refuse(const ReplicateDecision *d, const ReplicateFacts *f, FelixShard *s,
 			break;
 		case REPLICATE_REFUSE_UNKNOWN:
 			/* a leader we have not heard of: hear of it now, not an interval later */
-			felix_heartbeat_wake();
+			felix_wake(FELIX_WORKER_HEARTBEAT);
 			ereport(ERROR,
 					(errcode(FELIX_ERRCODE_GENERATION_UNKNOWN),
 					 errmsg("%s: this node has not learned who leads generation " UINT64_FORMAT " yet",

@@ -29,7 +29,7 @@
  */
 #include "postgres.h"
 
-#include "metrics.h"
+#include "base/metrics.h"
 #include "replication/lease.h"
 #include "replication/leader.h"
 #include "replication/quorum.h"

@@ -30,8 +30,9 @@
 #include "utils/timestamp.h"
 
 #include "control/conninfo.h"
+#include "base/wake.h"
 #include "felix.h"
-#include "metrics.h"
+#include "base/metrics.h"
 #include "replication/lease.h"
 #include "replication/quorum.h"
 #include "replication/state.h"
@@ -323,7 +324,7 @@ lease_apply_assignment(FelixShard *s, const FelixAssignment *a)
 	shard_unlock_tail(s);
 	lease_wake(s);
 	if (lead && v.replication_factor > 1)
-		repl_wake_shipper();
+		felix_wake(FELIX_WORKER_SHIP);
 }
 
 uint64

@@ -36,8 +36,9 @@
 #include "storage/spin.h"
 #include "utils/timestamp.h"
 
+#include "base/wake.h"
 #include "felix.h"
-#include "metrics.h"
+#include "base/metrics.h"
 #include "replication/lease.h"
 #include "replication/quorum.h"
 #include "replication/state.h"
@@ -147,7 +148,7 @@ quorum_notify(FelixShard *s, FelixShardEvent event)
 		release_flushed(s, v.generation, v.flushed_end);
 	/* new records to ship, or a new durable end that may move the mark */
 	if (v.replication_factor > 1)
-		repl_wake_shipper();
+		felix_wake(FELIX_WORKER_SHIP);
 }
 
 void

@@ -59,15 +59,15 @@
  */
 #include "postgres.h"
 
-#include "api/catalog.h"
+#include "core/catalog.h"
 #include "catalog/pg_type.h"
 #include "control/conninfo.h"
 #include "control/cpcall.h"
 #include "control/store.h"
-#include "worker/reporter.h"
+#include "replication/report_queue.h"
 #include "felix.h"
 #include "libpq-fe.h"
-#include "metrics.h"
+#include "base/metrics.h"
 #include "miscadmin.h"
 #include "replication/quorum.h"
 #include "replication/report.h"
@@ -575,7 +575,7 @@ consider_slot(int slot, FelixReplShard *e, StringInfo json, int *nrows,
 }
 
 /*
- * etcd: the report worker (worker/reporter.c) runs the rule, and the ship
+ * etcd: the report worker (worker/reporter.c, through report_queue.c) runs the rule, and the ship
  * loop goes on meanwhile; report_check collects the outcome.  A report it
  * could not hand over did not leave.
  */
@@ -585,13 +585,13 @@ static void
 report_now(StringInfo json, int nrows, int64 now_ns)
 {
 	last_token = Max(felix_monotonic_ns(), last_token + 1);
-	reporter_seq = felix_reporter_submit(json->data, last_token);
+	reporter_seq = report_queue_submit(json->data, last_token);
 	pfree(json->data);
 	if (reporter_seq == 0)
 	{
 		/* still busy with a request given up on, or not running: later */
 		npending = 0;
-		if (!felix_reporter_busy())
+		if (!report_queue_busy())
 			complain("the report worker is not running, or the report is too large for its slot");
 		retry_after_ns = now_ns + FELIX_REPORT_RETRY_MS * NS_PER_MS;
 		return;
@@ -609,7 +609,7 @@ reporter_check(int64 now_ns)
 	char		error[256];
 
 	if (!in_flight || reporter_seq == 0 ||
-		!felix_reporter_outcome(reporter_seq, &accepted, error, sizeof(error)))
+		!report_queue_outcome(reporter_seq, &accepted, error, sizeof(error)))
 		return;
 	if (accepted < 0)
 		complain(psprintf("the control-plane store refused the call or did not answer: %s", error));

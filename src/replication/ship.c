@@ -51,13 +51,14 @@
 #include "catalog/pg_type.h"
 #include "control/conninfo.h"
 #include "control/nodes.h"
+#include "base/wake.h"
 #include "felix.h"
-#include "isolate.h"
+#include "base/isolate.h"
 #include "libpq-fe.h"
-#include "metrics.h"
+#include "base/metrics.h"
 #include "miscadmin.h"
 #include "pgstat.h"
-#include "privilege.h"
+#include "base/privilege.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
 #include "replication/lease.h"
@@ -1361,7 +1362,6 @@ felix_ship_worker_register(void)
 static void
 ship_worker_exit(int code, Datum arg)
 {
-	repl_set_shipper_latch(NULL);
 	for (int i = 0; i < FELIX_MAX_NODES; i++)
 		if (peers[i].used && peers[i].ac.conn != NULL)
 		{
@@ -1484,7 +1484,7 @@ felix_ship_worker_main(Datum arg)
 	report_init();
 
 	before_shmem_exit(ship_worker_exit, (Datum) 0);
-	repl_set_shipper_latch(MyLatch);
+	felix_wake_register(FELIX_WORKER_SHIP);
 	ereport(LOG,
 			(errmsg("felix ship worker started as node \"%s\"", felix_node_name_resolved())));
 

@@ -21,12 +21,13 @@
  */
 #include "postgres.h"
 
+#include "base/wake.h"
 #include "felix.h"
 #include "fmgr.h"
 #include "funcapi.h"
-#include "metrics.h"
+#include "base/metrics.h"
 #include "miscadmin.h"
-#include "privilege.h"
+#include "base/privilege.h"
 #include "replication/state.h"
 #include "storage/shard.h"
 #include "storage/shmem.h"
@@ -34,21 +35,13 @@
 #include "utils/builtins.h"
 #include "utils/tuplestore.h"
 
-/* The ship worker's latch (set while it runs), then one entry per slot. */
-typedef struct FelixReplState
-{
-	Latch	   *volatile shipper_latch;
-	FelixReplShard entries[FLEXIBLE_ARRAY_MEMBER];
-} FelixReplState;
-
-static FelixReplState *repl = NULL;
+/* One entry per shard slot. */
 static FelixReplShard *repl_entries = NULL;
 
 Size
 repl_state_shmem_size(void)
 {
-	return MAXALIGN(add_size(offsetof(FelixReplState, entries),
-							 mul_size(sizeof(FelixReplShard), felix_max_shards)));
+	return MAXALIGN(mul_size(sizeof(FelixReplShard), felix_max_shards));
 }
 
 void
@@ -56,34 +49,16 @@ repl_state_shmem_init(void)
 {
 	bool		found;
 
-	repl = ShmemInitStruct("felix replication state",
-						   repl_state_shmem_size(), &found);
-	repl_entries = repl->entries;
+	repl_entries = ShmemInitStruct("felix replication state",
+								   repl_state_shmem_size(), &found);
 	if (!found)
 	{
-		repl->shipper_latch = NULL;
 		for (int i = 0; i < felix_max_shards; i++)
 		{
 			memset(&repl_entries[i], 0, sizeof(FelixReplShard));
 			SpinLockInit(&repl_entries[i].mutex);
 		}
 	}
-}
-
-void
-repl_set_shipper_latch(Latch *latch)
-{
-	felix_require_preload();
-	repl->shipper_latch = latch;
-}
-
-void
-repl_wake_shipper(void)
-{
-	Latch	   *latch = repl != NULL ? repl->shipper_latch : NULL;
-
-	if (latch != NULL)
-		SetLatch(latch);
 }
 
 FelixReplShard *
@@ -201,7 +176,7 @@ repl_request_rebuild(int slot, uint64 generation, const char *follower)
 	}
 	SpinLockRelease(&e->mutex);
 	if (halt != FELIX_HALT_NONE)
-		repl_wake_shipper();
+		felix_wake(FELIX_WORKER_SHIP);
 	return halt;
 }
 

@@ -37,7 +37,7 @@
 #include "storage/crc.h"
 #include "felix.h"
 #include "log_internal.h"
-#include "metrics.h"
+#include "base/metrics.h"
 #include "miscadmin.h"
 #include "common/file_perm.h"
 #include "storage/fd.h"

@@ -31,7 +31,7 @@
 #include <unistd.h>
 
 #include "log_internal.h"
-#include "metrics.h"
+#include "base/metrics.h"
 #include "miscadmin.h"
 #include "storage/fd.h"
 

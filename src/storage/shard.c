@@ -37,7 +37,7 @@
 #include "utils/memutils.h"
 
 #include "felix.h"
-#include "metrics.h"
+#include "base/metrics.h"
 #include "storage/incarnation.h"
 #include "storage/shard.h"
 

@@ -23,7 +23,7 @@
 
 #include "postgres.h"
 
-#include "api/catalog.h"
+#include "core/catalog.h"
 #include "executor/tuptable.h"
 #include "utils/rel.h"
 

@@ -15,7 +15,7 @@
 
 #include "postgres.h"
 
-#include "api/catalog.h"
+#include "core/catalog.h"
 #include "storage/format.h"
 #include "storage/shard.h"
 

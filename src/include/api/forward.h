@@ -13,7 +13,7 @@
 
 #include "postgres.h"
 
-#include "api/catalog.h"
+#include "core/catalog.h"
 #include "api/publish.h"
 #include "libpq-fe.h"
 #include "lib/stringinfo.h"

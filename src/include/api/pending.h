@@ -13,7 +13,7 @@
 #define FELIX_API_PENDING_H
 
 #include "postgres.h"
-#include "api/catalog.h"
+#include "core/catalog.h"
 #include "executor/tuptable.h"
 
 /* Buffer the slot's row for the stream (validates it first). */

@@ -16,7 +16,7 @@
 #define FELIX_API_PUBLISH_H
 
 #include "postgres.h"
-#include "api/catalog.h"
+#include "core/catalog.h"
 
 /* Which shard a record goes to (shard_arg < 0: not given). */
 extern int	publish_route(const FelixStream *stream, int64 shard_arg,

@@ -9,21 +9,8 @@
 #ifndef FELIX_API_STREAM_H
 #define FELIX_API_STREAM_H
 
-#include "datatype/timestamp.h"
+#include "core/catalog.h"
 
-/*
- * What a stream is created with, besides its name, schema and payload
- * type.  retention_bytes <= 0 and retention NULL mean no limit.
- */
-typedef struct FelixStreamSettings
-{
-	int			shards;
-	int			replication_factor;
-	const char *consistency;	/* "leader" or "quorum" */
-	const char *storage;		/* "local" or "object" */
-	int64		retention_bytes;
-	Interval   *retention;
-} FelixStreamSettings;
 
 /*
  * Create a stream's table and catalog row on this node, in the caller's

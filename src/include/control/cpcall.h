@@ -19,12 +19,12 @@
 
 #include "postgres.h"
 
-#include "api/catalog.h"
+#include "core/catalog.h"
 #include "control/halts.h"
 #include "control/nodes.h"
 #include "datatype/timestamp.h"
 #include "libpq-fe.h"
-#include "replication/lease.h"
+#include "control/assignment.h"
 
 /* Deadline for a backend's call to the control plane (connect + query). */
 #define FELIX_CP_CALL_TIMEOUT_MS	10000

@@ -15,29 +15,9 @@
 
 #include "postgres.h"
 
-#include "storage/incarnation.h"
+#include "control/assignment.h"
 #include "storage/shard.h"
 
-/*
- * What the control plane says about one shard, as applied by the node
- * agent after each heartbeat (lease_apply_assignment).
- */
-typedef struct FelixAssignment
-{
-	uint64		generation;
-	char		leader[NAMEDATALEN];	/* "" while unplaced */
-	char		leader_incarnation[FELIX_INCARNATION_LEN];	/* the one granted */
-	char		leader_conninfo[FELIX_CONNINFO_LEN];
-	int			nreplicas;
-	char		replicas[FELIX_MAX_REPLICAS][NAMEDATALEN];
-	char		joining[NAMEDATALEN];	/* a replica move: who joins ("" none) */
-	char		leaving[NAMEDATALEN];	/* ... and who leaves */
-	bool		lease_granted;	/* this heartbeat granted/renewed our lease */
-	int64		lease_ms;
-	int64		sent_at_ns;		/* felix_monotonic_ns() when the heartbeat
-								 * carrying the grant was sent */
-	char		unplaced_reason[FELIX_REASON_LEN];
-} FelixAssignment;
 
 /* True if `node` names this node. */
 extern bool felix_is_this_node(const char *node);

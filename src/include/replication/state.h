@@ -102,10 +102,6 @@ typedef struct FelixReplShard
 extern Size repl_state_shmem_size(void);
 extern void repl_state_shmem_init(void);
 
-/* Wake whoever ships this node's shards (set by the ship worker). */
-extern void repl_set_shipper_latch(Latch *latch);
-extern void repl_wake_shipper(void);
-
 /* Entry for shard slot `slot` (0 <= slot < felix.max_shards). */
 extern FelixReplShard *repl_state_entry(int slot);
 

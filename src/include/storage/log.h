@@ -27,7 +27,7 @@
 #include "lib/stringinfo.h"
 #include "port/pg_crc32c.h"
 #include "storage/format.h"
-#include "metrics.h"
+#include "base/metrics.h"
 #include "utils/timestamp.h"
 
 /*

@@ -10,8 +10,8 @@
  *
  *-------------------------------------------------------------------------
  */
-#ifndef FELIX_HTTP_H
-#define FELIX_HTTP_H
+#ifndef FELIX_BASE_HTTP_H
+#define FELIX_BASE_HTTP_H
 
 #include "postgres.h"
 
@@ -48,4 +48,4 @@ extern void felix_http_post(const char *url, const char *body,
 							int64 deadline_ns, int connect_timeout_ms,
 							FelixHttpResult *result);
 
-#endif							/* FELIX_HTTP_H */
+#endif							/* FELIX_BASE_HTTP_H */

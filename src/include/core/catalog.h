@@ -12,8 +12,8 @@
  *
  *-------------------------------------------------------------------------
  */
-#ifndef FELIX_API_CATALOG_H
-#define FELIX_API_CATALOG_H
+#ifndef FELIX_CORE_CATALOG_H
+#define FELIX_CORE_CATALOG_H
 
 #include "postgres.h"
 
@@ -100,4 +100,18 @@ extern void felix_check_shard(const FelixStream *stream, int64 shard);
 
 extern void felix_catalog_init(void);
 
-#endif							/* FELIX_API_CATALOG_H */
+/*
+ * What a stream is created with, besides its name, schema and payload
+ * type.  retention_bytes <= 0 and retention NULL mean no limit.
+ */
+typedef struct FelixStreamSettings
+{
+	int			shards;
+	int			replication_factor;
+	const char *consistency;	/* "leader" or "quorum" */
+	const char *storage;		/* "local" or "object" */
+	int64		retention_bytes;
+	Interval   *retention;
+} FelixStreamSettings;
+
+#endif							/* FELIX_CORE_CATALOG_H */

@@ -21,7 +21,7 @@
 #include <curl/curl.h>
 
 #include "felix.h"
-#include "http.h"
+#include "base/http.h"
 #include "miscadmin.h"
 #include "storage/latch.h"
 #include "utils/wait_event.h"

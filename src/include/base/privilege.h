@@ -8,8 +8,8 @@
  *
  *-------------------------------------------------------------------------
  */
-#ifndef FELIX_PRIVILEGE_H
-#define FELIX_PRIVILEGE_H
+#ifndef FELIX_BASE_PRIVILEGE_H
+#define FELIX_BASE_PRIVILEGE_H
 
 #include "postgres.h"
 
@@ -63,4 +63,4 @@ extern bool felix_sees_all_streams(void);
 /* May it see this stream in the views (SELECT on it, or all)? */
 extern bool felix_sees_stream(Oid relid);
 
-#endif							/* FELIX_PRIVILEGE_H */
+#endif							/* FELIX_BASE_PRIVILEGE_H */

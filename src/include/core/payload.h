@@ -10,8 +10,8 @@
  *
  *-------------------------------------------------------------------------
  */
-#ifndef FELIX_API_PAYLOAD_H
-#define FELIX_API_PAYLOAD_H
+#ifndef FELIX_CORE_PAYLOAD_H
+#define FELIX_CORE_PAYLOAD_H
 
 #include "postgres.h"
 
@@ -42,4 +42,4 @@ extern bool payload_is_valid(Oid typid, const char *data, uint32 len,
  */
 extern const char *felix_payload_type_name(Oid typid);
 
-#endif							/* FELIX_API_PAYLOAD_H */
+#endif							/* FELIX_CORE_PAYLOAD_H */

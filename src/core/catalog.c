@@ -45,11 +45,10 @@
 #include "utils/syscache.h"
 #include "utils/uuid.h"
 
-#include "api/catalog.h"
-#include "api/payload.h"
-#include "api/stream.h"
+#include "core/catalog.h"
+#include "core/payload.h"
 #include "felix.h"
-#include "privilege.h"
+#include "base/privilege.h"
 
 typedef struct StreamByName
 {

@@ -11,7 +11,7 @@
 #include "postgres.h"
 
 #include "felix.h"
-#include "metrics.h"
+#include "base/metrics.h"
 #include "port/atomics.h"
 #include "storage/shmem.h"
 

@@ -7,8 +7,8 @@
  *
  *-------------------------------------------------------------------------
  */
-#ifndef FELIX_ISOLATE_H
-#define FELIX_ISOLATE_H
+#ifndef FELIX_BASE_ISOLATE_H
+#define FELIX_BASE_ISOLATE_H
 
 #include "postgres.h"
 
@@ -25,4 +25,4 @@ extern ErrorData *felix_run_isolated(void (*fn) (void *arg), void *arg);
 extern void felix_register_worker(const char *function, const char *name,
 								  int restart_seconds);
 
-#endif							/* FELIX_ISOLATE_H */
+#endif							/* FELIX_BASE_ISOLATE_H */

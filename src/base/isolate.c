@@ -16,7 +16,7 @@
 #include "postgres.h"
 
 #include "access/xact.h"
-#include "isolate.h"
+#include "base/isolate.h"
 #include "postmaster/bgworker.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"

@@ -7,8 +7,8 @@
  *
  *-------------------------------------------------------------------------
  */
-#ifndef FELIX_METRICS_H
-#define FELIX_METRICS_H
+#ifndef FELIX_BASE_METRICS_H
+#define FELIX_BASE_METRICS_H
 
 #include "postgres.h"
 
@@ -61,4 +61,4 @@ extern uint64 felix_counter_value(FelixCounter c);
 extern Size metrics_shmem_size(void);
 extern void metrics_shmem_init(void);
 
-#endif							/* FELIX_METRICS_H */
+#endif							/* FELIX_BASE_METRICS_H */

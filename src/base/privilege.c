@@ -36,7 +36,7 @@
 #include "utils/lsyscache.h"
 #include "utils/syscache.h"
 
-#include "privilege.h"
+#include "base/privilege.h"
 
 void
 felix_context_begin(FelixContext *cxt, Oid as_user)

@@ -50,7 +50,7 @@
 #include "utils/jsonb.h"
 #include "utils/memutils.h"
 
-#include "api/payload.h"
+#include "core/payload.h"
 
 /*
  * jsonb_util.c's limits on the elements of an array and the pairs of an

@@ -1,0 +1,712 @@
+/*-------------------------------------------------------------------------
+ *
+ * agent.c
+ *	  The node agent's work on the control plane's word, as a heartbeat
+ *	  brings it: each assignment row applied to its local shard, in its own
+ *	  subtransaction (one bad shard cannot stop the rest) -- the stream
+ *	  looked up, the shard acquired and lease_apply_assignment() told what
+ *	  the control plane said, with the lease anchored at the heartbeat's
+ *	  send time; the tables of streams the control plane lists but this
+ *	  node lacks created (felix_stream_create_local), after the leases of
+ *	  existing streams were applied and with lock_timeout set, so a user's
+ *	  long transaction can delay a new stream's table but never a lease
+ *	  renewal; a table of an older creation of a stream's name dropped and
+ *	  the new one created; and what it found kept for the next heartbeat:
+ *	  the shards this node cannot serve, and the log ends of the shards it
+ *	  holds a copy of.
+ *
+ *	  The heartbeat worker (worker/heartbeat.c) calls it after each
+ *	  heartbeat; a backend that just created a stream calls it for that
+ *	  stream alone (agent_apply_stream), so the stream is led when the
+ *	  call returns.
+ *
+ * Locking rule: holds AccessShareLock on a stream's table while applying
+ * an assignment to one of its shards, taken conditionally: a stream being
+ * dropped or altered is skipped until the next heartbeat rather than
+ * waited for.  The shard's own locks are taken inside shard.c; the node
+ * directory's inside nodes.c.  Never waits on the network inside a
+ * transaction.  Its other state is process-local.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "api/agent.h"
+#include "api/stream.h"
+#include "base/isolate.h"
+#include "common/hashfn.h"
+#include "control/cpcall.h"
+#include "control/nodes.h"
+#include "core/catalog.h"
+#include "felix.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "replication/lease.h"
+#include "storage/lmgr.h"
+#include "storage/shard.h"
+#include "utils/guc.h"
+#include "utils/hsearch.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+#include "utils/syscache.h"
+
+/* At most one line per this interval for a row's repeating failure. */
+#define AGENT_LOG_INTERVAL_NS	(INT64CONST(5) * 1000000000)
+/* A stream's creation may fail quietly for this long (a race, see below). */
+#define AGENT_CREATE_GRACE_NS	(INT64CONST(2) * 1000000000)
+
+/* Errors logged per stream and shard, and when (the worker's). */
+static HTAB *row_errors = NULL;
+/* Shards whose assignment could not be applied here, and since when. */
+static HTAB *unserved = NULL;
+/*
+ * The shards the control plane last named this node a replica of (leader
+ * or follower), whose log ends the next heartbeat gives (agent_held_ends); NULL:
+ * none known yet.
+ */
+typedef struct HeldShard
+{
+	char		stream[NAMEDATALEN];
+	int			shard;
+	int			slot;
+	FelixShardKey key;
+} HeldShard;
+static HeldShard *held = NULL;
+static int	nheld = 0;
+/*
+ * shard_streams_changes() just before this heartbeat's rows were asked
+ * for.  A stream drop commits its control-plane change first and its local
+ * one second, and a creation that rolls back undoes its control-plane
+ * registration as it aborts, so rows fetched before either finished may
+ * still list a stream that has gone here: a missing stream is created only
+ * if no stream has gone since the rows were fetched.  Likewise a stream
+ * created here registers at the control plane before its table commits,
+ * so rows fetched before it may name an older creation of that name: a
+ * stream here is taken for one the control plane replaced only if no
+ * stream has come or gone since the rows were fetched.
+ */
+static uint64 changes_before_rows = 0;
+
+
+typedef struct RowErrorKey
+{
+	char		stream[NAMEDATALEN];
+	int32		shard;			/* -1: the stream as a whole */
+} RowErrorKey;
+
+typedef struct RowErrorEntry
+{
+	RowErrorKey key;
+	int64		last_ns;
+	uint32		msg_hash;
+} RowErrorEntry;
+
+typedef struct UnservedEntry
+{
+	RowErrorKey key;
+	int64		since_ns;
+} UnservedEntry;
+
+static void
+row_error_key(RowErrorKey *key, const char *stream, int shard)
+{
+	memset(key, 0, sizeof(RowErrorKey));
+	strlcpy(key->stream, stream, NAMEDATALEN);
+	key->shard = shard;
+}
+
+/*
+ * Log a shard's (or stream's) error unless the same one was logged for it
+ * within the last few seconds: the same failure repeats every heartbeat.
+ *
+ * A stream's creation (shard -1) is allowed to fail once quietly: this
+ * node may race the backend that created the stream here through
+ * felix_create_stream (its table is uncommitted, or committed a moment
+ * after we looked), which resolves by the next heartbeat.  A failure that
+ * persists is logged.
+ */
+static void
+report_row_error(const char *stream, int shard, ErrorData *edata, const char *what)
+{
+	RowErrorKey key;
+	RowErrorEntry *e;
+	bool		found;
+	uint32		h = hash_bytes((const unsigned char *) (edata->message ? edata->message : ""),
+							   edata->message ? strlen(edata->message) : 0);
+	int64		now = felix_monotonic_ns();
+
+	row_error_key(&key, stream, shard);
+	e = hash_search(row_errors, &key, HASH_ENTER, &found);
+	if (!found && shard < 0)
+	{
+		/* First failure of a creation: remember it, say nothing yet. */
+		e->msg_hash = 0;
+		e->last_ns = now - AGENT_LOG_INTERVAL_NS + AGENT_CREATE_GRACE_NS;
+		ereport(DEBUG1,
+				(errmsg_internal("felix heartbeat: %s: %s", what,
+								 edata->message ? edata->message : "")));
+		return;
+	}
+	if (found && (e->msg_hash == h || e->msg_hash == 0) &&
+		now - e->last_ns < AGENT_LOG_INTERVAL_NS)
+		return;
+	e->msg_hash = h;
+	e->last_ns = now;
+
+	edata->elevel = LOG;
+	edata->context = edata->context ?
+		psprintf("%s\n%s", edata->context, what) : pstrdup(what);
+	ThrowErrorData(edata);
+}
+
+static void
+row_error_cleared(const char *stream, int shard)
+{
+	RowErrorKey key;
+
+	row_error_key(&key, stream, shard);
+	(void) hash_search(row_errors, &key, HASH_REMOVE, NULL);
+}
+
+void
+agent_init(void)
+{
+	HASHCTL		ctl;
+
+	memset(&ctl, 0, sizeof(ctl));
+	ctl.keysize = sizeof(RowErrorKey);
+	ctl.entrysize = sizeof(RowErrorEntry);
+	row_errors = hash_create("felix heartbeat: reported errors", 64, &ctl,
+							 HASH_ELEM | HASH_BLOBS);
+	ctl.entrysize = sizeof(UnservedEntry);
+	unserved = hash_create("felix heartbeat: shards not served", 64, &ctl,
+						   HASH_ELEM | HASH_BLOBS);
+}
+
+void
+agent_rows_asked(void)
+{
+	changes_before_rows = shard_streams_changes();
+}
+
+/* ---------------------------------------------------------------------
+ * Applying rows
+ * ---------------------------------------------------------------------
+ */
+
+/* Refuse a consistency this node does not know: never default it. */
+static FelixConsistency
+row_consistency(const AgentRow *r)
+{
+	if (strcmp(r->c.consistency, "leader") == 0)
+		return FELIX_CONSISTENCY_LEADER;
+	if (strcmp(r->c.consistency, "quorum") == 0)
+		return FELIX_CONSISTENCY_QUORUM;
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("stream \"%s\": the control plane sent consistency \"%s\", which this node does not recognise",
+					r->c.stream, r->c.consistency),
+			 errdetail("The stream is not served here rather than served at a weaker guarantee."),
+			 errhint("Run the same felix version on every node and on the control plane.")));
+	return FELIX_CONSISTENCY_LEADER;	/* keep compiler quiet */
+}
+
+static void
+refuse_bad_row(const AgentRow *r)
+{
+	if (r->c.bad != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROTOCOL_VIOLATION),
+				 errmsg("stream \"%s\" shard %d: unusable assignment from the control plane: %s",
+						r->c.stream, r->c.shard, r->c.bad),
+				 errhint("Run the same felix version on every node and on the control plane.")));
+}
+
+/* Is this node in the assignment's replica set (or joining it)? */
+static bool
+holds_copy(const FelixAssignment *a)
+{
+	if (felix_is_this_node(a->leader) ||
+		(a->joining[0] != '\0' && felix_is_this_node(a->joining)))
+		return true;
+	for (int i = 0; i < a->nreplicas; i++)
+		if (felix_is_this_node(a->replicas[i]))
+			return true;
+	return false;
+}
+
+/* Apply one assignment to its local shard (inside a subtransaction). */
+static void
+apply_row_guts(void *arg)
+{
+	AgentRow	   *r = arg;
+	const FelixStream *found;
+	FelixStream stream;
+	FelixConsistency consistency;
+	FelixShard *s;
+
+	refuse_bad_row(r);
+	consistency = row_consistency(r);
+	found = felix_stream_by_name(r->c.stream);
+	stream = *found;
+
+	if (strcmp(stream.creation_id, r->c.creation_id) != 0)
+	{
+		/* an older creation: replaced with the streams to create */
+		r->superseded = true;
+		return;
+	}
+	if (stream.shards != r->c.shards ||
+		stream.replication_factor != r->c.replication_factor ||
+		stream.consistency != consistency)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("stream \"%s\" here differs from the control plane's: "
+						"%d shards, replication_factor %d, consistency %s here; "
+						"%d, %d, %s there",
+						r->c.stream, stream.shards, stream.replication_factor,
+						stream.consistency == FELIX_CONSISTENCY_QUORUM ? "quorum" : "leader",
+						r->c.shards, r->c.replication_factor, r->c.consistency),
+				 errdetail("The local stream was not created through the control plane."),
+				 errhint("Drop the local stream \"%s\" (felix_drop_stream) to let this node "
+						 "recreate it as the cluster defines it, or rename one of the two.",
+						 r->c.stream)));
+
+	/* Never wait for a user's lock: the next heartbeat comes soon. */
+	if (!ConditionalLockRelationOid(stream.relid, AccessShareLock))
+	{
+		ereport(DEBUG1,
+				(errmsg_internal("felix heartbeat: stream \"%s\" is locked; shard %d skipped this time",
+								 r->c.stream, r->c.shard)));
+		return;
+	}
+	if (!SearchSysCacheExists1(RELOID, ObjectIdGetDatum(stream.relid)))
+		return;					/* dropped meanwhile */
+
+	s = felix_stream_shard(&stream, r->c.shard);
+	lease_apply_assignment(s, &r->c.a);
+	r->applied = true;
+	if (holds_copy(&r->c.a))
+	{
+		r->slot = shard_slot_index(s);
+		r->key = s->key;
+	}
+}
+
+/* Note each shard's leader and its address in the node directory. */
+void
+agent_note_leaders(AgentRow *rows, int nrows)
+{
+	for (int i = 0; i < nrows; i++)
+	{
+		AgentRow	   *r = &rows[i];
+
+		if (r->c.bad == NULL && r->c.a.leader[0] != '\0' && r->c.leader_conninfo[0] != '\0')
+			felix_node_note(r->c.a.leader, r->c.leader_conninfo);
+	}
+}
+
+/* The heartbeat's shards as rows to apply. */
+AgentRow *
+agent_rows(FelixCpShard *shards, int n)
+{
+	AgentRow	   *rows = palloc0(sizeof(AgentRow) * Max(n, 1));
+
+	for (int i = 0; i < n; i++)
+	{
+		rows[i].c = shards[i];
+		rows[i].slot = -1;
+	}
+	return rows;
+}
+
+/*
+ * The creating backend's half of felix_create_stream: one heartbeat of its
+ * own, whose rows for the new stream are applied at once, so the stream is
+ * led (and, on this node, writable) when the call returns rather than at
+ * the worker's next heartbeat.  The lease is anchored at this heartbeat's
+ * send time, exactly as the worker anchors its own; the worker's later
+ * renewals only ever extend it.
+ */
+void
+agent_apply_stream(const char *stream)
+{
+	FelixCpSession s;
+
+	(void) felix_cp_open(&s, "felix", FELIX_CP_CALL_TIMEOUT_MS, ERROR);
+	PG_TRY();
+	{
+		FelixCpShard *shards;
+		int			n;
+		int64		t_send;
+		AgentRow	   *rows;
+
+		(void) felix_cp_heartbeat(&s, NULL, 0, NULL, 0, NULL, &t_send, &shards, &n, ERROR);
+		rows = agent_rows(shards, n);
+		agent_note_leaders(rows, n);
+		for (int i = 0; i < n; i++)
+			if (strcmp(rows[i].c.stream, stream) == 0)
+				apply_row_guts(&rows[i]);
+	}
+	PG_FINALLY();
+	{
+		felix_cp_close(&s);
+	}
+	PG_END_TRY();
+}
+
+/* An empty set of stream names, in the current context. */
+static HTAB *
+name_set(const char *what, long size)
+{
+	HASHCTL		ctl;
+
+	memset(&ctl, 0, sizeof(ctl));
+	ctl.keysize = NAMEDATALEN;
+	ctl.entrysize = NAMEDATALEN;
+	ctl.hcxt = CurrentMemoryContext;
+	return hash_create(what, size, &ctl, HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+}
+
+/* Names of the streams this database has (a set, in the current context). */
+static HTAB *
+local_stream_names(void)
+{
+	HTAB	   *names = name_set("felix heartbeat: local streams", 64);
+	ListCell   *lc;
+
+	/* Each call reads with a fresh snapshot. */
+	foreach(lc, felix_stream_list())
+		(void) hash_search(names, ((FelixStream *) lfirst(lc))->name, HASH_ENTER, NULL);
+	return names;
+}
+
+static bool
+name_in(HTAB *names, const char *name)
+{
+	char		key[NAMEDATALEN];
+
+	memset(key, 0, sizeof(key));
+	strlcpy(key, name, NAMEDATALEN);
+	return hash_search(names, key, HASH_FIND, NULL) != NULL;
+}
+
+static void create_stream_guts(void *arg);
+
+/*
+ * The control plane lists another creation of a stream this node has: the
+ * one here was dropped elsewhere and its name used again.  It goes here
+ * too, with its records, as it went everywhere else, and the new one is
+ * created in its place (inside a subtransaction).  Not while someone
+ * holds the name, nor on rows that may predate a stream made here.
+ */
+static void
+replace_stream_guts(void *arg)
+{
+	AgentRow	   *r = arg;
+	const FelixStream *found;
+
+	if (shard_streams_changes() != changes_before_rows ||
+		!felix_stream_lock_name(r->c.stream, false))
+		return;
+	found = felix_stream_by_name(r->c.stream);
+	if (strcmp(found->creation_id, r->c.creation_id) == 0)
+		return;
+	ereport(LOG,
+			(errmsg("felix heartbeat: dropping stream \"%s\" here: it was dropped elsewhere and created again",
+					r->c.stream),
+			 errdetail("Its creation id is %s here and %s at the control plane.",
+					   found->creation_id, r->c.creation_id)));
+	felix_stream_drop_superseded(found);
+	create_stream_guts(r);
+}
+
+/* Create a stream the control plane lists (inside a subtransaction). */
+static void
+create_stream_guts(void *arg)
+{
+	AgentRow	   *r = arg;
+
+	/*
+	 * A backend creating or dropping this very stream holds the name until
+	 * it commits or aborts: the backend makes (or removed) the table.
+	 * Holding the name ourselves, the facts below cannot change under us:
+	 * the table is looked for with a fresh snapshot, and a stream gone
+	 * since the rows were fetched means they may be stale (the next
+	 * heartbeat's rows will say).
+	 */
+	if (!felix_stream_lock_name(r->c.stream, false))
+		return;
+	if (shard_streams_changes() != changes_before_rows ||
+		name_in(local_stream_names(), r->c.stream))
+		return;
+	refuse_bad_row(r);
+	(void) row_consistency(r);
+	{
+		FelixStreamSettings st;
+
+		memset(&st, 0, sizeof(st));
+		st.shards = r->c.shards;
+		st.replication_factor = r->c.replication_factor;
+		st.consistency = r->c.consistency;
+		st.storage = "local";
+		st.retention_bytes = Max(r->c.retention_bytes, 0);
+		st.retention = r->c.has_retention ? &r->c.retention : NULL;
+		(void) felix_stream_create_local(r->c.stream, r->c.schema, r->c.creation_id,
+										 r->c.payload_type, &st);
+	}
+	ereport(LOG,
+			(errmsg("felix heartbeat: created stream \"%s\" (%d shards, replication_factor %d, %s) as the control plane defines it",
+					r->c.stream, r->c.shards, r->c.replication_factor, r->c.consistency)));
+}
+
+/*
+ * Run fn(r) in a subtransaction: an error is logged (rate-limited per
+ * stream and shard) and rolled back, and the caller goes on.
+ */
+static bool
+run_isolated(void (*fn) (void *), AgentRow *r, int key_shard, const char *what)
+{
+	ErrorData  *edata = felix_run_isolated(fn, r);
+
+	if (edata != NULL)
+	{
+		report_row_error(r->c.stream, key_shard, edata, what);
+		FreeErrorData(edata);
+		return false;
+	}
+	row_error_cleared(r->c.stream, key_shard);
+	return true;
+}
+
+static MemoryContext work_caller_cxt = NULL;
+
+static void
+begin_work(const char *activity)
+{
+	work_caller_cxt = CurrentMemoryContext;
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, activity);
+}
+
+static void
+end_work(void)
+{
+	PopActiveSnapshot();
+	CommitTransactionCommand();
+	pgstat_report_activity(STATE_IDLE, NULL);
+	MemoryContextSwitchTo(work_caller_cxt);
+}
+
+/*
+ * Apply every row: first the shards of streams that exist here (lease
+ * renewals must not wait behind a table creation), then create the missing
+ * streams, then apply their rows, each step in its own transaction.
+ */
+void
+agent_apply(AgentRow *rows, int nrows)
+{
+	int			nmissing = 0;
+	int			ncreated = 0;
+
+	begin_work("felix: applying the control plane's assignments");
+	{
+		HTAB	   *local = local_stream_names();
+
+		for (int i = 0; i < nrows; i++)
+		{
+			AgentRow	   *r = &rows[i];
+
+			CHECK_FOR_INTERRUPTS();
+			if (r->c.bad == NULL && !name_in(local, r->c.stream))
+			{
+				r->missing = true;
+				nmissing++;
+				continue;
+			}
+			(void) run_isolated(apply_row_guts, r, r->c.shard,
+								psprintf("applying the control plane's assignment of stream \"%s\" shard %d",
+										 r->c.stream, r->c.shard));
+			if (r->superseded)
+			{
+				r->missing = true;
+				nmissing++;
+			}
+		}
+	}
+	end_work();
+
+	if (nmissing == 0)
+		return;
+
+	begin_work("felix: creating streams defined at the control plane");
+	{
+		char		timeout[32];
+		HTAB	   *tried;
+
+		/* A user's lock on the schema delays a creation, not the worker. */
+		snprintf(timeout, sizeof(timeout), "%d", Max(felix_heartbeat_interval, 100));
+		(void) set_config_option("lock_timeout", timeout, PGC_SUSET, PGC_S_SESSION,
+								 GUC_ACTION_LOCAL, true, 0, false);
+
+		tried = name_set("felix heartbeat: created streams", 16);
+
+		for (int i = 0; i < nrows; i++)
+		{
+			AgentRow	   *r = &rows[i];
+			char		key[NAMEDATALEN];
+			bool		found;
+
+			if (!r->missing)
+				continue;
+			CHECK_FOR_INTERRUPTS();
+			memset(key, 0, sizeof(key));
+			strlcpy(key, r->c.stream, NAMEDATALEN);
+			(void) hash_search(tried, key, HASH_ENTER, &found);
+			if (found)
+				continue;
+			if (run_isolated(r->superseded ? replace_stream_guts : create_stream_guts, r, -1,
+							 psprintf("creating stream \"%s\" as the control plane defines it",
+									  r->c.stream)))
+			{
+				ncreated++;
+				for (int k = i; k < nrows; k++)
+					if (rows[k].missing && strcmp(rows[k].c.stream, r->c.stream) == 0)
+						rows[k].created = true;
+			}
+		}
+	}
+	end_work();
+
+	if (ncreated == 0)
+		return;
+
+	begin_work("felix: applying the control plane's assignments");
+	for (int i = 0; i < nrows; i++)
+	{
+		AgentRow	   *r = &rows[i];
+
+		if (!r->created)
+			continue;
+		CHECK_FOR_INTERRUPTS();
+		(void) run_isolated(apply_row_guts, r, r->c.shard,
+							psprintf("applying the control plane's assignment of stream \"%s\" shard %d",
+									 r->c.stream, r->c.shard));
+	}
+	end_work();
+}
+
+/*
+ * Remember which shards' assignments reached their local shard this time
+ * (see agent_unable_list).  Rows of streams this node has no table for, or that
+ * it cannot read, say nothing about serving.
+ */
+void
+agent_note_served(AgentRow *rows, int nrows)
+{
+	int64		now = felix_monotonic_ns();
+
+	for (int i = 0; i < nrows; i++)
+	{
+		AgentRow	   *r = &rows[i];
+		RowErrorKey key;
+		UnservedEntry *e;
+		bool		found;
+
+		if (r->c.bad != NULL || (r->missing && !r->created))
+			continue;
+		row_error_key(&key, r->c.stream, r->c.shard);
+		if (r->applied)
+		{
+			(void) hash_search(unserved, &key, HASH_REMOVE, NULL);
+			continue;
+		}
+		e = hash_search(unserved, &key, HASH_ENTER, &found);
+		if (!found)
+			e->since_ns = now;
+	}
+}
+
+/* Remember the shards this heartbeat named this node a replica of. */
+void
+agent_note_held(AgentRow *rows, int nrows)
+{
+	if (held)
+		pfree(held);
+	held = MemoryContextAllocZero(TopMemoryContext, sizeof(HeldShard) * (nrows + 1));
+	nheld = 0;
+	for (int i = 0; i < nrows; i++)
+	{
+		if (rows[i].slot < 0)
+			continue;
+		strlcpy(held[nheld].stream, rows[i].c.stream, NAMEDATALEN);
+		held[nheld].shard = rows[i].c.shard;
+		held[nheld].slot = rows[i].slot;
+		held[nheld].key = rows[i].key;
+		nheld++;
+	}
+}
+
+/*
+ * The durable log ends, now, of the shards this node was last named a
+ * replica of ("stream/shard=end"), for the heartbeat to give; NULL before
+ * the first heartbeat of this boot has named any.  The duty holder gives
+ * a lapsed leader its shard back, and promotes a follower, only if its log
+ * still ends at or after what the reports say it held: a node whose felix
+ * directory was put back from an older copy (same identity, fewer records)
+ * does not lead.
+ */
+char **
+agent_held_ends(int *n)
+{
+	char	  **out;
+
+	*n = 0;
+	if (held == NULL)
+		return NULL;
+	out = palloc0(sizeof(char *) * (nheld + 1));
+	for (int i = 0; i < nheld; i++)
+	{
+		FelixShardPositions pos;
+
+		shard_read_positions(shard_slot(held[i].slot), &pos);
+		if (!pos.in_use || memcmp(&pos.key, &held[i].key, sizeof(FelixShardKey)) != 0)
+			continue;			/* forgotten or reused since */
+		if (pos.phase != FELIX_SHARD_OPEN)
+			continue;			/* its positions are not its disk's (a failed discard) */
+		out[(*n)++] = psprintf("%s/%d=" UINT64_FORMAT, held[i].stream, held[i].shard,
+							   pos.flushed_end);
+	}
+	return out;
+}
+
+/*
+ * The shards this node cannot serve ("stream/shard")
+ * for felix.cp_heartbeat: those whose assignment has failed to reach the
+ * local shard (damaged, the table locked, ...) for a whole lease.  The
+ * control plane renews no lease of theirs here and counts this node out
+ * of their promotions, so a shard this node leads but cannot serve fails
+ * over instead of holding a lease nobody can use.
+ */
+char **
+agent_unable_list(int *n)
+{
+	HASH_SEQ_STATUS seq;
+	UnservedEntry *e;
+	int64		now = felix_monotonic_ns();
+	char	  **out = palloc0(sizeof(char *) * (hash_get_num_entries(unserved) + 1));
+
+	*n = 0;
+	hash_seq_init(&seq, unserved);
+	while ((e = hash_seq_search(&seq)) != NULL)
+	{
+		if (now - e->since_ns < (int64) felix_lease_duration * 1000000)
+			continue;
+		out[(*n)++] = psprintf("%s/%d", e->key.stream, e->key.shard);
+	}
+	return out;
+}
+
