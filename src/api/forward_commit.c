@@ -8,7 +8,11 @@
  *	  shards.  Both halves are here:
  *
  *	  - the asking side (forward_commit), called at pre-commit by
- *	    pending.c when some part goes to another leader:
+ *	    pending.c when some part goes to another leader.  When every part
+ *	    goes to one other node, that leader stages and commits them in one
+ *	    call outside a transaction block (commit_one_leader): all or
+ *	    nothing holds there as for a commit made on it, and no gate waits
+ *	    for a round trip.  Otherwise:
  *	      1. the parts are grouped by the leader the control plane names
  *	         (this node's own parts form one group);
  *	      2. each group is staged, in the order of the leaders' names: here
@@ -32,7 +36,8 @@
  *	    with 55F01, saying so.  It is the cross-node form of the crash
  *	    between pre-commit and the commit record (docs/sql-api.md).
  *	  - the answering side (felix.forward_stage), on a leader, inside the
- *	    asking node's transaction: for a caller acting for the cluster, it
+ *	    asking node's transaction (or a statement of its own, for the one
+ *	    call of a single leader): for a caller acting for the cluster, it
  *	    checks the inserting role's INSERT privilege and every batch as
  *	    felix.forward_publish does, the owners' byte caps, and stages the
  *	    parts (leader_commit_stage).  The transaction's COMMIT publishes
@@ -169,27 +174,18 @@ append_quoted(StringInfo buf, const char *value)
 }
 
 /*
- * Stage group g at its leader: BEGIN, then felix.forward_stage with every
- * batch of its parts, one array element per batch.
+ * felix.forward_stage's arguments for group g: the inserting roles, then
+ * every batch of its parts, one array element per batch.
  */
 static void
-stage_elsewhere(CommitGroup *g, int64 deadline)
+stage_args(CommitGroup *g, const char **values)
 {
 	StringInfoData inserters;
 	StringInfoData streams;
 	StringInfoData ids;
 	StringInfoData shards;
 	StringInfoData hex;
-	const char *values[5];
-	long		left_ms = (long) ((deadline - felix_monotonic_ns()) / 1000000);
-	PGresult   *res;
 	bool		first = true;
-
-	g->conn = forward_conn(g->leader);
-	if (g->conn == NULL)
-		ereport(ERROR,
-				(errcode(ERRCODE_CONNECTION_FAILURE),
-				 errmsg("could not reach leader \"%s\": %s", g->leader, felix_conn_last_error())));
 
 	/* which role inserted into which stream: {{stream, role}, ...} */
 	initStringInfo(&inserters);
@@ -251,14 +247,56 @@ stage_elsewhere(CommitGroup *g, int64 deadline)
 	values[2] = ids.data;
 	values[3] = shards.data;
 	values[4] = hex.data;
+}
 
-	res = felix_conn_exec(g->conn, "BEGIN", "BEGIN", 0, NULL, Max(left_ms, 1), ERROR);
+#define STAGE_SQL \
+	"SELECT felix.forward_stage($1::pg_catalog.text[], $2::pg_catalog.text[], $3::pg_catalog.text[], " \
+	"$4::pg_catalog.int4[], $5::pg_catalog.bytea)"
+
+/* felix.forward_stage's answer: true if staged, false if refused at admission. */
+static bool
+stage_answer(PGresult *res, const char *leader)
+{
+	bool		staged;
+
+	if (PQntuples(res) != 1 || PQnfields(res) != 1 ||
+		(strcmp(PQgetvalue(res, 0, 0), "staged") != 0 &&
+		 strcmp(PQgetvalue(res, 0, 0), "not_leader") != 0))
+	{
+		PQclear(res);
+		ereport(ERROR,
+				(errcode(ERRCODE_PROTOCOL_VIOLATION),
+				 errmsg("node \"%s\" answered felix.forward_stage with something it never says", leader),
+				 errhint("Run the same felix version on every node.")));
+	}
+	staged = strcmp(PQgetvalue(res, 0, 0), "staged") == 0;
 	PQclear(res);
-	res = felix_conn_exec(g->conn, "felix.forward_stage",
-						  "SELECT felix.forward_stage($1::pg_catalog.text[], $2::pg_catalog.text[], $3::pg_catalog.text[], "
-						  "$4::pg_catalog.int4[], $5::pg_catalog.bytea)",
-						  5, values, Max(left_ms, 1), ERROR);
-	PQclear(res);
+	return staged;
+}
+
+/*
+ * Stage group g at its leader, inside a transaction opened there: BEGIN,
+ * then felix.forward_stage.  A leader that refuses at admission is an
+ * error the commit starts over on (55F02).
+ */
+static void
+stage_elsewhere(CommitGroup *g, int64 deadline)
+{
+	const char *values[5];
+	long		left_ms = (long) ((deadline - felix_monotonic_ns()) / 1000000);
+
+	g->conn = forward_conn(g->leader);
+	if (g->conn == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_CONNECTION_FAILURE),
+				 errmsg("could not reach leader \"%s\": %s", g->leader, felix_conn_last_error())));
+	stage_args(g, values);
+	PQclear(felix_conn_exec(g->conn, "BEGIN", "BEGIN", 0, NULL, Max(left_ms, 1), ERROR));
+	if (!stage_answer(felix_conn_exec(g->conn, "felix.forward_stage", STAGE_SQL,
+									  5, values, Max(left_ms, 1), ERROR), g->leader))
+		ereport(ERROR,
+				(errcode(FELIX_ERRCODE_NOT_LEADER),
+				 errmsg("leader \"%s\" does not lead its shards of the commit any more", g->leader)));
 	g->staged = true;
 }
 
@@ -465,15 +503,121 @@ receive_commit(CommitGroup *g, int64 deadline)
 	felix_count(FELIX_CTR_PUBLISHES_FORWARDED, 1);
 }
 
+/*
+ * A commit whose parts one other node leads, all of them: nothing to
+ * stage here, so the leader stages and commits in one call, outside any
+ * transaction block there (its statement's own commit publishes and
+ * acknowledges), and no gate is held across a round trip.  Asked again,
+ * of the next leader too, while the leader refuses at admission or does
+ * not know the stream yet, until felix.quorum_timeout, as a forwarded
+ * publish is; a call whose answer never came is not sent again (55F01).
+ * Returns false, having done nothing, when the parts are not led by one
+ * other node (any more).
+ */
+static bool
+commit_one_leader(FelixCommitPart *parts, const PublishCharge *charges, List *const *roles,
+				  int nparts, CommitGroup *groups)
+{
+	int64		deadline = felix_monotonic_ns() + (int64) felix_quorum_timeout * 1000000;
+	MemoryContext cxt = CurrentMemoryContext;
+	StringInfoData why;
+	bool		woke = false;
+
+	initStringInfo(&why);
+	for (;;)
+	{
+		CommitGroup *g;
+		const char *values[5];
+		PGresult   *volatile res = NULL;
+		volatile bool again = false;
+		long		left_ms;
+
+		CHECK_FOR_INTERRUPTS();
+		if (group_parts(parts, charges, roles, nparts, groups) != 1 || groups[0].here)
+			return false;
+		g = &groups[0];
+		left_ms = (long) ((deadline - felix_monotonic_ns()) / 1000000);
+		if (left_ms <= 0)
+			ereport(ERROR,
+					(errcode(FELIX_ERRCODE_NOT_LEADER),
+					 errmsg("stream \"%s\" shard %d: no leader took the commit within felix.quorum_timeout (%d ms)",
+							g->charges[0]->stream->name, g->parts[0].s->key.shard, felix_quorum_timeout),
+					 why.len > 0 ? errdetail("Last: %s.", why.data) : 0,
+					 errhint("Nothing of the transaction was published.  felix_shards shows each shard's leader; commit again once it has one.")));
+		g->conn = forward_conn(g->leader);
+		if (g->conn != NULL)
+		{
+			stage_args(g, values);
+			PG_TRY();
+			{
+				res = felix_conn_exec(g->conn, "felix.forward_stage", STAGE_SQL, 5, values,
+									  left_ms + felix_quorum_timeout, ERROR);
+			}
+			PG_CATCH();
+			{
+				ErrorData  *e;
+
+				MemoryContextSwitchTo(cxt);
+				e = CopyErrorData();
+				FlushErrorState();
+				forward_drop_conn(g->leader);	/* mid-call: never reused */
+				if (forward_outcome_unknown(e->sqlerrcode))
+					ereport(ERROR,
+							(errcode(FELIX_ERRCODE_QUORUM_TIMEOUT),
+							 errmsg("stream \"%s\" shard %d: the commit forwarded to leader \"%s\" got no answer",
+									g->charges[0]->stream->name, g->parts[0].s->key.shard, g->leader),
+							 errdetail("%s", e->message ? e->message : "the call failed"),
+							 errhint("Its records may or may not have been published; read the shards to find out before inserting them again.")));
+				if (e->sqlerrcode != ERRCODE_UNDEFINED_TABLE)
+				{
+					e->elevel = ERROR;
+					e->context = psprintf("commit forwarded to leader \"%s\"", g->leader);
+					ReThrowError(e);
+				}
+				/* it has not learned of the stream yet: nothing was staged */
+				resetStringInfo(&why);
+				appendStringInfo(&why, "node \"%s\": %s", g->leader, e->message);
+				FreeErrorData(e);
+				again = true;
+			}
+			PG_END_TRY();
+			if (!again)
+			{
+				if (stage_answer(res, g->leader))
+				{
+					felix_count(FELIX_CTR_PUBLISHES_FORWARDED, 1);
+					return true;
+				}
+				resetStringInfo(&why);
+				appendStringInfo(&why, "node \"%s\" does not lead it any more", g->leader);
+			}
+		}
+		else
+		{
+			/* nothing was sent: asking again (or another leader) is safe */
+			resetStringInfo(&why);
+			appendStringInfo(&why, "node \"%s\": %s", g->leader, felix_conn_last_error());
+		}
+		if (!woke)
+			felix_heartbeat_wake();
+		woke = true;
+		felix_nap(FORWARD_RETRY_MS * 5);
+	}
+}
+
 void
 forward_commit(FelixCommitPart *parts, const PublishCharge *charges, List *const *roles,
 			   int nparts)
 {
 	CommitGroup *groups = palloc0(sizeof(CommitGroup) * nparts);
-	int			ngroups = stage_all(parts, charges, roles, nparts, groups);
+	int			ngroups;
 	int64		deadline;
 	ErrorData  *first = NULL;
 	CommitGroup *first_group = NULL;
+
+	if (commit_one_leader(parts, charges, roles, nparts, groups))
+		return;
+	ngroups = stage_all(parts, charges, roles, nparts, groups);
 
 	/*
 	 * Every leader has staged: from here on nothing is cancelled, and a
@@ -623,7 +767,7 @@ felix_forward_stage(PG_FUNCTION_ARGS)
 	Size		left;
 	FelixCommitPart *parts;
 	PublishCharge *charges;
-	int			nparts = 0;
+	volatile int nparts = 0;
 	List	   *checked = NIL;
 	MemoryContext old;
 	char		idle[32];
@@ -637,11 +781,6 @@ felix_forward_stage(PG_FUNCTION_ARGS)
 					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 					 errmsg("felix.forward_stage: %s must not be NULL", names[i]),
 					 errhint("This is felix's internal protocol; nodes call it to stage a commit on a shard's leader.")));
-	if (!IsTransactionBlock())
-		ereport(ERROR,
-				(errcode(ERRCODE_NO_ACTIVE_SQL_TRANSACTION),
-				 errmsg("felix.forward_stage must run inside a transaction block"),
-				 errhint("This is felix's internal protocol: its COMMIT publishes what it staged.")));
 	if (staged != NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_ACTIVE_SQL_TRANSACTION),
@@ -732,14 +871,51 @@ felix_forward_stage(PG_FUNCTION_ARGS)
 				 errmsg("felix.forward_stage: %zu bytes follow the last batch", left),
 				 errhint("This is felix's internal protocol; nothing of it was staged.")));
 	publish_check_bytes(charges, nparts);
+
+	/*
+	 * Refused at admission, nothing is staged: the asking node may try the
+	 * next leader.  Anything that fails later is an error of the commit.
+	 */
+	for (int p = 0; p < nparts; p++)
+	{
+		volatile bool refused = false;
+		MemoryContext cxt = CurrentMemoryContext;
+
+		PG_TRY();
+		{
+			(void) lease_admit(parts[p].s);
+		}
+		PG_CATCH();
+		{
+			ErrorData  *e;
+
+			MemoryContextSwitchTo(cxt);
+			e = CopyErrorData();
+			if (e->sqlerrcode != FELIX_ERRCODE_NOT_LEADER && e->sqlerrcode != FELIX_ERRCODE_LEASE_EXPIRED)
+				PG_RE_THROW();
+			FlushErrorState();
+			FreeErrorData(e);
+			refused = true;
+		}
+		PG_END_TRY();
+		if (refused)
+		{
+			MemoryContextSwitchTo(old);
+			PG_RETURN_TEXT_P(cstring_to_text("not_leader"));
+		}
+	}
 	leader_commit_stage(parts, nparts);
 	staged = parts;
 	nstaged = nparts;
 	MemoryContextSwitchTo(old);
 
-	/* an asking node that goes quiet cannot hold the gates for long */
+	/*
+	 * Inside the asking node's transaction block, its COMMIT publishes the
+	 * parts; an asking node that goes quiet cannot hold the gates for
+	 * long.  Outside one, this statement's own commit publishes them.
+	 */
 	snprintf(idle, sizeof(idle), "%dms", felix_quorum_timeout);
 	(void) set_config_option("idle_in_transaction_session_timeout", idle,
 							 PGC_USERSET, PGC_S_SESSION, GUC_ACTION_LOCAL, true, 0, false);
-	PG_RETURN_VOID();
+	PG_RETURN_TEXT_P(cstring_to_text("staged"));
 }

@@ -404,15 +404,18 @@ CREATE FUNCTION felix.forward_publish(stream text, creation_id text, shard integ
 REVOKE ALL ON FUNCTION felix.forward_publish(text, text, integer, text, bytea) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION felix.forward_publish(text, text, integer, text, bytea) TO felix_replication;
 
--- A node stages, inside a transaction on the shards' leader, its part of
--- an INSERT or COPY whose shards several nodes lead: the leader checks
--- the INSERT privilege of every role that inserted rows (inserters:
--- {stream, role} pairs) and every batch (one array element per batch;
--- `batches` holds them one after the other) and appends them unpublished;
--- the transaction's COMMIT publishes them, its abort cuts them back.
+-- A node stages on a shards' leader its part of an INSERT or COPY whose
+-- shards other nodes lead: the leader checks the INSERT privilege of
+-- every role that inserted rows (inserters: {stream, role} pairs) and
+-- every batch (one array element per batch; `batches` holds them one
+-- after the other), appends them unpublished, and answers 'staged' (or
+-- 'not_leader', refused at admission with nothing appended).  The
+-- transaction's commit publishes them -- the asking node's COMMIT inside
+-- a transaction block, the statement's own outside one -- and its abort
+-- cuts them back.
 CREATE FUNCTION felix.forward_stage(inserters text[], streams text[], creation_ids text[],
                                     shards integer[], batches bytea)
-RETURNS void
+RETURNS text
     AS 'MODULE_PATHNAME', 'felix_forward_stage' LANGUAGE C CALLED ON NULL INPUT VOLATILE;
 REVOKE ALL ON FUNCTION felix.forward_stage(text[], text[], text[], integer[], bytea) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION felix.forward_stage(text[], text[], text[], integer[], bytea) TO felix_replication;
