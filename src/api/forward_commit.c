@@ -599,7 +599,7 @@ commit_one_leader(FelixCommitPart *parts, const PublishCharge *charges, List *co
 			appendStringInfo(&why, "node \"%s\": %s", g->leader, felix_conn_last_error());
 		}
 		if (!woke)
-			felix_heartbeat_wake();
+			felix_wake(FELIX_WORKER_HEARTBEAT);
 		woke = true;
 		felix_nap(FORWARD_RETRY_MS * 5);
 	}
