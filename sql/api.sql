@@ -315,6 +315,15 @@ SELECT count(*) AS records FROM copied;
 -- COPY out of a stream reads it in order.
 COPY (SELECT shard, seq, key, payload FROM copied) TO STDOUT;
 
+-- SERIALIZABLE: refused, since PostgreSQL's serialization check comes
+-- after the commit's records were published (a retry would publish them
+-- again); nothing is buffered or published.
+BEGIN ISOLATION LEVEL SERIALIZABLE;
+INSERT INTO tx (key, payload) VALUES ('serializable', '{"n": 15}');
+\echo SQLSTATE :SQLSTATE
+ROLLBACK;
+SELECT count(*) AS published FROM tx WHERE key = 'serializable';
+
 -- PREPARE TRANSACTION: refused when the transaction buffered stream rows
 -- (they could not be published at COMMIT PREPARED), allowed otherwise.
 BEGIN;

@@ -75,8 +75,8 @@
 /* How long connecting to a leader may take; how long between attempts. */
 #define FORWARD_CONNECT_TIMEOUT_MS	2000
 #define FORWARD_RETRY_MS			20
-/* Leaders this backend keeps a connection to. */
-#define FORWARD_MAX_CONNS			8
+/* Leaders this backend keeps a connection to (and a commit may span). */
+#define FORWARD_MAX_CONNS			32
 
 typedef struct ForwardConn
 {
@@ -92,15 +92,27 @@ static ForwardConn conns[FORWARD_MAX_CONNS];
  */
 
 bool
-forward_wanted(FelixShard *s)
+forward_leader(FelixShard *s, char *leader)
 {
 	FelixShardView v;
 
+	leader[0] = '\0';
 	if (!felix_forward_publishes)
 		return false;
 	shard_read(s, &v);
-	return v.clustered && v.role != FELIX_ROLE_LEADER && v.leader[0] != '\0' &&
-		!felix_is_this_node(v.leader);
+	if (!v.clustered || v.role == FELIX_ROLE_LEADER || v.leader[0] == '\0' ||
+		felix_is_this_node(v.leader))
+		return false;
+	strlcpy(leader, v.leader, NAMEDATALEN);
+	return true;
+}
+
+bool
+forward_wanted(FelixShard *s)
+{
+	char		leader[NAMEDATALEN];
+
+	return forward_leader(s, leader);
 }
 
 bool
@@ -156,8 +168,26 @@ forward_conn(const char *name)
 	}
 	if (slot == NULL)
 	{
-		/* every slot taken: one goes (leaders are few) */
-		slot = &conns[(int) (random() % FORWARD_MAX_CONNS)];
+		/*
+		 * Every slot taken: one whose session is idle goes (leaders are
+		 * few).  Never one inside a transaction -- a commit staged there
+		 * would be cut back under its feet.
+		 */
+		int			start = (int) (random() % FORWARD_MAX_CONNS);
+
+		for (int i = 0; i < FORWARD_MAX_CONNS && slot == NULL; i++)
+		{
+			ForwardConn *c = &conns[(start + i) % FORWARD_MAX_CONNS];
+
+			if (PQtransactionStatus(c->conn) != PQTRANS_INTRANS &&
+				PQtransactionStatus(c->conn) != PQTRANS_INERROR)
+				slot = c;
+		}
+		if (slot == NULL)
+			ereport(ERROR,
+					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+					 errmsg("a commit may span at most %d other leaders", FORWARD_MAX_CONNS),
+					 errhint("Nothing of the transaction was published.  Commit in smaller transactions, or insert on a node that leads more of the shards.")));
 		felix_conn_close(slot->conn);
 		slot->conn = NULL;
 	}

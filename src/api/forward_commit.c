@@ -126,15 +126,14 @@ group_parts(FelixCommitPart *parts, const PublishCharge *charges, List *const *r
 
 	for (int i = 0; i < nparts; i++)
 	{
-		FelixShardView v;
+		char		elsewhere[NAMEDATALEN];
 		const char *leader = felix_node_name_resolved();
 		bool		here = true;
 		CommitGroup *g = NULL;
 
-		if (!parts[i].restore && forward_wanted(parts[i].s))
+		if (!parts[i].restore && forward_leader(parts[i].s, elsewhere))
 		{
-			shard_read(parts[i].s, &v);
-			leader = pstrdup(v.leader);
+			leader = pstrdup(elsewhere);
 			here = false;
 		}
 		for (int k = 0; k < ngroups; k++)
@@ -440,16 +439,20 @@ report_commit_failure(CommitGroup *g, ErrorData *e)
 				 errmsg("stream \"%s\" shard %d: the commit of its part on leader \"%s\" got no answer",
 						g->charges[0]->stream->name, g->parts[0].s->key.shard, g->leader),
 				 errdetail("%s", e->message ? e->message : "the call failed"),
-				 errhint("The transaction's records on the other leaders' shards were published; "
+				 errhint("The transaction's records on the shards of the leaders that answered COMMIT were published; "
 						 "those on node \"%s\"'s may or may not have been.  Read the shards to find out before inserting them again.",
 						 g->leader)));
 	e->elevel = ERROR;
-	e->context = psprintf("commit of the part forwarded to leader \"%s\"; the transaction's records on the other leaders' shards were published",
+	e->context = psprintf("commit of the part forwarded to leader \"%s\"; the transaction's records on the shards of the leaders that answered COMMIT were published",
 						  g->leader);
 	ReThrowError(e);
 }
 
-/* Run step(g) for group g; its error, if any, is kept (the first). */
+/*
+ * Run step(g) for the remote group g; its error, if any, is kept (the
+ * first).  Steps here only talk to a leader: no lock is held when one
+ * fails.
+ */
 typedef void (*CommitStep) (CommitGroup *g, int64 deadline);
 
 static void
@@ -469,8 +472,7 @@ commit_step(CommitStep step, CommitGroup *g, int64 deadline,
 		MemoryContextSwitchTo(cxt);
 		e = CopyErrorData();
 		FlushErrorState();
-		if (!g->here)
-			forward_drop_conn(g->leader);	/* mid-call: never reused */
+		forward_drop_conn(g->leader);	/* mid-call: never reused */
 		g->conn = NULL;
 		if (*first == NULL)
 		{
@@ -488,18 +490,22 @@ send_commit(CommitGroup *g, int64 deadline)
 }
 
 static void
-publish_here(CommitGroup *g, int64 deadline)
-{
-	leader_commit_publish(g->parts, g->nparts);
-	leader_commit_acknowledge(g->parts, g->nparts);
-}
-
-static void
 receive_commit(CommitGroup *g, int64 deadline)
 {
+	PGresult   *res;
+	bool		committed;
+
 	if (g->conn == NULL)
 		return;					/* its COMMIT was never sent: kept already */
-	PQclear(felix_conn_receive(g->conn, "COMMIT", deadline, ERROR));
+	res = felix_conn_receive(g->conn, "COMMIT", deadline, ERROR);
+	/* a transaction the leader had aborted answers COMMIT with ROLLBACK */
+	committed = strcmp(PQcmdStatus(res), "COMMIT") == 0;
+	PQclear(res);
+	if (!committed)
+		ereport(ERROR,
+				(errcode(ERRCODE_TRANSACTION_ROLLBACK),
+				 errmsg("leader \"%s\" rolled its part of the commit back", g->leader),
+				 errdetail("Its transaction had failed after its part was staged.")));
 	felix_count(FELIX_CTR_PUBLISHES_FORWARDED, 1);
 }
 
@@ -621,9 +627,10 @@ forward_commit(FelixCommitPart *parts, const PublishCharge *charges, List *const
 
 	/*
 	 * Every leader has staged: from here on nothing is cancelled, and a
-	 * step that fails does not stop the others.  Each leader's COMMIT
-	 * acknowledges its parts before it answers, as this node's own parts
-	 * are acknowledged here meanwhile.
+	 * leader that fails does not stop the others.  Each leader's COMMIT
+	 * acknowledges its parts before it answers; this node's own parts are
+	 * published meanwhile, and acknowledged once every leader answered
+	 * (an error of their acknowledgement goes on as it is).
 	 */
 	deadline = felix_monotonic_ns() +
 		(int64) (2 * felix_quorum_timeout + 2 * felix_lease_duration + 1000) * 1000000;
@@ -632,16 +639,15 @@ forward_commit(FelixCommitPart *parts, const PublishCharge *charges, List *const
 			commit_step(send_commit, &groups[k], deadline, &first, &first_group);
 	for (int k = 0; k < ngroups; k++)
 		if (groups[k].here)
-			commit_step(publish_here, &groups[k], deadline, &first, &first_group);
+			leader_commit_publish(groups[k].parts, groups[k].nparts);
 	for (int k = 0; k < ngroups; k++)
 		if (!groups[k].here)
 			commit_step(receive_commit, &groups[k], deadline, &first, &first_group);
-
-	if (first == NULL)
-		return;
-	if (first_group->here)
-		ReThrowError(first);	/* this node's own acknowledgement */
-	report_commit_failure(first_group, first);
+	if (first != NULL)
+		report_commit_failure(first_group, first);
+	for (int k = 0; k < ngroups; k++)
+		if (groups[k].here)
+			leader_commit_acknowledge(groups[k].parts, groups[k].nparts);
 }
 
 /* ---------------------------------------------------------------------

@@ -261,6 +261,18 @@ pending_add(const FelixStream *stream, TupleTableSlot *slot)
 
 	bool		restoring;
 
+	/*
+	 * PostgreSQL checks a serializable transaction for conflicts after the
+	 * pre-commit callbacks, so after the records were published: a
+	 * serialization failure there would invite a retry that publishes them
+	 * again.
+	 */
+	if (IsolationIsSerializable())
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("cannot insert into stream \"%s\" in a SERIALIZABLE transaction", stream->name),
+				 errdetail("A serialization failure would come after the records were published, and a retry would publish them again."),
+				 errhint("Insert in a READ COMMITTED or REPEATABLE READ transaction, or publish with felix_publish.")));
 	slot_getallattrs(slot);
 
 	/* a row with its seq is a restored record: shard and published_at too */

@@ -408,7 +408,13 @@ lease_step_down(FelixShard *s, uint64 newer_generation, const char *why)
 {
 	bool		was_leading;
 
-	shard_lock_tail(s);
+	/*
+	 * Stepping down moves no tail: it need not wait for a commit's staged
+	 * part (whose acknowledgement then fails, as any waiter's does), and
+	 * the ship worker calling it must not wait on a gate held across a
+	 * round trip.
+	 */
+	(void) shard_lock_tail_nowait_gate(s);
 	was_leading = lease_step_down_locked(s, newer_generation, why);
 	shard_unlock_tail(s);
 	return was_leading;

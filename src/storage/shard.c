@@ -1146,7 +1146,8 @@ shard_mark_stale_copies(void)
 		char		dir[MAXPGPATH];
 		char		stamp[FELIX_INCARNATION_LEN];
 
-		shard_lock_tail(s);
+		/* a flag, not the tail: never wait for a commit's gate (heartbeat) */
+		(void) shard_lock_tail_nowait_gate(s);
 		if (s->in_use && shard_phase(s) == FELIX_SHARD_OPEN)
 		{
 			shard_dir(s, dir);

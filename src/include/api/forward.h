@@ -25,6 +25,8 @@
  * is on and the control plane names another node as its leader.
  */
 extern bool forward_wanted(FelixShard *s);
+/* ... and if so, which node (leader, NAMEDATALEN), from one look at s. */
+extern bool forward_leader(FelixShard *s, char *leader);
 
 /*
  * Publish the sealed batch of `count` records on shard `shard` through its
