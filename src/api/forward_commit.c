@@ -22,11 +22,16 @@
  *	         that one order -- node name, then slot on the node -- so two
  *	         of them never wait for each other in a cycle.  A leader that
  *	         refuses at admission (55F02, 55F03), that has not learned of
- *	         the stream yet (42P01) or that could not be reached makes the
- *	         whole commit start over, with nothing staged
- *	         anywhere, on the leaders the control plane names by then,
- *	         until felix.quorum_timeout; any other refusal cancels every
- *	         stage and fails the commit with nothing published;
+ *	         the stream yet (42P01) or that could not be reached (nothing
+ *	         sent) makes the whole commit start over, every stage rolled
+ *	         back, on the leaders the control plane names by then, until
+ *	         felix.quorum_timeout; any other refusal rolls every stage back
+ *	         and fails the commit with nothing published.  A leader whose
+ *	         call broke mid-way, whose session ended after it staged, or
+ *	         that does not confirm its rollback, may have crashed holding
+ *	         its part -- a crashed leader keeps what it wrote -- so the
+ *	         commit never starts over then: it fails with 55F01, naming
+ *	         that leader;
  *	      3. once every group is staged, COMMIT is sent to every other
  *	         leader, this node's parts are published and acknowledged, and
  *	         then every leader's answer is collected.
@@ -79,6 +84,8 @@
 #include "utils/memutils.h"
 
 #define FORWARD_RETRY_MS	20
+/* How long a leader may take to confirm it cut a staged part back. */
+#define FORWARD_ROLLBACK_MS	2000
 
 /* One leader's share of a commit, on the asking side. */
 typedef struct CommitGroup
@@ -287,7 +294,7 @@ stage_elsewhere(CommitGroup *g, int64 deadline)
 	g->conn = forward_conn(g->leader);
 	if (g->conn == NULL)
 		ereport(ERROR,
-				(errcode(ERRCODE_CONNECTION_FAILURE),
+				(errcode(ERRCODE_CONNECTION_DOES_NOT_EXIST),
 				 errmsg("could not reach leader \"%s\": %s", g->leader, felix_conn_last_error())));
 	stage_args(g, values);
 	PQclear(felix_conn_exec(g->conn, "BEGIN", "BEGIN", 0, NULL, Max(left_ms, 1), ERROR));
@@ -311,10 +318,19 @@ staged_alive(PGconn *conn)
 		PQtransactionStatus(conn) == PQTRANS_INTRANS && !PQisBusy(conn);
 }
 
-/* Undo every stage: here cut back, elsewhere the session is closed. */
-static void
-cancel_all(CommitGroup *groups, int ngroups)
+/*
+ * Undo every stage: here cut back, elsewhere rolled back by the leader,
+ * which answers only once its part is cut back.  Returns the name of a
+ * leader whose staged part may survive -- its ROLLBACK got no answer (it
+ * may have crashed holding the part, and kept it on recovery) -- or NULL.
+ * The group `unsure` (or -1) is one whose call broke mid-way: its part is
+ * in doubt whatever its session says now.
+ */
+static const char *
+cancel_all(CommitGroup *groups, int ngroups, int unsure)
 {
+	const char *doubt = NULL;
+
 	for (int k = 0; k < ngroups; k++)
 	{
 		CommitGroup *g = &groups[k];
@@ -322,19 +338,38 @@ cancel_all(CommitGroup *groups, int ngroups)
 		if (g->here && g->staged)
 			leader_commit_cancel(g->parts, g->nparts);
 		else if (!g->here && g->conn != NULL)
-			forward_drop_conn(g->leader);	/* its transaction aborts there */
+		{
+			PGresult   *res = NULL;
+
+			if (k != unsure)
+				res = felix_conn_exec(g->conn, "ROLLBACK", "ROLLBACK", 0, NULL,
+									  FORWARD_ROLLBACK_MS, DEBUG1);
+			if (res == NULL)
+			{
+				forward_drop_conn(g->leader);
+				if ((g->staged || k == unsure) && doubt == NULL)
+					doubt = pstrdup(g->leader);
+			}
+			PQclear(res);
+		}
 		g->staged = false;
 		g->conn = NULL;
 	}
+	return doubt;
 }
 
-/* May the commit start over after this error?  Only if nothing was published. */
+/*
+ * May the commit start over after this error?  Only on a live leader's
+ * word that it staged nothing (it does not lead the shard, it does not
+ * know the stream yet), or when nothing was sent (08003).  A call that
+ * broke mid-way is not one: the leader may have staged the part and
+ * crashed, and recovery keeps what it had written.
+ */
 static bool
 stage_retryable(int sqlerrcode)
 {
 	return sqlerrcode == FELIX_ERRCODE_NOT_LEADER || sqlerrcode == FELIX_ERRCODE_LEASE_EXPIRED ||
-		sqlerrcode == ERRCODE_UNDEFINED_TABLE ||
-		strncmp(unpack_sql_state(sqlerrcode), "08", 2) == 0;
+		sqlerrcode == ERRCODE_UNDEFINED_TABLE || sqlerrcode == ERRCODE_CONNECTION_DOES_NOT_EXIST;
 }
 
 /* Stage every group, starting over while a leader moves. */
@@ -372,7 +407,10 @@ stage_all(FelixCommitPart *parts, const PublishCharge *charges, List *const *rol
 				else
 					stage_elsewhere(g, deadline);
 			}
-			/* a leader whose session went meanwhile has cut its part back */
+			/*
+			 * A leader whose session went meanwhile has cut its part back
+			 * -- or crashed holding it: its part is in doubt.
+			 */
 			for (int k = 0; k < ngroups; k++)
 				if (!groups[k].here && !staged_alive(groups[k].conn))
 				{
@@ -387,11 +425,21 @@ stage_all(FelixCommitPart *parts, const PublishCharge *charges, List *const *rol
 		{
 			ErrorData  *e;
 			CommitGroup *g = &groups[current];
+			bool		broke;
+			const char *doubt;
 
 			MemoryContextSwitchTo(cxt);
 			e = CopyErrorData();
 			FlushErrorState();
-			cancel_all(groups, ngroups);
+			/* a leader's call that broke mid-way, or a session gone since */
+			broke = !g->here && forward_outcome_unknown(e->sqlerrcode);
+			doubt = cancel_all(groups, ngroups, broke ? current : -1);
+			if (doubt != NULL)
+				ereport(ERROR,
+						(errcode(FELIX_ERRCODE_QUORUM_TIMEOUT),
+						 errmsg("leader \"%s\" went away while it held its part of the commit", doubt),
+						 errdetail("%s", e->message ? e->message : "the call failed"),
+						 errhint("The parts on the other leaders were cut back.  That leader may have kept its part if it crashed: read its shards to find out before inserting the records again.")));
 			if (stage_retryable(e->sqlerrcode) && felix_monotonic_ns() < deadline)
 				retry = true;
 			else if (stage_retryable(e->sqlerrcode))
