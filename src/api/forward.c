@@ -381,6 +381,31 @@ forward_publish(const FelixStream *stream, int shard, StringInfo batch, uint32 c
  * ---------------------------------------------------------------------
  */
 
+uint64
+forward_admit(FelixShard *s)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	volatile uint64 generation = 0;
+
+	PG_TRY();
+	{
+		generation = lease_admit(s);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *e;
+
+		MemoryContextSwitchTo(cxt);
+		e = CopyErrorData();
+		if (e->sqlerrcode != FELIX_ERRCODE_NOT_LEADER && e->sqlerrcode != FELIX_ERRCODE_LEASE_EXPIRED)
+			PG_RE_THROW();
+		FlushErrorState();
+		FreeErrorData(e);
+	}
+	PG_END_TRY();
+	return generation;
+}
+
 const FelixStream *
 forward_stream(const char *name, const char *creation_id)
 {
@@ -465,8 +490,7 @@ felix_forward_publish(PG_FUNCTION_ARGS)
 	StringInfo	b = &rebuilt;
 	uint32		count;
 	FelixShard *s;
-	volatile uint64 generation = 0;
-	MemoryContext cxt = CurrentMemoryContext;
+	uint64		generation;
 	TupleDesc	desc;
 	Datum		values[2];
 	bool		nulls[2] = {false, false};
@@ -516,22 +540,7 @@ felix_forward_publish(PG_FUNCTION_ARGS)
 	 * retried.
 	 */
 	s = felix_stream_shard(stream, shard);
-	PG_TRY();
-	{
-		generation = lease_admit(s);
-	}
-	PG_CATCH();
-	{
-		ErrorData  *e;
-
-		MemoryContextSwitchTo(cxt);
-		e = CopyErrorData();
-		if (e->sqlerrcode != FELIX_ERRCODE_NOT_LEADER && e->sqlerrcode != FELIX_ERRCODE_LEASE_EXPIRED)
-			PG_RE_THROW();
-		FlushErrorState();
-		FreeErrorData(e);
-	}
-	PG_END_TRY();
+	generation = forward_admit(s);
 	if (generation == 0)
 	{
 		values[0] = CStringGetTextDatum("not_leader");

@@ -931,33 +931,11 @@ felix_forward_stage(PG_FUNCTION_ARGS)
 	 * next leader.  Anything that fails later is an error of the commit.
 	 */
 	for (int p = 0; p < nparts; p++)
-	{
-		volatile bool refused = false;
-		MemoryContext cxt = CurrentMemoryContext;
-
-		PG_TRY();
-		{
-			(void) lease_admit(parts[p].s);
-		}
-		PG_CATCH();
-		{
-			ErrorData  *e;
-
-			MemoryContextSwitchTo(cxt);
-			e = CopyErrorData();
-			if (e->sqlerrcode != FELIX_ERRCODE_NOT_LEADER && e->sqlerrcode != FELIX_ERRCODE_LEASE_EXPIRED)
-				PG_RE_THROW();
-			FlushErrorState();
-			FreeErrorData(e);
-			refused = true;
-		}
-		PG_END_TRY();
-		if (refused)
+		if (forward_admit(parts[p].s) == 0)
 		{
 			MemoryContextSwitchTo(old);
 			PG_RETURN_TEXT_P(cstring_to_text("not_leader"));
 		}
-	}
 	leader_commit_stage(parts, nparts);
 	staged = parts;
 	nstaged = nparts;

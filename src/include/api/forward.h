@@ -69,6 +69,10 @@ extern bool forward_conn_alive(PGconn *conn);
  * have been appended there, so it is never sent again.
  */
 extern bool forward_outcome_unknown(int sqlerrcode);
+/* Admission of a write a peer asks for (lease_admit): its generation, or
+ * 0 when this node refuses at admission (it does not lead the shard, or
+ * its lease ran out), with nothing done. */
+extern uint64 forward_admit(FelixShard *s);
 /* The stream a peer names, by name and creation id; 42P01 when this node
  * has no such stream, or another creation of it (not learned of yet). */
 extern const FelixStream *forward_stream(const char *name, const char *creation_id);
