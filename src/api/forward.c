@@ -72,9 +72,8 @@
 #include "utils/timestamp.h"
 #include "utils/wait_event.h"
 
-/* How long connecting to a leader may take; how long between attempts. */
+/* How long connecting to a leader may take. */
 #define FORWARD_CONNECT_TIMEOUT_MS	2000
-#define FORWARD_RETRY_MS			20
 /* Leaders this backend keeps a connection to (and a commit may span). */
 #define FORWARD_MAX_CONNS			32
 

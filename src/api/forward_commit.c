@@ -83,7 +83,6 @@
 #include "utils/guc.h"
 #include "utils/memutils.h"
 
-#define FORWARD_RETRY_MS	20
 /* How long a leader may take to confirm it cut a staged part back. */
 #define FORWARD_ROLLBACK_MS	2000
 

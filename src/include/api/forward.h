@@ -50,6 +50,9 @@ extern void forward_commit_init(void);
 
 /* ---- shared by the two files of forwarding (forward.c, forward_commit.c) ---- */
 
+/* How long forwarding naps between two attempts, in ms. */
+#define FORWARD_RETRY_MS	20
+
 /* A usable connection to node `name`, kept for the life of the backend, or
  * NULL (why in felix_conn_last_error). */
 extern PGconn *forward_conn(const char *name);
