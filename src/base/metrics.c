@@ -49,6 +49,8 @@ const char *const felix_counter_names[FELIX_NUM_COUNTERS] = {
 	[FELIX_CTR_STORE_REQUESTS] = "store_requests",
 	[FELIX_CTR_STORE_FAILURES] = "store_failures",
 	[FELIX_CTR_STORE_REQUEST_US] = "store_request_us",
+	[FELIX_CTR_STORE_BYTES_READ] = "store_bytes_read",
+	[FELIX_CTR_STORE_BYTES_WRITTEN] = "store_bytes_written",
 	[FELIX_CTR_PUBLISHES_FORWARDED] = "publishes_forwarded",
 };
 

@@ -3,7 +3,8 @@
  * store.c
  *	  Which control-plane store this process uses, and the counters every
  *	  request through it feeds (felix_metrics: store_requests,
- *	  store_failures, store_request_us).  See store.h.
+ *	  store_failures, store_request_us, store_bytes_read,
+ *	  store_bytes_written).  See store.h.
  *
  * Locking rule: none; the counters are atomics (metrics.c).
  *
@@ -41,6 +42,19 @@ count(FelixStoreStatus st, int64 start_ns)
 		felix_count(FELIX_CTR_STORE_FAILURES, 1);
 }
 
+/* What a range returned: the cost of reading the state grows with it. */
+static void
+count_read(FelixStoreStatus st, const FelixKV *kvs, int nkvs)
+{
+	int64		bytes = 0;
+
+	if (st != FELIX_STORE_OK)
+		return;
+	for (int i = 0; i < nkvs; i++)
+		bytes += strlen(kvs[i].key) + strlen(kvs[i].value);
+	felix_count(FELIX_CTR_STORE_BYTES_READ, bytes);
+}
+
 FelixStoreStatus
 felix_store_range(const char *key, bool prefix, FelixKV **kvs, int *nkvs,
 				  int64 *revision, int elevel)
@@ -49,6 +63,7 @@ felix_store_range(const char *key, bool prefix, FelixKV **kvs, int *nkvs,
 	FelixStoreStatus st = felix_store()->range(key, prefix, false, kvs, nkvs, revision, elevel);
 
 	count(st, start);
+	count_read(st, *kvs, *nkvs);
 	return st;
 }
 
@@ -60,6 +75,7 @@ felix_store_range_guarded(const char *key, bool prefix, FelixKV **kvs, int *nkvs
 	FelixStoreStatus st = felix_store()->range(key, prefix, true, kvs, nkvs, revision, elevel);
 
 	count(st, start);
+	count_read(st, *kvs, *nkvs);
 	return st;
 }
 
@@ -69,8 +85,12 @@ felix_store_txn(const FelixStoreCmp *cmps, int ncmps, const FelixStoreOp *ops, i
 {
 	int64		start = felix_monotonic_ns();
 	FelixStoreStatus st = felix_store()->txn(cmps, ncmps, ops, nops, revision, elevel);
+	int64		bytes = 0;
 
 	count(st, start);
+	for (int i = 0; i < nops; i++)
+		bytes += strlen(ops[i].key) + (ops[i].value ? strlen(ops[i].value) : 0);
+	felix_count(FELIX_CTR_STORE_BYTES_WRITTEN, bytes);
 	return st;
 }
 

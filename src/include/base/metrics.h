@@ -48,6 +48,8 @@ typedef enum FelixCounter
 	FELIX_CTR_STORE_REQUESTS,		/* reads and transactions sent to the control-plane store */
 	FELIX_CTR_STORE_FAILURES,		/* ... that failed or whose outcome is unknown */
 	FELIX_CTR_STORE_REQUEST_US,		/* ... their total latency, microseconds */
+	FELIX_CTR_STORE_BYTES_READ,		/* key and value bytes the store returned */
+	FELIX_CTR_STORE_BYTES_WRITTEN,	/* key and value bytes of the puts sent to it */
 	FELIX_CTR_PUBLISHES_FORWARDED,	/* publishes this node forwarded to a shard's leader */
 	FELIX_NUM_COUNTERS
 } FelixCounter;
