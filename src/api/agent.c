@@ -321,17 +321,11 @@ agent_rows(FelixCpShard *shards, int n)
 	return rows;
 }
 
-/*
- * The creating backend's half of felix_create_stream: one heartbeat of its
- * own, whose rows for the new stream are applied at once, so the stream is
- * led (and, on this node, writable) when the call returns rather than at
- * the worker's next heartbeat.  The lease is anchored at this heartbeat's
- * send time, exactly as the worker anchors its own; the worker's later
- * renewals only ever extend it.
- */
-void
-agent_apply_stream(const char *stream)
+/* One heartbeat of the calling backend's own, applying the rows of arg's stream. */
+static void
+apply_stream_now(void *arg)
 {
+	const char *stream = arg;
 	FelixCpSession s;
 
 	(void) felix_cp_open(&s, "felix", FELIX_CP_CALL_TIMEOUT_MS, ERROR);
@@ -354,6 +348,33 @@ agent_apply_stream(const char *stream)
 		felix_cp_close(&s);
 	}
 	PG_END_TRY();
+}
+
+/*
+ * The creating backend's half of felix_create_stream: one heartbeat of its
+ * own, whose rows for the new stream are applied at once, so the stream is
+ * led (and, on this node, writable) when the call returns rather than at
+ * the worker's next heartbeat.  The lease is anchored at this heartbeat's
+ * send time, exactly as the worker anchors its own; the worker's later
+ * renewals only ever extend it.
+ *
+ * By now the control plane lists the stream and this node has its table:
+ * the work is done.  A heartbeat that fails here (the store busy with
+ * other writers, or unreachable) must not make the call report a failure
+ * it would then have to undo -- an undo that can fail the same way, and
+ * leave a stream that exists behind an error.  So the failure is a
+ * WARNING, and the heartbeat worker applies the stream at its next beat.
+ */
+void
+agent_apply_stream(const char *stream)
+{
+	ErrorData  *err = felix_run_isolated(apply_stream_now, (void *) stream);
+
+	if (err != NULL)
+		ereport(WARNING,
+				(errmsg("stream \"%s\" is created, but this node has not taken its leases yet", stream),
+				 errdetail("The heartbeat that takes them failed: %s", err->message),
+				 errhint("The node's heartbeat worker takes them once the control plane answers; until then the stream's shards led here refuse writes.")));
 }
 
 /* An empty set of stream names, in the current context. */
