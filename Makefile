@@ -62,6 +62,7 @@ OBJS = \
 	src/control/cp_report.o \
 	src/control/cp_duty.o \
 	src/control/cp_streams.o \
+	src/control/cp_promote.o \
 	src/control/cp_sql.o \
 	src/control/cpcall.o \
 	src/replication/state.o \

@@ -181,7 +181,7 @@ SELECT p.oid::regprocedure AS public_function
   FROM pg_proc p
  WHERE p.pronamespace = 'felix'::regnamespace
    AND has_function_privilege('regress_sec_user', p.oid, 'EXECUTE')
- ORDER BY 1::text;
+ ORDER BY p.oid::regprocedure::text;
 SELECT felix_create_stream('flat', shards => 1);
 SELECT felix_publish_batch('flat', ARRAY[['{"a": 1}', '{"a": 2}'], ['{"a": 3}', '{"a": 4}']]::jsonb[]);
 \echo SQLSTATE :SQLSTATE

@@ -649,3 +649,41 @@ felix_remove_node(PG_FUNCTION_ARGS)
 	felix_cp_remove_node(node);
 	PG_RETURN_TEXT_P(cstring_to_text(psprintf("node \"%s\" removed", node)));
 }
+
+/*
+ * felix_promote_copy(stream, shard, node): make the copy on node lead a
+ * shard the control plane left unplaced, accepting that what only other
+ * copies hold may be lost (a WARNING says what).  Superusers only; the
+ * control plane refuses while an alive replica's copy may hold more
+ * (cp_promote.c).
+ */
+PG_FUNCTION_INFO_V1(felix_promote_copy);
+Datum
+felix_promote_copy(PG_FUNCTION_ARGS)
+{
+	FelixStream stream;
+	int32		shard;
+	char	   *node;
+	CpPromoted	p;
+
+	felix_require_preload();
+	felix_require_superuser("felix_promote_copy");
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("felix_promote_copy: stream, shard and node must not be NULL"),
+				 errhint("Name the unplaced shard (felix_shards.unplaced_reason) and the node whose copy is to lead it.")));
+	stream = *felix_stream_by_name(text_to_cstring(PG_GETARG_TEXT_PP(0)));
+	shard = PG_GETARG_INT32(1);
+	node = text_to_cstring(PG_GETARG_TEXT_PP(2));
+	felix_check_shard(&stream, shard);
+	p = felix_cp_promote_copy(stream.name, shard, node);
+	if (p.may_lose)
+		ereport(WARNING,
+				(errmsg("stream \"%s\" shard %d: records may be lost by promoting the copy on node \"%s\"",
+						stream.name, shard, node),
+				 errdetail("What may be lost: %s.", p.may_lose),
+				 errhint("Those records can no longer be read from the stream; a copy that held them is rebuilt from the new leader when it returns.")));
+	PG_RETURN_TEXT_P(cstring_to_text(psprintf("node \"%s\" leads generation " INT64_FORMAT " of stream \"%s\" shard %d from its copy ending at seq " INT64_FORMAT,
+											  node, p.generation, stream.name, shard, p.copy_end)));
+}

@@ -732,8 +732,27 @@ unplaced_reason(const CpSnapshot *snap, const CpShard *s, const CpStream *st,
 }
 
 /* One shard: promote it if its lease lapsed and someone qualifies. */
+/*
+ * What a pass of the duties decided for one shard: a new generation for a
+ * node, or a new reason it is unplaced.  The pass writes its decisions
+ * together (write_grants), not one round trip per shard: when a node that
+ * led a thousand shards dies, all of them get a leader in one pass.
+ */
+typedef struct Grant
+{
+	const CpShard *s;			/* the assignment as read (compared) */
+	char	   *value;			/* the assignment to write */
+	const char *leads;			/* the node whose leads/<node> to rewrite, or NULL */
+	const CpNode *candidate;	/* a node record compared too, or NULL */
+	char	   *log;			/* said once written */
+	bool		promotes;
+} Grant;
+
+/* Shards per store transaction: well within etcd's --max-txn-ops (docs/configuration.md). */
+#define GRANTS_PER_TXN	100
+
 static bool
-consider(const CpSnapshot *snap, CpShard *s, int64 now)
+consider(const CpSnapshot *snap, CpShard *s, int64 now, Grant *g)
 {
 	CpStream   *st = cp_snapshot_stream(snap, s->stream);
 	ShardObs   *obs;
@@ -741,11 +760,6 @@ consider(const CpSnapshot *snap, CpShard *s, int64 now)
 	CpNode	   *leader;
 	Candidate	best = {NULL, false, 0};
 	bool		gone;
-	FelixStoreCmp cmps[4];
-	FelixStoreOp ops[2];
-	int			ncmps = 0;
-	int64		rev;
-
 	if (st == NULL)
 		return false;
 	obs = shard_seen(snap, s, now);
@@ -810,23 +824,12 @@ consider(const CpSnapshot *snap, CpShard *s, int64 now)
 			best = c;
 	}
 
-	cmps[ncmps].key = CP_KEY_DUTY;
-	cmps[ncmps++].mod_revision = duty_rev;
-	cmps[ncmps].key = cp_key_shard(s->stream, s->shard);
-	cmps[ncmps++].mod_revision = s->rev;
-	if (s->leader)
-	{
-		/* a claim made since we looked changes this and fails the promotion */
-		cmps[ncmps].key = cp_key_node(s->leader);
-		cmps[ncmps++].mod_revision = leader ? leader->rev : 0;
-	}
-
+	memset(g, 0, sizeof(*g));
+	g->s = s;
 	if (best.node)
 	{
 		CpShard		next = *s;
 
-		cmps[ncmps].key = cp_key_node(best.node->name);
-		cmps[ncmps++].mod_revision = best.node->rev;
 		next.generation = s->generation + 1;
 		next.leader = best.node->name;
 		next.leader_incarnation = best.node->incarnation;
@@ -843,16 +846,24 @@ consider(const CpSnapshot *snap, CpShard *s, int64 now)
 			Max(s->acked_floor, newest_reported_end(snap, s)) :
 			(strcmp(st->consistency, "quorum") == 0 ?
 			 Max(s->acked_floor, best.acked_end) : best.acked_end);
-		ops[0].key = cp_key_shard(s->stream, s->shard);
-		ops[0].value = cp_shard_write(&next);
-		ops[1].key = cp_key_leads(s->leader ? s->leader : best.node->name);
-		ops[1].value = cp_leads_value();
-		if (felix_store_txn(cmps, ncmps, ops, 2, &rev, LOG) != FELIX_STORE_OK)
-			return false;
-		ereport(LOG,
-				(errmsg("felix: stream \"%s\" shard %d: %s leads generation " INT64_FORMAT " (was %s at generation " INT64_FORMAT ")",
-						s->stream, s->shard, best.node->name, next.generation,
-						s->leader ? s->leader : "nobody", s->generation)));
+		g->value = cp_shard_write(&next);
+		g->leads = s->leader ? s->leader : best.node->name;
+		/*
+		 * A returning leader qualified on its boot and heartbeat count
+		 * (restarted_leader_check): its record is compared, so a restart
+		 * since this read fails the grant.  A follower's record is not: a
+		 * grant names its incarnation, and the first claim checks that
+		 * the claiming boot can serve the shard and holds grant_end and
+		 * acked_floor (cp_heartbeat.c) -- what the read found, checked
+		 * again at the claim.  Comparing it would fail every grant to a
+		 * node that heartbeat since the read, which at a thousand shards
+		 * is most of them.
+		 */
+		g->candidate = best.is_leader ? best.node : NULL;
+		g->promotes = true;
+		g->log = psprintf("felix: stream \"%s\" shard %d: %s leads generation " INT64_FORMAT " (was %s at generation " INT64_FORMAT ")",
+						  s->stream, s->shard, best.node->name, next.generation,
+						  s->leader ? s->leader : "nobody", s->generation);
 		return true;
 	}
 	else
@@ -868,14 +879,100 @@ consider(const CpSnapshot *snap, CpShard *s, int64 now)
 		if (s->unplaced_reason && strcmp(s->unplaced_reason, reason) == 0)
 			return false;
 		next.unplaced_reason = reason;
-		ops[0].key = cp_key_shard(s->stream, s->shard);
-		ops[0].value = cp_shard_write(&next);
-		if (felix_store_txn(cmps, ncmps, ops, 1, &rev, LOG) == FELIX_STORE_OK)
-			ereport(LOG,
-					(errmsg("felix: stream \"%s\" shard %d is unplaced: %s",
-							s->stream, s->shard, reason)));
-		return false;
+		g->value = cp_shard_write(&next);
+		g->log = psprintf("felix: stream \"%s\" shard %d is unplaced: %s",
+						  s->stream, s->shard, reason);
+		return true;
 	}
+}
+
+/* Add a compare of key at rev unless one is there; puts likewise (value). */
+static void
+add_cmp(FelixStoreCmp *cmps, int *n, char *key, int64 rev)
+{
+	for (int i = 0; i < *n; i++)
+		if (strcmp(cmps[i].key, key) == 0)
+			return;
+	cmps[*n].key = key;
+	cmps[(*n)++].mod_revision = rev;
+}
+
+static void
+add_op(FelixStoreOp *ops, int *n, char *key, const char *value)
+{
+	for (int i = 0; i < *n; i++)
+		if (strcmp(ops[i].key, key) == 0)
+			return;
+	ops[*n].key = key;
+	ops[(*n)++].value = value;
+}
+
+/*
+ * Write grants g[0..n) in one transaction: every assignment as read, the
+ * node record of each shard's leader as read (a claim made since we
+ * looked changes it, and fails the grant -- the lease rule's half that is
+ * the holder's), each compared candidate's, and the duty key as our last
+ * refresh left it.  Returns the store's answer.
+ */
+static FelixStoreStatus
+write_together(const CpSnapshot *snap, Grant *g, int n)
+{
+	FelixStoreCmp *cmps = palloc(sizeof(FelixStoreCmp) * (3 * n + 1));
+	FelixStoreOp *ops = palloc(sizeof(FelixStoreOp) * (2 * n + 1));
+	int			ncmps = 0;
+	int			nops = 0;
+	int64		rev;
+
+	add_cmp(cmps, &ncmps, CP_KEY_DUTY, duty_rev);
+	for (int i = 0; i < n; i++)
+	{
+		const CpShard *s = g[i].s;
+
+		add_cmp(cmps, &ncmps, cp_key_shard(s->stream, s->shard), s->rev);
+		if (s->leader)
+		{
+			CpNode	   *leader = cp_snapshot_node(snap, s->leader);
+
+			add_cmp(cmps, &ncmps, cp_key_node(s->leader), leader ? leader->rev : 0);
+		}
+		if (g[i].candidate)
+			add_cmp(cmps, &ncmps, cp_key_node(g[i].candidate->name), g[i].candidate->rev);
+		add_op(ops, &nops, cp_key_shard(s->stream, s->shard), g[i].value);
+		if (g[i].leads)
+			add_op(ops, &nops, cp_key_leads(g[i].leads), cp_leads_value());
+	}
+	return felix_store_txn(cmps, ncmps, ops, nops, &rev, LOG);
+}
+
+/*
+ * Write a pass's grants, GRANTS_PER_TXN to a transaction.  A transaction
+ * that loses a compare (a shard or a leader changed since the read) is
+ * written again one grant at a time, so one changed shard holds up no
+ * other.  Returns how many shards were given a new generation.
+ */
+static int
+write_grants(const CpSnapshot *snap, Grant *g, int n)
+{
+	int			promoted = 0;
+
+	for (int from = 0; from < n; from += GRANTS_PER_TXN)
+	{
+		int			k = Min(GRANTS_PER_TXN, n - from);
+		FelixStoreStatus st = write_together(snap, &g[from], k);
+
+		if (st != FELIX_STORE_OK && st != FELIX_STORE_CONFLICT)
+			break;				/* the store is not answering: the next pass */
+		for (int i = from; i < from + k; i++)
+		{
+			if (st == FELIX_STORE_CONFLICT &&
+				(k == 1 || write_together(snap, &g[i], 1) != FELIX_STORE_OK))
+				continue;
+			ereport(LOG, (errmsg_internal("%s", g[i].log)));
+			if (g[i].promotes)
+				promoted++;
+		}
+	}
+	return promoted;
 }
 
 int
@@ -884,18 +981,28 @@ cp_duty_tick(const char *node, const char *boot)
 	CpSnapshot	snap;
 	int64		read_ns;
 	int64		now;
-	int			promoted = 0;
+	Grant	   *grants;
+	int			ngrants = 0;
 
 	/*
-	 * A read of its own: a snapshot taken before this node's heartbeat
+	 * Who holds the duty, from its key alone: a node that does not hold it
+	 * reads nothing more, so the duties cost one small read per tick on
+	 * every node but the holder, however many shards there are.
+	 */
+	felix_store_serialize();
+	if (!cp_snapshot_read_parts(&snap, (const char *[]) {CP_KEY_DUTY}, 1, LOG))
+		return -1;
+	if (!hold_duty(&snap, node, boot))
+		return -1;
+
+	/*
+	 * The whole state, read after this tick's refresh of the duty key and
+	 * after this node's heartbeat: a snapshot taken before that heartbeat
 	 * would hold an older revision of this node's own record, and every
 	 * promotion of this node would fail its compare.
 	 */
-	felix_store_serialize();
 	read_ns = felix_monotonic_ns();
 	if (!cp_snapshot_read(&snap, false, LOG))
-		return -1;
-	if (!hold_duty(&snap, node, boot))
 		return -1;
 	if (node_obs == NULL)
 		forget_everything();
@@ -903,8 +1010,9 @@ cp_duty_tick(const char *node, const char *boot)
 	for (int i = 0; i < snap.nnodes; i++)
 		(void) node_seen(&snap.nodes[i], read_ns, now);
 	keep_alive_list(&snap, now);
+	grants = palloc(sizeof(Grant) * (snap.nshards + 1));
 	for (int i = 0; i < snap.nshards; i++)
-		if (consider(&snap, &snap.shards[i], now))
-			promoted++;
-	return promoted;
+		if (consider(&snap, &snap.shards[i], now, &grants[ngrants]))
+			ngrants++;
+	return write_grants(&snap, grants, ngrants);
 }

@@ -47,7 +47,7 @@
 #include "storage/incarnation.h"
 
 /* The most first claims one heartbeat makes (each writes an assignment). */
-#define CP_MAX_TAKES_PER_BEAT	64
+#define CP_MAX_TAKES_PER_BEAT	200
 /* Attempts before giving up when other writers keep getting there first. */
 
 /* Did boot take a generation that is still its shard's current one? */
@@ -228,7 +228,26 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 		felix_store_serialize();
 		(void) cp_snapshot_read(&snap, false, ERROR);
 		prev = cp_snapshot_node(&snap, a->node);
-		room = snap.nreports + snap.nshards + 4;
+		room = snap.nreports + snap.nshards + 5;
+
+		/*
+		 * A store behind what the node has seen of it was put back from an
+		 * older copy (a backup, a standby that was behind): it would grant
+		 * generations that were granted already, and send leases and
+		 * leaders back in time.  It serves nobody who saw it later; a node
+		 * that never did (a new one) learns nothing it could act on, as
+		 * every node that knows better is refused.
+		 */
+		if (a->seen_store_id && snap.store_id &&
+			strcmp(a->seen_store_id, snap.store_id) == 0 &&
+			a->seen_revision > snap.revision)
+			ereport(ERROR,
+					(errcode(MAKE_SQLSTATE('5', '5', 'F', '0', '7')),
+					 errmsg("the control-plane store is older than what node \"%s\" has seen of it: it is at revision " INT64_FORMAT ", and the node saw revision " INT64_FORMAT,
+							a->node, snap.revision, a->seen_revision),
+					 errdetail("The store %s was put back from an older copy (a backup, or a standby that was behind); serving it would hand out generations and leases that were handed out already.",
+							   snap.store_id),
+					 errhint("Bring back the store's latest state: its synchronous standby, or the etcd members' data.  If that is lost for good, see \"The control-plane store went back in time\" in docs/operations.md.")));
 		cmps = palloc0(sizeof(FelixStoreCmp) * room);
 		ops = palloc0(sizeof(FelixStoreOp) * room);
 		granted = palloc0(sizeof(bool) * (snap.nshards + 1));
@@ -437,6 +456,15 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 
 		ops[nops].key = cp_key_node(a->node);
 		ops[nops++].value = cp_node_write(&me);
+		if (snap.store_id == NULL)
+		{
+			/* the store's identity, made by the first heartbeat it serves */
+			snap.store_id = cp_new_uuid();
+			cmps[ncmps].key = CP_KEY_STORE_ID;
+			cmps[ncmps++].mod_revision = 0;
+			ops[nops].key = CP_KEY_STORE_ID;
+			ops[nops++].value = cp_store_id_write(snap.store_id);
+		}
 
 		st = felix_store_txn(cmps, ncmps, ops, nops, &rev, ERROR);
 		if (st == FELIX_STORE_CONFLICT)
@@ -451,6 +479,8 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 					 errmsg("node \"%s\": the control-plane store did not confirm the heartbeat", a->node),
 					 errhint("Its outcome is unknown; the next heartbeat settles it.")));
 
+		out->store_id = snap.store_id;
+		out->revision = rev;
 		out->n = 0;
 		out->rows = palloc0(sizeof(CpAssignment) * (snap.nshards + 1));
 		out->snap = palloc(sizeof(CpSnapshot));

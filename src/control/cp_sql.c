@@ -22,6 +22,7 @@
 #include "catalog/pg_type.h"
 #include "control/conninfo.h"
 #include "control/cp.h"
+#include "control/json.h"
 #include "felix.h"
 #include "fmgr.h"
 #include "funcapi.h"
@@ -178,6 +179,8 @@ felix_cp_heartbeat_sql(PG_FUNCTION_ARGS)
 	a.ends_given = !PG_ARGISNULL(8);
 	if (a.ends_given)
 		a.ends = text_array_arg(fcinfo, 8, &a.nends);
+	a.seen_store_id = text_arg(fcinfo, 9);
+	a.seen_revision = PG_ARGISNULL(10) ? 0 : PG_GETARG_INT64(10);
 
 	InitMaterializedSRF(fcinfo, 0);
 	AS_OWNER(cp_heartbeat(&a, &res));
@@ -202,8 +205,8 @@ felix_cp_heartbeat_sql(PG_FUNCTION_ARGS)
 		const CpAssignment *r = &res.rows[i];
 		const CpShard *s = r->shard;
 		const CpStream *st = r->stream;
-		Datum		v[20];
-		bool		nulls[20];
+		Datum		v[22];
+		bool		nulls[22];
 
 		memset(nulls, 0, sizeof(nulls));
 		v[0] = CStringGetTextDatum(s->stream);
@@ -242,6 +245,9 @@ felix_cp_heartbeat_sql(PG_FUNCTION_ARGS)
 		v[18] = s->leaving ? CStringGetTextDatum(s->leaving) : (Datum) 0;
 		nulls[19] = s->leader_incarnation == NULL;
 		v[19] = s->leader_incarnation ? CStringGetTextDatum(s->leader_incarnation) : (Datum) 0;
+		/* the store, on every row (a node with no shard has nothing to lose) */
+		v[20] = CStringGetTextDatum(res.store_id);
+		v[21] = Int64GetDatum(res.revision);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, v, nulls);
 	}
 	return (Datum) 0;
@@ -429,6 +435,32 @@ felix_cp_remove_node_sql(PG_FUNCTION_ARGS)
 	PG_RETURN_VOID();
 }
 
+PG_FUNCTION_INFO_V1(felix_cp_promote_copy_sql);
+Datum
+felix_cp_promote_copy_sql(PG_FUNCTION_ARGS)
+{
+	char	   *node = text_arg(fcinfo, 2);
+	CpPromoted	p;
+	StringInfoData b;
+
+	(void) require_node(NULL, "felix.cp_promote_copy");
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || node == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("felix.cp_promote_copy: stream, shard and node must not be NULL"),
+				 errhint("Name the shard and the node whose copy is to lead it.")));
+	cp_check_node_name(node);
+	AS_OWNER(p = cp_promote_copy(text_arg(fcinfo, 0), PG_GETARG_INT32(1), node));
+	initStringInfo(&b);
+	appendStringInfoChar(&b, '{');
+	felix_json_put_int64(&b, "generation", p.generation);
+	felix_json_put_int64(&b, "copy_end", p.copy_end);
+	if (p.may_lose)
+		felix_json_put_string(&b, "may_lose", p.may_lose);
+	appendStringInfoChar(&b, '}');
+	PG_RETURN_DATUM(DirectFunctionCall1(jsonb_in, CStringGetDatum(b.data)));
+}
+
 /* ---------------------------------------------------------------------
  * Listings
  * ---------------------------------------------------------------------
@@ -444,7 +476,7 @@ felix_cp_nodes_sql(PG_FUNCTION_ARGS)
 
 	(void) require_node(NULL, "felix.cp_nodes");
 	InitMaterializedSRF(fcinfo, 0);
-	AS_OWNER((void) cp_snapshot_read(&snap, false, ERROR); n = cp_list_nodes(&snap, &rows));
+	AS_OWNER((void) cp_read_for_nodes(&snap, ERROR); n = cp_list_nodes(&snap, &rows));
 	for (int i = 0; i < n; i++)
 	{
 		Datum		v[10];
@@ -481,7 +513,7 @@ felix_cp_halted_sql(PG_FUNCTION_ARGS)
 
 	(void) require_node(NULL, "felix.cp_halted");
 	InitMaterializedSRF(fcinfo, 0);
-	AS_OWNER((void) cp_snapshot_read(&snap, false, ERROR); n = cp_list_halted(&snap, &rows));
+	AS_OWNER((void) cp_read_for_halted(&snap, ERROR); n = cp_list_halted(&snap, &rows));
 	for (int i = 0; i < n; i++)
 	{
 		Datum		v[8];

@@ -27,7 +27,6 @@
 #include "control/cp.h"
 #include "felix.h"
 #include "utils/timestamp.h"
-#include "utils/uuid.h"
 #include "utils/builtins.h"
 #include "utils/fmgrprotos.h"
 
@@ -159,13 +158,6 @@ scored_cmp(const void *a, const void *b)
 	return strcmp(x->node, y->node);
 }
 
-static char *
-new_uuid(void)
-{
-	return DatumGetCString(DirectFunctionCall1(uuid_out,
-											   DirectFunctionCall1(gen_random_uuid, (Datum) 0)));
-}
-
 char *
 cp_create_stream(const CpCreateArgs *a)
 {
@@ -223,7 +215,7 @@ cp_create_stream(const CpCreateArgs *a)
 	memset(&st, 0, sizeof(st));
 	st.name = (char *) a->name;
 	st.schema = (char *) a->schema;
-	st.creation_id = new_uuid();
+	st.creation_id = cp_new_uuid();
 	st.shards = a->shards;
 	st.replication_factor = a->replication_factor;
 	st.consistency = (char *) a->consistency;
@@ -383,10 +375,7 @@ cp_transfer(const char *stream, int shard, int64 generation, const char *from_no
 		int64		rev;
 		FelixStoreStatus rc;
 
-		if (attempt > 0)
-			cp_backoff(attempt);
-		felix_store_serialize();
-		(void) cp_snapshot_read(&snap, false, ERROR);
+		cp_snapshot_read_attempt(&snap, attempt);
 		s = cp_snapshot_shard(&snap, stream, shard);
 		if (s == NULL || s->generation != generation || s->leader == NULL ||
 			strcmp(s->leader, from_node) != 0)
@@ -607,6 +596,13 @@ node_row_cmp(const void *a, const void *b)
 	return strcmp(((const CpNodeRow *) a)->node->name, ((const CpNodeRow *) b)->node->name);
 }
 
+bool
+cp_read_for_nodes(CpSnapshot *snap, int elevel)
+{
+	return cp_snapshot_read_parts(snap, (const char *[]) {"nodes/", "clashes/", CP_KEY_DUTY, CP_KEY_ALIVE},
+								  4, elevel);
+}
+
 int
 cp_list_nodes(const CpSnapshot *snap, CpNodeRow **rows)
 {
@@ -622,6 +618,12 @@ cp_list_nodes(const CpSnapshot *snap, CpNodeRow **rows)
 	}
 	qsort(*rows, snap->nnodes, sizeof(CpNodeRow), node_row_cmp);
 	return snap->nnodes;
+}
+
+bool
+cp_read_for_halted(CpSnapshot *snap, int elevel)
+{
+	return cp_snapshot_read_parts(snap, (const char *[]) {"shards/", "reports/"}, 2, elevel);
 }
 
 int

@@ -27,6 +27,7 @@
 #include "control/conninfo.h"
 #include "control/cp.h"
 #include "control/cpcall.h"
+#include "control/json.h"
 #include "control/store.h"
 #include "felix.h"
 #include "storage/incarnation.h"
@@ -180,9 +181,11 @@ identity(Identity *id)
 	"    OPERATOR(pg_catalog.+) (extract(minute FROM retention) OPERATOR(pg_catalog.*) 60)) " \
 	"   OPERATOR(pg_catalog.*) 1000000) " \
 	"  OPERATOR(pg_catalog.+) extract(microseconds FROM retention))::bigint, " \
-	"schema, creation_id, joining, leaving, leader_incarnation " \
-	"FROM felix.cp_heartbeat($1, $2, $3, $4, $5, $6, $7::integer, $8::jsonb, $9)"
-#define HB_NCOLS	22
+	"schema, creation_id, joining, leaving, leader_incarnation, store_id, store_revision " \
+	"FROM felix.cp_heartbeat($1, $2, $3, $4, $5, $6, $7::integer, $8::jsonb, $9, $10, $11::bigint)"
+#define HB_NCOLS	24
+#define HB_COL_STORE_ID	22
+#define HB_COL_STORE_REVISION 23
 
 static bool
 parse_int64(const char *s, int64 *out)
@@ -514,8 +517,12 @@ felix_cp_heartbeat(FelixCpSession *s, char **unable, int nunable, char **ends, i
 {
 	Identity	id;
 	const char *address = felix_conninfo_address(felix_node_conninfo_resolved());
+	char		seen_id[FELIX_INCARNATION_LEN];
+	uint64		seen_rev;
+	char		seen_rev_s[24];
 
 	identity(&id);
+	felix_store_seen(seen_id, &seen_rev);
 	*rows = NULL;
 	*nrows = 0;
 	if (felix_store_is_etcd())
@@ -536,11 +543,14 @@ felix_cp_heartbeat(FelixCpSession *s, char **unable, int nunable, char **ends, i
 		c.args.ends = ends;
 		c.args.nends = nends;
 		c.args.peers = peers;
+		c.args.seen_store_id = seen_id[0] ? seen_id : NULL;
+		c.args.seen_revision = (int64) seen_rev;
 		/* the lease is anchored before the request leaves */
 		beat_snap = NULL;
 		*t_send = felix_monotonic_ns();
 		if (!local(heartbeat_local, &c, elevel))
 			return false;
+		felix_store_seen_note(c.result.store_id, (uint64) c.result.revision);
 		beat_snap = c.result.snap;
 		*rows = palloc0(sizeof(FelixCpShard) * (c.result.n + 1));
 		for (int i = 0; i < c.result.n; i++)
@@ -553,7 +563,7 @@ felix_cp_heartbeat(FelixCpSession *s, char **unable, int nunable, char **ends, i
 	}
 	else
 	{
-		const char *values[9];
+		const char *values[11];
 		char		starts[24];
 		char		lease[16];
 		PGresult   *res;
@@ -569,8 +579,11 @@ felix_cp_heartbeat(FelixCpSession *s, char **unable, int nunable, char **ends, i
 		values[6] = lease;
 		values[7] = peers;
 		values[8] = ends ? array_literal(ends, nends) : NULL;
+		snprintf(seen_rev_s, sizeof(seen_rev_s), UINT64_FORMAT, seen_rev);
+		values[9] = seen_id[0] ? seen_id : NULL;
+		values[10] = seen_id[0] ? seen_rev_s : NULL;
 		*t_send = felix_monotonic_ns();
-		res = remote(s, "felix.cp_heartbeat", HB_SQL, 9, values, elevel);
+		res = remote(s, "felix.cp_heartbeat", HB_SQL, 11, values, elevel);
 		if (res == NULL)
 			return false;
 		if (PQnfields(res) != HB_NCOLS)
@@ -591,6 +604,13 @@ felix_cp_heartbeat(FelixCpSession *s, char **unable, int nunable, char **ends, i
 		{
 			read_row(res, i, *t_send, &(*rows)[i]);
 			check_payload_type(&(*rows)[i]);
+		}
+		if (*nrows > 0 && !PQgetisnull(res, 0, HB_COL_STORE_REVISION))
+		{
+			int64		rev;
+
+			if (parse_int64(PQgetvalue(res, 0, HB_COL_STORE_REVISION), &rev) && rev > 0)
+				felix_store_seen_note(PQgetvalue(res, 0, HB_COL_STORE_ID), (uint64) rev);
 		}
 		PQclear(res);
 		return true;
@@ -1160,6 +1180,50 @@ felix_cp_move_replica(const char *stream, int shard, const char *from_node,
 	}
 	PG_END_TRY();
 	return set;
+}
+
+CpPromoted
+felix_cp_promote_copy(const char *stream, int shard, const char *node)
+{
+	FelixCpSession s;
+	CpPromoted	p;
+
+	if (felix_store_is_etcd())
+		return cp_promote_copy(stream, shard, node);
+	memset(&p, 0, sizeof(p));
+	open_for_call(&s, FELIX_CP_CALL_TIMEOUT_MS);
+	PG_TRY();
+	{
+		char		shard_s[16];
+		const char *values[3];
+		char	   *json;
+		char		err[256];
+		JsonbContainer *o;
+
+		snprintf(shard_s, sizeof(shard_s), "%d", shard);
+		values[0] = stream;
+		values[1] = shard_s;
+		values[2] = node;
+		json = single_value(remote(&s, "felix.cp_promote_copy",
+								   "SELECT felix.cp_promote_copy($1, $2::integer, $3)",
+								   3, values, ERROR),
+							"felix.cp_promote_copy");
+		o = felix_json_parse(json, strlen(json), err, sizeof(err));
+		if (o == NULL || !felix_json_int64(o, "generation", &p.generation) ||
+			!felix_json_int64(o, "copy_end", &p.copy_end))
+			ereport(ERROR,
+					(errcode(ERRCODE_PROTOCOL_VIOLATION),
+					 errmsg("felix.cp_promote_copy on the control plane answered \"%s\"", json),
+					 errhint("Run the same felix version on every node and on the control plane.")));
+		if (!felix_json_string(o, "may_lose", &p.may_lose))
+			p.may_lose = NULL;
+	}
+	PG_FINALLY();
+	{
+		felix_cp_close(&s);
+	}
+	PG_END_TRY();
+	return p;
 }
 
 void

@@ -23,7 +23,15 @@
 #include "storage/latch.h"
 #include "utils/wait_event.h"
 #include "control/json.h"
+#include "utils/builtins.h"
+#include "utils/fmgrprotos.h"
+#include "utils/hsearch.h"
 #include "utils/json.h"
+#include "utils/jsonb.h"
+#include "utils/memutils.h"
+
+/* Lookup keys: "stream/shard", a node or stream name, or a store key, with a tag. */
+#define CP_INDEX_KEY_LEN	(2 * NAMEDATALEN + 32)
 
 char *
 cp_key_node(const char *name)
@@ -61,6 +69,13 @@ cp_key_reports(const char *stream, int shard)
 	return psprintf("reports/%s/%06d", stream, shard);
 }
 
+char *
+cp_new_uuid(void)
+{
+	return DatumGetCString(DirectFunctionCall1(uuid_out,
+											   DirectFunctionCall1(gen_random_uuid, (Datum) 0)));
+}
+
 int64
 cp_now_ms(void)
 {
@@ -81,12 +96,69 @@ cp_backoff(int attempt)
 	CHECK_FOR_INTERRUPTS();
 }
 
+void
+cp_snapshot_read_attempt(CpSnapshot *snap, int attempt)
+{
+	if (attempt > 0)
+		cp_backoff(attempt);
+	felix_store_serialize();
+	(void) cp_snapshot_read(snap, false, ERROR);
+}
+
+/*
+ * Parsed values, by key, for as long as the key holds the same text.  A
+ * process reads the whole state several times a second, and nearly all of
+ * it is what it was the last time: parsing thousands of JSON values anew
+ * each time was most of what an idle control plane cost.  An entry is
+ * used only for the very text it was parsed from, so a key rewritten
+ * (or a store put back from a backup) is parsed again.  Records take
+ * copies of what they read, so freeing a replaced entry frees nothing a
+ * snapshot points at.  Entries of keys a whole read no longer finds are
+ * dropped at that read (parse_cache_prune).
+ */
+typedef struct ParsedValue
+{
+	char		key[CP_INDEX_KEY_LEN];
+	char	   *text;			/* in parse_cxt */
+	Jsonb	   *jb;				/* in parse_cxt */
+	uint64		seen;			/* the whole read that last found it */
+} ParsedValue;
+
+static HTAB *parse_cache = NULL;
+static MemoryContext parse_cxt = NULL;
+static uint64 parse_reads = 0;	/* whole reads so far */
+
 static JsonbContainer *
 parse_value(const FelixKV *kv)
 {
 	char		err[256];
-	JsonbContainer *root = felix_json_parse(kv->value, strlen(kv->value), err, sizeof(err));
+	JsonbContainer *root;
+	ParsedValue *pv = NULL;
+	bool		found;
 
+	if (parse_cache == NULL)
+	{
+		HASHCTL		ctl;
+
+		parse_cxt = AllocSetContextCreate(TopMemoryContext, "felix parsed control-plane values",
+										  ALLOCSET_DEFAULT_SIZES);
+		ctl.keysize = CP_INDEX_KEY_LEN;
+		ctl.entrysize = sizeof(ParsedValue);
+		ctl.hcxt = parse_cxt;
+		parse_cache = hash_create("felix parsed control-plane values", 1024, &ctl,
+								  HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+	}
+	if (strlen(kv->key) < CP_INDEX_KEY_LEN)
+	{
+		pv = hash_search(parse_cache, kv->key, HASH_ENTER, &found);
+		if (!found)
+			pv->text = NULL, pv->jb = NULL;
+		pv->seen = parse_reads;
+		if (pv->text != NULL && strcmp(pv->text, kv->value) == 0)
+			return &pv->jb->root;
+	}
+
+	root = felix_json_parse(kv->value, strlen(kv->value), err, sizeof(err));
 	if (root == NULL || !JsonContainerIsObject(root))
 	{
 		ereport(LOG,
@@ -95,7 +167,45 @@ parse_value(const FelixKV *kv)
 				 errdetail("%s", root == NULL ? err : "not a JSON object")));
 		return NULL;
 	}
-	return root;
+	if (pv == NULL)
+		return root;
+	if (pv->text != NULL)
+	{
+		pfree(pv->text);
+		pfree(pv->jb);
+	}
+	{
+		/* root is the container of a whole jsonb datum */
+		Jsonb	   *jb = (Jsonb *) ((char *) root - offsetof(Jsonb, root));
+
+		pv->jb = MemoryContextAlloc(parse_cxt, VARSIZE(jb));
+		memcpy(pv->jb, jb, VARSIZE(jb));
+		pv->text = MemoryContextStrdup(parse_cxt, kv->value);
+	}
+	return &pv->jb->root;
+}
+
+/* After a whole read (parse_reads was advanced before it): drop what it did not find. */
+static void
+parse_cache_prune(void)
+{
+	HASH_SEQ_STATUS seq;
+	ParsedValue *pv;
+
+	if (parse_cache == NULL)
+		return;
+	hash_seq_init(&seq, parse_cache);
+	while ((pv = hash_seq_search(&seq)) != NULL)
+	{
+		if (pv->seen == parse_reads)
+			continue;
+		if (pv->text != NULL)
+		{
+			pfree(pv->text);
+			pfree(pv->jb);
+		}
+		(void) hash_search(parse_cache, pv->key, HASH_REMOVE, NULL);
+	}
 }
 
 static bool
@@ -256,45 +366,121 @@ cp_node_write(const CpNode *n)
 	return b.data;
 }
 
+/*
+ * Lookups by shard.  A snapshot of thousands of shards is looked up once
+ * per shard by every rule, so each lookup is a hash probe, not a scan.
+ * Keys are "stream/shard" (a stream's name may hold '/' but the shard
+ * number after the last one does not, so no two shards share a key),
+ * prefixed in a snapshot by what they name.
+ */
+typedef struct CpIndexEntry
+{
+	char		key[CP_INDEX_KEY_LEN];
+	void	   *ptr;			/* snapshot: the record; node: its claim */
+	int64		end;			/* node: its log end (-1: none given) */
+	bool		unable;			/* node: it cannot serve the shard */
+} CpIndexEntry;
+
+static HTAB *
+index_create(const char *what, long n)
+{
+	HASHCTL		ctl;
+
+	ctl.keysize = CP_INDEX_KEY_LEN;
+	ctl.entrysize = sizeof(CpIndexEntry);
+	ctl.hcxt = CurrentMemoryContext;
+	return hash_create(what, Max(n, 16), &ctl, HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+}
+
+/* The entry of key (a printf format), entered when enter; NULL if absent. */
+static CpIndexEntry *
+index_probe(HTAB *index, bool enter, const char *fmt,...) pg_attribute_printf(3, 4);
+
+static CpIndexEntry *
+index_probe(HTAB *index, bool enter, const char *fmt,...)
+{
+	char		key[CP_INDEX_KEY_LEN];
+	va_list		ap;
+	bool		found;
+	CpIndexEntry *e;
+
+	memset(key, 0, sizeof(key));
+	va_start(ap, fmt);
+	vsnprintf(key, sizeof(key), fmt, ap);
+	va_end(ap);
+	e = hash_search(index, key, enter ? HASH_ENTER : HASH_FIND, &found);
+	if (enter && !found)
+	{
+		e->ptr = NULL;
+		e->end = -1;
+		e->unable = false;
+	}
+	return e;
+}
+
+static HTAB *
+node_index(const CpNode *n)
+{
+	HTAB	   *index;
+
+	if (n->index != NULL)
+		return n->index;
+	index = index_create("felix node index", n->nunable + n->nends + n->nclaims);
+	for (int i = 0; i < n->nunable; i++)
+		index_probe(index, true, "%s", n->unable[i])->unable = true;
+	for (int i = 0; i < n->nends; i++)
+	{
+		/* "stream/shard=next_seq": the end follows the last '=' */
+		const char *eq = strrchr(n->ends[i], '=');
+		int64		end;
+		char	   *tail;
+		CpIndexEntry *e;
+
+		if (eq == NULL)
+			continue;
+		errno = 0;
+		end = strtoll(eq + 1, &tail, 10);
+		if (errno != 0 || *tail != '\0' || tail == eq + 1 || end < 0)
+			continue;
+		e = index_probe(index, true, "%.*s", (int) (eq - n->ends[i]), n->ends[i]);
+		if (e->end < 0)
+			e->end = end;
+	}
+	for (int i = 0; i < n->nclaims; i++)
+	{
+		CpIndexEntry *e = index_probe(index, true, "%s/%d",
+									  n->claims[i].stream, n->claims[i].shard);
+
+		if (e->ptr == NULL)
+			e->ptr = &n->claims[i];
+	}
+	/* a cache: the node's content is what it was */
+	((CpNode *) n)->index = index;
+	return index;
+}
+
 bool
 cp_node_unable(const CpNode *n, const char *stream, int shard)
 {
-	char	   *name = psprintf("%s/%d", stream, shard);
+	CpIndexEntry *e = index_probe(node_index(n), false, "%s/%d", stream, shard);
 
-	for (int i = 0; i < n->nunable; i++)
-		if (strcmp(n->unable[i], name) == 0)
-			return true;
-	return false;
+	return e != NULL && e->unable;
 }
 
 int64
 cp_node_end(const CpNode *n, const char *stream, int shard)
 {
-	char	   *prefix = psprintf("%s/%d=", stream, shard);
-	size_t		len = strlen(prefix);
+	CpIndexEntry *e = index_probe(node_index(n), false, "%s/%d", stream, shard);
 
-	for (int i = 0; i < n->nends; i++)
-	{
-		int64		end;
-		char	   *tail;
-
-		if (strncmp(n->ends[i], prefix, len) != 0)
-			continue;
-		errno = 0;
-		end = strtoll(n->ends[i] + len, &tail, 10);
-		if (errno == 0 && *tail == '\0' && tail != n->ends[i] + len && end >= 0)
-			return end;
-	}
-	return -1;
+	return e != NULL ? e->end : -1;
 }
 
 const CpClaim *
 cp_node_claim(const CpNode *n, const char *stream, int shard)
 {
-	for (int i = 0; i < n->nclaims; i++)
-		if (n->claims[i].shard == shard && strcmp(n->claims[i].stream, stream) == 0)
-			return &n->claims[i];
-	return NULL;
+	CpIndexEntry *e = index_probe(node_index(n), false, "%s/%d", stream, shard);
+
+	return e != NULL ? e->ptr : NULL;
 }
 
 /* ---------------------------------------------------------------------
@@ -645,6 +831,31 @@ cp_clash_write(const CpClash *c)
 }
 
 bool
+cp_store_id_read(const FelixKV *kv, char **id)
+{
+	JsonbContainer *o = parse_value(kv);
+
+	*id = NULL;
+	if (o == NULL)
+		return false;
+	if (!felix_json_string(o, "id", id))
+		return malformed(kv, "store id");
+	return true;
+}
+
+char *
+cp_store_id_write(const char *id)
+{
+	StringInfoData b;
+
+	initStringInfo(&b);
+	appendStringInfoChar(&b, '{');
+	felix_json_put_string(&b, "id", id);
+	appendStringInfoChar(&b, '}');
+	return b.data;
+}
+
+bool
 cp_alive_has(const CpAlive *a, const char *node)
 {
 	for (int i = 0; i < a->n; i++)
@@ -677,6 +888,9 @@ split_shard_key(const char *rest, char **stream, int *shard)
 	return true;
 }
 
+static void index_snapshot(CpSnapshot *snap);
+static void parse_snapshot(CpSnapshot *snap, const FelixKV *kvs, int n);
+
 bool
 cp_snapshot_read(CpSnapshot *snap, bool guarded, int elevel)
 {
@@ -689,6 +903,41 @@ cp_snapshot_read(CpSnapshot *snap, bool guarded, int elevel)
 		: felix_store_range("", true, &kvs, &n, &snap->revision, elevel);
 	if (st != FELIX_STORE_OK)
 		return false;
+	parse_reads++;
+	parse_snapshot(snap, kvs, n);
+	parse_cache_prune();
+	return true;
+}
+
+bool
+cp_snapshot_read_parts(CpSnapshot *snap, const char *const *prefixes, int nprefixes,
+					   int elevel)
+{
+	FelixKV    *all = NULL;
+	int			nall = 0;
+
+	memset(snap, 0, sizeof(*snap));
+	for (int p = 0; p < nprefixes; p++)
+	{
+		FelixKV    *kvs;
+		int			n;
+		int64		rev;
+
+		if (felix_store_range(prefixes[p], true, &kvs, &n, &rev, elevel) != FELIX_STORE_OK)
+			return false;
+		all = all ? repalloc(all, sizeof(FelixKV) * (nall + n + 1))
+			: palloc(sizeof(FelixKV) * (n + 1));
+		memcpy(all + nall, kvs, sizeof(FelixKV) * n);
+		nall += n;
+		snap->revision = Max(snap->revision, rev);
+	}
+	parse_snapshot(snap, all, nall);
+	return true;
+}
+
+static void
+parse_snapshot(CpSnapshot *snap, const FelixKV *kvs, int n)
+{
 	snap->nodes = palloc0(sizeof(CpNode) * (n + 1));
 	snap->streams = palloc0(sizeof(CpStream) * (n + 1));
 	snap->shards = palloc0(sizeof(CpShard) * (n + 1));
@@ -748,8 +997,10 @@ cp_snapshot_read(CpSnapshot *snap, bool guarded, int elevel)
 			snap->have_duty = cp_duty_read(&kvs[i], &snap->duty);
 		else if (strcmp(k, CP_KEY_ALIVE) == 0)
 			snap->have_alive = cp_alive_read(&kvs[i], &snap->alive);
+		else if (strcmp(k, CP_KEY_STORE_ID) == 0)
+			(void) cp_store_id_read(&kvs[i], &snap->store_id);
 	}
-	return true;
+	index_snapshot(snap);
 }
 
 CpClash *
@@ -761,42 +1012,63 @@ cp_snapshot_clash(const CpSnapshot *snap, const char *node)
 	return NULL;
 }
 
+/* The first record of each name, as a scan in key order would find it. */
+static void
+index_snapshot(CpSnapshot *snap)
+{
+	CpIndexEntry *e;
+
+	snap->index = index_create("felix snapshot index",
+							   snap->nnodes + snap->nstreams + snap->nshards + snap->nreports);
+	for (int i = 0; i < snap->nnodes; i++)
+		if ((e = index_probe(snap->index, true, "n%s", snap->nodes[i].name))->ptr == NULL)
+			e->ptr = &snap->nodes[i];
+	for (int i = 0; i < snap->nstreams; i++)
+		if ((e = index_probe(snap->index, true, "s%s", snap->streams[i].name))->ptr == NULL)
+			e->ptr = &snap->streams[i];
+	for (int i = 0; i < snap->nshards; i++)
+		if ((e = index_probe(snap->index, true, "h%s/%d", snap->shards[i].stream,
+							 snap->shards[i].shard))->ptr == NULL)
+			e->ptr = &snap->shards[i];
+	for (int i = 0; i < snap->nreports; i++)
+		if ((e = index_probe(snap->index, true, "r%s/%d", snap->report_stream[i],
+							 snap->report_shard[i]))->ptr == NULL)
+			e->ptr = &snap->reports[i];
+}
+
 CpNode *
 cp_snapshot_node(const CpSnapshot *snap, const char *name)
 {
+	CpIndexEntry *e;
+
 	if (name == NULL)
 		return NULL;
-	for (int i = 0; i < snap->nnodes; i++)
-		if (strcmp(snap->nodes[i].name, name) == 0)
-			return &snap->nodes[i];
-	return NULL;
+	e = index_probe(snap->index, false, "n%s", name);
+	return e ? e->ptr : NULL;
 }
 
 CpStream *
 cp_snapshot_stream(const CpSnapshot *snap, const char *name)
 {
-	for (int i = 0; i < snap->nstreams; i++)
-		if (strcmp(snap->streams[i].name, name) == 0)
-			return &snap->streams[i];
-	return NULL;
+	CpIndexEntry *e = index_probe(snap->index, false, "s%s", name);
+
+	return e ? e->ptr : NULL;
 }
 
 CpShard *
 cp_snapshot_shard(const CpSnapshot *snap, const char *stream, int shard)
 {
-	for (int i = 0; i < snap->nshards; i++)
-		if (snap->shards[i].shard == shard && strcmp(snap->shards[i].stream, stream) == 0)
-			return &snap->shards[i];
-	return NULL;
+	CpIndexEntry *e = index_probe(snap->index, false, "h%s/%d", stream, shard);
+
+	return e ? e->ptr : NULL;
 }
 
 CpReports *
 cp_snapshot_reports(const CpSnapshot *snap, const char *stream, int shard)
 {
-	for (int i = 0; i < snap->nreports; i++)
-		if (snap->report_shard[i] == shard && strcmp(snap->report_stream[i], stream) == 0)
-			return &snap->reports[i];
-	return NULL;
+	CpIndexEntry *e = index_probe(snap->index, false, "r%s/%d", stream, shard);
+
+	return e ? e->ptr : NULL;
 }
 
 int64

@@ -38,13 +38,15 @@
  *	  Reports are group-committed: every report queued while no request is
  *	  in flight goes in one request; what becomes due meanwhile waits for
  *	  the next.  Besides marks that need one, a shard is reported when a
- *	  follower appears, goes or halts (or, on a leader-consistency shard,
- *	  falls behind), and at least every felix.heartbeat_interval and right
- *	  after every lease renewal, so the control plane's reports -- which
- *	  expire, and count only when made after the lease last granted -- stay
- *	  fresh enough to promote on.  Leader-consistency shards are reported
- *	  the same way (so their followers are promotable), but their mark
- *	  moves with the leader's flush (quorum.c).
+ *	  follower appears, goes, halts or is caught up again (or, on a
+ *	  leader-consistency shard, falls behind).  A leader-consistency shard
+ *	  is also reported every felix.heartbeat_interval and right after every
+ *	  lease renewal, so that its reports -- which count for promotion only
+ *	  when made shortly before the leader's last claim -- stay fresh; its
+ *	  mark moves with the leader's flush (quorum.c).  A quorum shard's
+ *	  report stays true until something in it changes, and is refreshed
+ *	  only once per QUORUM_REFRESH_INTERVALS intervals, every shard in
+ *	  the same request.
  *
  *	  A halted follower is reported with caught_up = false: it has stopped,
  *	  and a caught-up report it made earlier must not be what the control
@@ -128,6 +130,9 @@ typedef struct Reported
  * ship worker (or generation) sent may still stand there, and only a
  * landed report may move the mark.
  */
+/* A quorum shard's report is sent again after this many heartbeat intervals at most. */
+#define QUORUM_REFRESH_INTERVALS	25
+
 typedef struct ReportSlot
 {
 	bool		active;
@@ -368,6 +373,8 @@ consider_slot(int slot, FelixReplShard *e, StringInfo json, int *nrows,
 	uint64		caught_up_at;
 	bool		mark_needs_report = false;
 	bool		due;
+	int64		interval_ns;
+	int64		refresh_ns;
 	int			nnamed;
 	PendingShard ps;
 	QuorumMember acks[FELIX_MAX_REPLICAS + 1];
@@ -495,12 +502,21 @@ consider_slot(int slot, FelixReplShard *e, StringInfo json, int *nrows,
 	 * A report is due when the mark cannot move without one (and the
 	 * followers holding it back are not about to answer); when a follower
 	 * appears, goes, or halts, or -- on a shard whose mark does not wait
-	 * for reports -- falls behind; every heartbeat interval; and right
-	 * after each lease renewal: the control plane promotes only on reports
-	 * made after the lease it last granted, so the freshest report must
-	 * follow the freshest grant as closely as possible.  A follower that
-	 * caught up again waits for the next periodic report to be counted
-	 * in: until then the control plane merely knows less than it could.
+	 * for reports -- falls behind; and when a follower is caught up again
+	 * (at most once a heartbeat interval).
+	 *
+	 * Besides, a leader-consistency shard is reported every heartbeat
+	 * interval and right after each lease renewal: its leader acknowledges
+	 * without its followers, and the control plane promotes a follower
+	 * only on a report made within a few heartbeats of the leader's last
+	 * claim (disqualified in cp_duty.c), so the freshest report must
+	 * follow the freshest grant closely.  A quorum shard's report stays
+	 * true until something in it changes -- its mark waits for a report
+	 * whenever the standing one would stop being true -- so it is
+	 * refreshed only once per QUORUM_REFRESH_INTERVALS heartbeat
+	 * intervals, which bounds how long the control plane can miss a
+	 * follower whose restart voided what it knew of it.  Re-reporting every shard every
+	 * interval was most of an idle cluster's control-plane load.
 	 */
 	if (quorum && mark > hwm_end)
 	{
@@ -510,25 +526,49 @@ consider_slot(int slot, FelixReplShard *e, StringInfo json, int *nrows,
 		if (!mark_needs_report)
 			next_due_ns = Min(next_due_ns, until);
 	}
-	due = mark_needs_report ||
-		now_ns - rs->last_report_ns >= (int64) felix_heartbeat_interval * NS_PER_MS ||
-		v.lease_expiry_ns != rs->lease_expiry_ns ||
-		rs->nfollowers != ps.nfollowers;
+	interval_ns = (int64) felix_heartbeat_interval * NS_PER_MS;
+	if (quorum)
+	{
+		/*
+		 * Refreshed once per period of the monotonic clock, every shard in
+		 * the same period: one request carries them all, rather than one
+		 * request per shard as their last reports drift apart.  So a
+		 * refresh comes at most two periods after the last report.
+		 */
+		int64		period = QUORUM_REFRESH_INTERVALS * interval_ns;
+
+		refresh_ns = (now_ns / period + 1) * period - rs->last_report_ns;
+		due = now_ns / period != rs->last_report_ns / period;
+	}
+	else
+	{
+		refresh_ns = interval_ns;
+		due = now_ns - rs->last_report_ns >= refresh_ns ||
+			v.lease_expiry_ns != rs->lease_expiry_ns;
+	}
+	due = due || mark_needs_report || rs->nfollowers != ps.nfollowers;
 	for (int i = 0; !due && i < ps.nfollowers; i++)
 	{
 		Reported   *a = &ps.rows[i];
 		Reported   *b = &rs->last[i];
 		bool		fell_behind = b->caught_up && !a->caught_up &&
 			(!quorum || e->followers[i].state == FELIX_FOLLOWER_HALTED);
+		bool		caught_up_again = a->caught_up && !b->caught_up;
 
 		if (a->present != b->present || fell_behind || a->halt != b->halt ||
 			strcmp(a->name, b->name) != 0 || strcmp(a->incarnation, b->incarnation) != 0)
 			due = true;
+		else if (caught_up_again)
+		{
+			if (now_ns - rs->last_report_ns >= interval_ns)
+				due = true;
+			else
+				refresh_ns = Min(refresh_ns, interval_ns);
+		}
 	}
 	if (!due)
 	{
-		next_due_ns = Min(next_due_ns, rs->last_report_ns +
-						  (int64) felix_heartbeat_interval * NS_PER_MS);
+		next_due_ns = Min(next_due_ns, rs->last_report_ns + refresh_ns);
 		return;
 	}
 

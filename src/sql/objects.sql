@@ -230,13 +230,15 @@ REVOKE ALL ON felix.nodes, felix.cluster_streams, felix.assignments, felix.repli
 CREATE FUNCTION felix.cp_heartbeat(node text, conninfo text, incarnation text,
                                    starts bigint, boot text, unable text[] DEFAULT NULL,
                                    lease_ms integer DEFAULT NULL, peers jsonb DEFAULT NULL,
-                                   ends text[] DEFAULT NULL)
+                                   ends text[] DEFAULT NULL, seen_store_id text DEFAULT NULL,
+                                   seen_revision bigint DEFAULT NULL)
 RETURNS TABLE (stream text, shard integer, generation bigint, leader text,
                leader_conninfo text, replicas text[], lease_granted boolean,
                lease_ms integer, unplaced_reason text, shards integer,
                replication_factor integer, consistency text, payload_type text,
                retention_bytes bigint, retention interval, schema text, creation_id uuid,
-               joining text, leaving text, leader_incarnation text)
+               joining text, leaving text, leader_incarnation text,
+               store_id text, store_revision bigint)
     AS 'MODULE_PATHNAME', 'felix_cp_heartbeat_sql' LANGUAGE C CALLED ON NULL INPUT VOLATILE;
 CREATE FUNCTION felix.cp_report(leader text, reports jsonb, token bigint DEFAULT NULL,
                                 incarnation text DEFAULT NULL)
@@ -269,6 +271,10 @@ RETURNS text
     AS 'MODULE_PATHNAME', 'felix_cp_move_replica_sql' LANGUAGE C CALLED ON NULL INPUT VOLATILE;
 CREATE FUNCTION felix.cp_remove_node(node text) RETURNS void
     AS 'MODULE_PATHNAME', 'felix_cp_remove_node_sql' LANGUAGE C CALLED ON NULL INPUT VOLATILE;
+-- The promotion an operator chooses (felix_promote_copy): a JSON object
+-- with the generation granted, where the copy ends, and what may be lost.
+CREATE FUNCTION felix.cp_promote_copy(stream text, shard integer, node text) RETURNS jsonb
+    AS 'MODULE_PATHNAME', 'felix_cp_promote_copy_sql' LANGUAGE C CALLED ON NULL INPUT VOLATILE;
 -- clash_*: the last server refused this node's name while it was alive.
 CREATE FUNCTION felix.cp_nodes()
 RETURNS TABLE (name text, conninfo text, alive boolean, last_heartbeat timestamptz,
@@ -290,21 +296,21 @@ REVOKE ALL ON FUNCTION felix.cp_score(text, text, integer) FROM PUBLIC;
 
 -- Internal: the cp_* entry points are for felix_replication (and
 -- superusers) only.
-REVOKE ALL ON FUNCTION felix.cp_heartbeat(text, text, text, bigint, text, text[], integer, jsonb, text[]),
+REVOKE ALL ON FUNCTION felix.cp_heartbeat(text, text, text, bigint, text, text[], integer, jsonb, text[], text, bigint),
     felix.cp_create_stream(text, integer, integer, text, text, text, bigint, interval, text, boolean),
     felix.cp_drop_stream(text, uuid, boolean), felix.cp_report(text, jsonb, bigint, text),
     felix.cp_tick(text, text), felix.cp_nodes(), felix.cp_halted(),
     felix.cp_transfer(text, integer, bigint, text, text),
     felix.cp_move_replica(text, integer, text, text), felix.cp_remove_node(text),
-    felix.cp_name_clash(text, text, text)
+    felix.cp_name_clash(text, text, text), felix.cp_promote_copy(text, integer, text)
     FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION felix.cp_heartbeat(text, text, text, bigint, text, text[], integer, jsonb, text[]),
+GRANT EXECUTE ON FUNCTION felix.cp_heartbeat(text, text, text, bigint, text, text[], integer, jsonb, text[], text, bigint),
     felix.cp_create_stream(text, integer, integer, text, text, text, bigint, interval, text, boolean),
     felix.cp_drop_stream(text, uuid, boolean), felix.cp_report(text, jsonb, bigint, text),
     felix.cp_tick(text, text), felix.cp_nodes(), felix.cp_halted(),
     felix.cp_transfer(text, integer, bigint, text, text),
     felix.cp_move_replica(text, integer, text, text), felix.cp_remove_node(text),
-    felix.cp_name_clash(text, text, text)
+    felix.cp_name_clash(text, text, text), felix.cp_promote_copy(text, integer, text)
     TO felix_replication;
 -- END control plane
 
@@ -492,6 +498,12 @@ RETURNS text
 CREATE FUNCTION felix_remove_node(node text) RETURNS text
     AS 'MODULE_PATHNAME', 'felix_remove_node' LANGUAGE C CALLED ON NULL INPUT VOLATILE;
 REVOKE ALL ON FUNCTION felix_remove_node(text) FROM PUBLIC;
+-- Superuser: make the copy on node lead an unplaced shard, accepting the
+-- loss of what only other copies may hold (it says what); refused while an
+-- alive replica's copy may hold more.
+CREATE FUNCTION felix_promote_copy(stream text, shard integer, node text) RETURNS text
+    AS 'MODULE_PATHNAME', 'felix_promote_copy' LANGUAGE C CALLED ON NULL INPUT VOLATILE;
+REVOKE ALL ON FUNCTION felix_promote_copy(text, integer, text) FROM PUBLIC;
 
 -- Heartbeat now (a node taking over a shard is told so by the one handing
 -- it over).

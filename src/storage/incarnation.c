@@ -25,14 +25,24 @@
  *	  worker's check before it registers) is kept here too, for backends
  *	  that register the node themselves.
  *
+ *	  What this directory has seen of its control plane is kept here too:
+ *	  the file "control_plane" holds the store's id and the highest store
+ *	  revision a heartbeat of this node has seen in it.  Every heartbeat
+ *	  sends both, and the control plane refuses to serve a node that saw a
+ *	  later revision of the same store than it has: the store was put
+ *	  back from an older copy, and would hand out generations again
+ *	  (cp_heartbeat.c).  The heartbeat worker writes the file (at most once
+ *	  a second); backends only read the shared copy and raise it.
+ *
  *	  Each shard directory carries a stamp, the incarnation its copy was
  *	  made under (file "copy_of"), written when the shard is first opened
  *	  and whenever its copy is begun afresh (a bootstrap, a rebuild).  A
  *	  stamp that differs from the node's incarnation marks a copy that
  *	  survived from an older identity: a follower refuses to build on it.
  *
- * Locking rule: `mutex` guards the shared copy; the file itself is written
- * by the postmaster at startup and by the heartbeat worker (renewal) only.
+ * Locking rule: `mutex` guards the shared copy; the files are written by
+ * the postmaster at startup and by the heartbeat worker (renewal, and what
+ * it saw of the store) only.
  * A stamp is written with its shard's tail held.
  *
  *-------------------------------------------------------------------------
@@ -55,6 +65,7 @@
 
 #define FELIX_INCARNATION_FILE	"incarnation"
 #define FELIX_STAMP_FILE		"copy_of"
+#define FELIX_STORE_SEEN_FILE	"control_plane"
 
 typedef struct FelixIdentity
 {
@@ -63,6 +74,9 @@ typedef struct FelixIdentity
 	uint64		boots;
 	char		boot_id[FELIX_INCARNATION_LEN]; /* this start's */
 	int			conninfo_verified;	/* 1 reaches this node, -1 another, 0 unknown */
+	char		store_id[FELIX_INCARNATION_LEN];	/* "" : none seen */
+	uint64		store_revision; /* the highest seen in store_id */
+	uint64		store_revision_written; /* ... as the file has it */
 } FelixIdentity;
 
 static FelixIdentity *identity = NULL;
@@ -250,6 +264,72 @@ incarnation_shmem_init(void)
 	identity->boots = boots;
 	new_uuid(identity->boot_id);
 	identity->conninfo_verified = 0;
+
+	/* what this directory saw of its control plane; unreadable: nothing */
+	identity->store_id[0] = '\0';
+	identity->store_revision = identity->store_revision_written = 0;
+	if (read_small_file(root, FELIX_STORE_SEEN_FILE, buf, sizeof(buf)))
+	{
+		char		id[FELIX_INCARNATION_LEN + 8];
+		unsigned long long rev;
+
+		if (sscanf(buf, "store %40s\nrevision %llu", id, &rev) == 2 && uuid_text_valid(id))
+		{
+			strlcpy(identity->store_id, id, FELIX_INCARNATION_LEN);
+			identity->store_revision = identity->store_revision_written = rev;
+		}
+	}
+}
+
+void
+felix_store_seen(char *store_id, uint64 *revision)
+{
+	SpinLockAcquire(&identity->mutex);
+	strlcpy(store_id, identity->store_id, FELIX_INCARNATION_LEN);
+	*revision = identity->store_revision;
+	SpinLockRelease(&identity->mutex);
+}
+
+void
+felix_store_seen_note(const char *store_id, uint64 revision)
+{
+	if (store_id == NULL || !uuid_text_valid(store_id))
+		return;
+	SpinLockAcquire(&identity->mutex);
+	if (strcmp(identity->store_id, store_id) != 0)
+	{
+		/* another store (a cluster moved to a new one): start over */
+		strlcpy(identity->store_id, store_id, FELIX_INCARNATION_LEN);
+		identity->store_revision = revision;
+		identity->store_revision_written = 0;
+	}
+	else if (revision > identity->store_revision)
+		identity->store_revision = revision;
+	SpinLockRelease(&identity->mutex);
+}
+
+void
+felix_store_seen_persist(void)
+{
+	char		id[FELIX_INCARNATION_LEN];
+	uint64		rev;
+	uint64		written;
+	char		contents[128];
+
+	SpinLockAcquire(&identity->mutex);
+	strlcpy(id, identity->store_id, FELIX_INCARNATION_LEN);
+	rev = identity->store_revision;
+	written = identity->store_revision_written;
+	SpinLockRelease(&identity->mutex);
+	if (id[0] == '\0' || rev == written)
+		return;
+	snprintf(contents, sizeof(contents), "store %s\nrevision " UINT64_FORMAT "\n", id, rev);
+	write_small_file(felix_data_root(), FELIX_STORE_SEEN_FILE, contents,
+					 "felix data directory");
+	SpinLockAcquire(&identity->mutex);
+	if (strcmp(identity->store_id, id) == 0)
+		identity->store_revision_written = Max(identity->store_revision_written, rev);
+	SpinLockRelease(&identity->mutex);
 }
 
 void

@@ -86,6 +86,8 @@ PGDLLEXPORT void felix_heartbeat_worker_main(Datum arg);
 #define HB_SELF_CHECK_NS	(INT64CONST(1) * 1000000000)
 /* How often a server refused its node name tells the control plane so. */
 #define HB_CLASH_NOTE_MS	2000
+/* How often the store revision seen is written to the felix data directory. */
+#define HB_STORE_SEEN_WRITE_NS	(INT64CONST(1) * 1000000000)
 
 /* The worker's state; all of it is process-local. */
 static FelixCpSession cp_session;
@@ -272,6 +274,7 @@ static void
 heartbeat_once(void)
 {
 	static int64 beats = 0;
+	static int64 store_seen_written_ns = 0;
 	static int64 clash_noted_beat = -1000000;
 	const char *me = felix_node_name_resolved();
 	/* only where this node is: its credentials never leave it */
@@ -347,6 +350,12 @@ heartbeat_once(void)
 	}
 	pgstat_report_activity(STATE_IDLE, NULL);
 	note_store(true, true, beats);
+	/* what this node has seen of the store, kept for its next start */
+	if (felix_monotonic_ns() - store_seen_written_ns >= HB_STORE_SEEN_WRITE_NS)
+	{
+		felix_store_seen_persist();
+		store_seen_written_ns = felix_monotonic_ns();
+	}
 	if (failed_in_a_row > 0)
 		ereport(LOG,
 				(errmsg("felix heartbeat: the control plane answers again after %d failed heartbeat%s",

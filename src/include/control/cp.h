@@ -17,6 +17,7 @@
  *	  cp_report.c     a leader's replica reports
  *	  cp_duty.c       the duty holder: failure detection, promotion
  *	  cp_streams.c    stream create/drop, transfer, replica move
+ *	  cp_promote.c    an operator's promotion of an unplaced shard's copy
  *
  * Locking rule: none in shared memory.  duty.c keeps its observations in
  * the memory of the process running the duties.
@@ -48,6 +49,8 @@ typedef struct CpHeartbeatArgs
 	char	  **ends;			/* "stream/shard=next_seq" of the shards it
 								 * was last told it leads */
 	const char *peers;			/* JSON object peer -> "" | why unreachable; NULL: unchanged */
+	const char *seen_store_id;	/* the store the node saw last (NULL: none) */
+	int64		seen_revision;	/* ... and the highest revision it saw in it */
 } CpHeartbeatArgs;
 
 /* One shard as a heartbeat tells it, with its stream's definition. */
@@ -65,6 +68,8 @@ typedef struct CpHeartbeatResult
 	int			n;
 	CpAssignment *rows;
 	CpSnapshot *snap;			/* the state it decided on (palloc'd) */
+	char	   *store_id;		/* the store's id */
+	int64		revision;		/* the store's revision after this heartbeat */
 } CpHeartbeatResult;
 
 extern void cp_heartbeat(const CpHeartbeatArgs *args, CpHeartbeatResult *out);
@@ -142,6 +147,21 @@ extern char *cp_move_replica(const char *stream, int shard,
 							 const char *from_node, const char *to_node);
 extern void cp_remove_node(const char *node);
 
+/* ---- an operator's promotion (cp_promote.c) ---- */
+
+typedef struct CpPromoted
+{
+	int64		generation;		/* granted to the chosen node */
+	int64		copy_end;		/* where its copy ends: the new acked_floor */
+	char	   *may_lose;		/* what may be lost, NULL when nothing is known to be */
+} CpPromoted;
+
+/*
+ * Grant the next generation of an unplaced shard to the copy on node;
+ * refuses (55000) while another alive replica may hold more.
+ */
+extern CpPromoted cp_promote_copy(const char *stream, int shard, const char *node);
+
 /* ---- listings (of a snapshot) ---- */
 
 typedef struct CpNodeRow
@@ -166,8 +186,12 @@ typedef struct CpHaltRow
 
 /* Every node, by name. */
 extern int	cp_list_nodes(const CpSnapshot *snap, CpNodeRow **rows);
+/* The part of the state cp_list_nodes needs, read alone. */
+extern bool cp_read_for_nodes(CpSnapshot *snap, int elevel);
 /* Every follower its shard's current leader reports halted at the current generation. */
 extern int	cp_list_halted(const CpSnapshot *snap, CpHaltRow **rows);
+/* The part of the state cp_list_halted needs, read alone. */
+extern bool cp_read_for_halted(CpSnapshot *snap, int elevel);
 
 /* Validation shared by the calls. */
 extern void cp_check_node_name(const char *node);

@@ -25,6 +25,7 @@
 #include "datatype/timestamp.h"
 #include "libpq-fe.h"
 #include "control/assignment.h"
+#include "control/cp.h"
 
 /* Deadline for a backend's call to the control plane (connect + query). */
 #define FELIX_CP_CALL_TIMEOUT_MS	10000
@@ -124,5 +125,7 @@ extern uint64 felix_cp_transfer(FelixCpSession *s, const char *stream, int shard
 extern char *felix_cp_move_replica(const char *stream, int shard,
 								   const char *from_node, const char *to_node);
 extern void felix_cp_remove_node(const char *node);
+/* cp_promote_copy, wherever the control plane is. */
+extern CpPromoted felix_cp_promote_copy(const char *stream, int shard, const char *node);
 
 #endif							/* FELIX_CONTROL_CPCALL_H */

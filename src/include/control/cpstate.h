@@ -73,6 +73,11 @@ typedef struct CpNode
 	int64		heartbeat_ms;
 	char	   *peers;			/* JSON object: peer -> "" or why unreachable */
 	int64		rev;			/* mod_revision as read (0: new) */
+	/*
+	 * unable, ends and claims by "stream/shard", built at the first lookup
+	 * (cp_node_end and the others): they must not change after it.
+	 */
+	struct HTAB *index;
 } CpNode;
 
 typedef struct CpStream
@@ -194,6 +199,7 @@ extern char *cp_key_shard(const char *stream, int shard);
 extern char *cp_key_reports(const char *stream, int shard);
 #define CP_KEY_DUTY		"duty"
 #define CP_KEY_ALIVE	"alive"
+#define CP_KEY_STORE_ID	"store_id"	/* {"id": uuid}: this store, written once */
 
 /* Records from a key's value (false: malformed, logged at LOG). */
 extern bool cp_node_read(const FelixKV *kv, CpNode *out);
@@ -203,6 +209,7 @@ extern bool cp_reports_read(const FelixKV *kv, CpReports *out);
 extern bool cp_duty_read(const FelixKV *kv, CpDuty *out);
 extern bool cp_alive_read(const FelixKV *kv, CpAlive *out);
 extern bool cp_clash_read(const FelixKV *kv, CpClash *out);
+extern bool cp_store_id_read(const FelixKV *kv, char **id);
 
 /* ... and back (palloc'd JSON). */
 extern char *cp_node_write(const CpNode *n);
@@ -211,6 +218,7 @@ extern char *cp_shard_write(const CpShard *s);
 extern char *cp_reports_write(const CpReports *r);
 extern char *cp_duty_write(const CpDuty *d);
 extern char *cp_alive_write(const CpAlive *a);
+extern char *cp_store_id_write(const char *id);
 extern char *cp_clash_write(const CpClash *c);
 extern const char *cp_leads_value(void);
 
@@ -231,6 +239,8 @@ extern int64 cp_node_end(const CpNode *n, const char *stream, int shard);
 extern const CpClaim *cp_node_claim(const CpNode *n, const char *stream, int shard);
 extern bool cp_alive_has(const CpAlive *a, const char *node);
 extern int64 cp_now_ms(void);
+/* A new random uuid, as text (a stream's creation id, the store's id). */
+extern char *cp_new_uuid(void);
 /* How many times a rule retries a store transaction that met a conflict. */
 #define CP_MAX_ATTEMPTS	32
 /* After a lost compare-and-set (etcd): wait a few random ms, interruptibly. */
@@ -259,6 +269,8 @@ typedef struct CpSnapshot
 	int64	   *leads_rev;
 	int			nclashes;
 	CpClash    *clashes;
+	char	   *store_id;		/* NULL: the store has none yet */
+	struct HTAB *index;			/* nodes, streams, shards and reports by name */
 } CpSnapshot;
 
 /*
@@ -267,6 +279,16 @@ typedef struct CpSnapshot
  * (felix_store_range_guarded).
  */
 extern bool cp_snapshot_read(CpSnapshot *snap, bool guarded, int elevel);
+/* Attempt `attempt` of a rule: back off (after the first), serialize, read it all. */
+extern void cp_snapshot_read_attempt(CpSnapshot *snap, int attempt);
+/*
+ * The keys under each of prefixes (a prefix may be a whole key, as
+ * CP_KEY_DUTY), the rest of the snapshot empty: for a call that needs a
+ * part of the state only.  Each prefix is its own read, so the parts need
+ * not be of one revision (revision is the newest).
+ */
+extern bool cp_snapshot_read_parts(CpSnapshot *snap, const char *const *prefixes,
+								   int nprefixes, int elevel);
 
 extern CpNode *cp_snapshot_node(const CpSnapshot *snap, const char *name);
 extern CpStream *cp_snapshot_stream(const CpSnapshot *snap, const char *name);
