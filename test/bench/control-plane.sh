@@ -62,10 +62,6 @@ CLIENTS=(1 8 32)
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CMDLINE="DURATION=$DURATION ROUNDS=$ROUNDS FAILOVERS=$FAILOVERS QUICK=$QUICK $0${*:+ $*}"
-STAMP=$(date -u +%Y-%m-%d-%H%M)
-SUFFIX=""
-[[ $QUICK == 1 ]] && SUFFIX="-quick"
-RESULT_FILE=$SCRIPT_DIR/results-control-plane-$STAMP$SUFFIX.md
 
 for arg in "$@"; do
 	case $arg in
@@ -77,6 +73,7 @@ done
 BENCH_NAME=bench-cp
 # shellcheck source=test/bench/lib.sh
 . "$SCRIPT_DIR/lib.sh"
+bench_result_file control-plane
 bench_run_user
 bench_as_user
 bench_require postgres initdb pg_ctl psql pgbench pg_basebackup pg_isready pg_config
@@ -88,11 +85,7 @@ PROBE_PIDS=()
 trap bench_cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
-rm -rf "$BASE"
-mkdir -p "$SOCK" "$WORK"
-chmod 755 "$BASE" "$WORK" "$SOCK"
-[[ $(id -u) == 0 ]] && chown -R "$RUN_USER": "$BASE"
-cd "$BASE"
+bench_fresh_base
 
 # Which felix cluster the lib.sh helpers act on.
 use_cluster() {	# etcd | embedded

@@ -73,11 +73,7 @@ done
 trap bench_cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
-rm -rf "$BASE"
-mkdir -p "$SOCK" "$WORK"
-chmod 755 "$BASE" "$WORK" "$SOCK"
-[[ $(id -u) == 0 ]] && chown -R "$RUN_USER": "$BASE"
-cd "$BASE"
+bench_fresh_base
 
 felix_cluster_start "felix.forward_publishes = on"
 STREAM=fwd

@@ -30,6 +30,14 @@
 #                    the array SANITY) and failover probes
 #   record_point, mean_of   per-key sums of pgbench results (need the
 #                    associative arrays TPS_SUM TPS_N TPS_LIST P50_SUM LAT_SUM)
+#   proc_cpu_ticks, server_cpu_ticks, proc_pss_kb, server_pss_kb   CPU
+#                    (clock ticks) and memory (Pss, kB) of processes / of a
+#                    server's process tree
+#   felix_cluster_stop    stop the FPORTS cluster, remove its data directories
+#   bench_result_file <name>   sets STAMP and RESULT_FILE (SCRIPT_DIR/
+#                    results-<name>-<stamp>[-quick].md)
+#   bench_fresh_base      an empty BASE with SOCK and WORK, owned by RUN_USER;
+#                    cd there
 
 log() { printf '[%s %s] %s\n' "$BENCH_NAME" "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -438,4 +446,75 @@ SELECT felix_publish('$stream', '$PAYLOAD'::jsonb, key => 'cust-' || :k);")
 	FO_TIME=""
 	[[ -n $first ]] && FO_TIME=$(awk -v a="$t_kill" -v b="$first" 'BEGIN{printf "%.3f", b - a}')
 	return 0
+}
+
+# ---------------------------------------------------------------------------
+# Resource use of running servers (test/bench/scale.sh)
+# ---------------------------------------------------------------------------
+# proc_cpu_ticks <pids...>: utime + stime (clock ticks, getconf CLK_TCK) of
+# those processes, summed; gone ones count 0.
+proc_cpu_ticks() {
+	(( $# )) || { echo 0; return 0; }
+	local p
+	for p in "$@"; do cat "/proc/$p/stat" 2>/dev/null || true; done |
+		awk '{ sub(/^.*\) /, ""); t += $12 + $13 } END { printf "%d\n", t }'
+}
+# server_cpu_ticks <datadir>: the CPU the server on that data directory has
+# used, in clock ticks: utime + stime of its live processes, plus the
+# cutime + cstime of its postmaster (what its reaped children used).  The
+# difference of two readings is what the server used in between, backends
+# that came and went included.  0 when it is not running.
+server_cpu_ticks() {
+	local pm pids=() p
+	pm=$(head -1 "$1/postmaster.pid" 2>/dev/null) || { echo 0; return 0; }
+	[[ $pm =~ ^[0-9]+$ ]] || { echo 0; return 0; }
+	mapfile -t pids < <(server_pids "$1")
+	for p in "${pids[@]}"; do cat "/proc/$p/stat" 2>/dev/null || true; done |
+		awk -v pm="$pm" '{ pid = $1; sub(/^.*\) /, ""); t += $12 + $13; if (pid == pm) t += $14 + $15 }
+			END { printf "%d\n", t }'
+}
+# proc_pss_kb <pids...>: the sum of their proportional set sizes (Pss,
+# /proc/<pid>/smaps_rollup, kB); shared memory is split among the
+# processes that map it, so the sum counts it once.  Needs root or the
+# processes' owner.
+proc_pss_kb() {
+	(( $# )) || { echo 0; return 0; }
+	local p
+	for p in "$@"; do cat "/proc/$p/smaps_rollup" 2>/dev/null || true; done |
+		awk '/^Pss:/ { s += $2 } END { printf "%d\n", s }'
+}
+# server_pss_kb <datadir>: proc_pss_kb over every process of that server.
+server_pss_kb() {
+	local pids=()
+	mapfile -t pids < <(server_pids "$1")
+	proc_pss_kb "${pids[@]}"
+}
+# felix_cluster_stop: stop (immediate) every node of the current FPORTS /
+# FPREFIX cluster and remove its data directories; logs stay in $WORK.
+felix_cluster_stop() {
+	local i d
+	for (( i = 1; i <= ${#FPORTS[@]}; i++ )); do
+		d=$(datadir "${FPREFIX:-f}$i")
+		if [[ -f $d/postmaster.pid ]]; then
+			"${AS_USER[@]}" "$PGBIN/pg_ctl" -D "$d" -m immediate -t 60 -w stop >/dev/null 2>&1 || true
+		fi
+		rm -rf "$d"
+	done
+}
+
+# ---------------------------------------------------------------------------
+# What every benchmark script sets up the same way
+# ---------------------------------------------------------------------------
+bench_result_file() {	# name
+	STAMP=$(date -u +%Y-%m-%d-%H%M)
+	local suffix=""
+	[[ ${QUICK:-0} == 1 ]] && suffix="-quick"
+	RESULT_FILE=$SCRIPT_DIR/results-$1-$STAMP$suffix.md
+}
+bench_fresh_base() {
+	rm -rf "$BASE"
+	mkdir -p "$SOCK" "$WORK"
+	chmod 755 "$BASE" "$WORK" "$SOCK"
+	[[ $(id -u) == 0 ]] && chown -R "$RUN_USER": "$BASE"
+	cd "$BASE"
 }

@@ -58,10 +58,6 @@ KEEP=${KEEP:-0}
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CMDLINE="TRANSFERS=$TRANSFERS RECORDS=$RECORDS SIZE_MB=$SIZE_MB CAP_MB=$CAP_MB QUICK=$QUICK $0${*:+ $*}"
-STAMP=$(date -u +%Y-%m-%d-%H%M)
-SUFFIX=""
-[[ $QUICK == 1 ]] && SUFFIX="-quick"
-RESULT_FILE=$SCRIPT_DIR/results-operations-$STAMP$SUFFIX.md
 
 for arg in "$@"; do
 	case $arg in
@@ -77,6 +73,7 @@ done
 BENCH_NAME=bench-ops
 # shellcheck source=test/bench/lib.sh
 . "$SCRIPT_DIR/lib.sh"
+bench_result_file operations
 bench_run_user
 bench_as_user
 bench_require postgres initdb pg_ctl psql pg_isready pg_config
@@ -93,11 +90,7 @@ trap bench_cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-rm -rf "$BASE"
-mkdir -p "$SOCK" "$WORK"
-chmod 755 "$BASE" "$WORK" "$SOCK"
-[[ $(id -u) == 0 ]] && chown -R "$RUN_USER": "$BASE"
-cd "$BASE"
+bench_fresh_base
 # Rebuilds happen only when asked (part 3 times them).
 felix_cluster_start "felix.rebuild_max_concurrent = 0"
 

@@ -61,10 +61,6 @@ CLIENTS=(1 8 32)
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CMDLINE="DURATION=$DURATION ROUNDS=$ROUNDS FAILOVERS=$FAILOVERS QUICK=$QUICK $0${*:+ $*}"
-STAMP=$(date -u +%Y-%m-%d-%H%M)
-SUFFIX=""
-[[ $QUICK == 1 ]] && SUFFIX="-quick"
-RESULT_FILE=$SCRIPT_DIR/results-replication-$STAMP$SUFFIX.md
 
 for arg in "$@"; do
 	case $arg in
@@ -79,6 +75,7 @@ done
 BENCH_NAME=bench-repl
 # shellcheck source=test/bench/lib.sh
 . "$SCRIPT_DIR/lib.sh"
+bench_result_file replication
 
 bench_run_user
 bench_as_user
@@ -97,11 +94,7 @@ trap bench_cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-rm -rf "$BASE"
-mkdir -p "$SOCK" "$WORK"
-chmod 755 "$BASE" "$WORK" "$SOCK"
-[[ $(id -u) == 0 ]] && chown -R "$RUN_USER": "$BASE"
-cd "$BASE"
+bench_fresh_base
 
 # ---- felix: three nodes ----
 felix_cluster_start
