@@ -88,6 +88,8 @@ PGDLLEXPORT void felix_heartbeat_worker_main(Datum arg);
 #define HB_CLASH_NOTE_MS	2000
 /* How often the store revision seen is written to the felix data directory. */
 #define HB_STORE_SEEN_WRITE_NS	(INT64CONST(1) * 1000000000)
+/* The node list and the halted followers are read every this many beats. */
+#define HB_LISTS_EVERY	5
 
 /* The worker's state; all of it is process-local. */
 static FelixCpSession cp_session;
@@ -193,8 +195,10 @@ local_extension_ready(void)
 /*
  * Re-read the control plane's node list into the node directory, with
  * each node's liveness and who runs the duties: the felix_nodes view
- * shows it from there.  Every heartbeat, so the view is never more than
- * one interval behind the control plane.
+ * shows it from there.  Every HB_LISTS_EVERY heartbeats (and right after
+ * a heartbeat that promoted or followed a failure), so the view is about
+ * a second behind the control plane at most; each read costs the store
+ * as much as the nodes' records hold.
  */
 static void
 refresh_directory(void)
@@ -288,7 +292,8 @@ heartbeat_once(void)
 	int			nends;
 	char	  **ends;
 	int			elevel;
-	int			promoted;
+	int			promoted = 0;
+	bool		answered_again;
 
 	if (!local_extension_ready())
 		return;
@@ -356,6 +361,7 @@ heartbeat_once(void)
 		felix_store_seen_persist();
 		store_seen_written_ns = felix_monotonic_ns();
 	}
+	answered_again = failed_in_a_row > 0 || beats == 1;
 	if (failed_in_a_row > 0)
 		ereport(LOG,
 				(errmsg("felix heartbeat: the control plane answers again after %d failed heartbeat%s",
@@ -388,10 +394,13 @@ heartbeat_once(void)
 			cp_failed(elevel);
 	}
 
-	if (cp_open)
-		refresh_directory();
-	if (cp_open)
-		refresh_halts();
+	if (beats % HB_LISTS_EVERY == 0 || promoted > 0 || answered_again)
+	{
+		if (cp_open)
+			refresh_directory();
+		if (cp_open)
+			refresh_halts();
+	}
 }
 
 /* ---------------------------------------------------------------------
