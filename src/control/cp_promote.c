@@ -54,6 +54,9 @@ alive(const CpSnapshot *snap, const char *node)
 	return snap->have_alive && cp_alive_has(&snap->alive, node);
 }
 
+static void refuse(const char *stream, int shard, const char *node, const char *detail,
+				   const char *hint) pg_attribute_noreturn();
+
 static void
 refuse(const char *stream, int shard, const char *node, const char *detail, const char *hint)
 {
@@ -63,6 +66,7 @@ refuse(const char *stream, int shard, const char *node, const char *detail, cons
 					stream, shard, node),
 			 errdetail_internal("%s", detail),
 			 errhint("%s", hint)));
+	pg_unreachable();
 }
 
 CpPromoted
