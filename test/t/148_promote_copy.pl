@@ -53,6 +53,13 @@ sub publish_n
 		"SELECT felix_publish('$s', jsonb_build_object('i', i), shard => 0) FROM generate_series(1, $n) i");
 }
 publish_n($k{$A}, $_, 5) for ($s1, $s2);
+# a quorum of two acknowledged them: wait until B holds them too
+for my $s ($s1, $s2)
+{
+	ok(defined FelixCluster::poll(30, sub {
+		my $r = $c->shard_row($k{$B}, $s, 0);
+		return $r && $r->{next_seq} eq '5' }, 0.1), "$s: $B holds the first five records");
+}
 $c->kill_node($k{$B});
 publish_n($k{$A}, $_, 5) for ($s1, $s2);
 $c->kill_node($k{$A});
