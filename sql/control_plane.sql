@@ -29,7 +29,7 @@ CREATE FUNCTION pg_temp.hb(node text, conninfo text DEFAULT 'host=x', boot text 
                  pg_temp.inc(node), starts, pg_temp.inc(boot), lease_ms => 100, ends => ends) h $$;
 -- One round of the duties, as node_a (this session).
 CREATE FUNCTION pg_temp.tick() RETURNS integer LANGUAGE sql
-    AS $$ SELECT felix.cp_tick('node_a', pg_temp.inc('duty')) $$;
+    AS $$ SELECT promoted FROM felix.cp_tick('node_a', pg_temp.inc('duty')) $$;
 -- Past every lease and margin the duty holder could be waiting out while
 -- node `silent` says nothing: the other nodes heartbeat and the duties
 -- tick every 100 ms, as running nodes do (a holder that stops ticking for

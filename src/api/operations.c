@@ -263,27 +263,6 @@ felix_halted_view(PG_FUNCTION_ARGS)
 	return (Datum) 0;
 }
 
-/* A connection to node `name`, or NULL: waking it is a help, not a need. */
-static PGconn *
-peer_connect(const char *name)
-{
-	char		address[FELIX_NODE_CONNINFO_LEN];
-
-	if (!felix_node_conninfo_of(name, address, sizeof(address)))
-		return NULL;
-	return felix_conn_open(felix_peer_conninfo(address), psprintf("node \"%s\"", name),
-						   "felix transfer", 1000, DEBUG1);
-}
-
-/* Ask the node on `conn` to heartbeat now; a failure only delays it an interval. */
-static void
-wake_peer_heartbeat(PGconn *conn)
-{
-	if (conn != NULL)
-		PQclear(felix_conn_exec(conn, "felix.heartbeat_now", "SELECT felix.heartbeat_now()",
-								0, NULL, 1000, DEBUG1));
-}
-
 /*
  * Hand shard `shard` of `stream`, led here, to `target`; returns the
  * generation the target leads.  The caller checked privileges.
@@ -329,7 +308,7 @@ transfer_one(const FelixStream *stream, int shard, const char *target)
 	 * their setup is not part of the time writes are refused
 	 */
 	(void) felix_cp_open(&cp, "felix", FELIX_CP_CALL_TIMEOUT_MS, ERROR);
-	peer = peer_connect(target);
+	peer = felix_node_connect(target, "felix transfer", 1000);
 
 	/* 1. admit nothing more; every write admitted so far has its seqs */
 	PG_TRY();
@@ -400,8 +379,8 @@ transfer_one(const FelixStream *stream, int shard, const char *target)
 		lease_hand_off_release(s, generation);
 		next = felix_cp_transfer(&cp, stream->name, shard, generation, target);
 
-		/* 5. the target takes its lease now, not at its next interval */
-		wake_peer_heartbeat(peer);
+		/* 5. the target takes its lease now, not at its next interval (a failure only delays it one) */
+		felix_node_wake_heartbeat(peer, 1000);
 	}
 	PG_CATCH();
 	{

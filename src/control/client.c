@@ -58,6 +58,7 @@
 #include "core/catalog.h"
 #include "control/client.h"
 #include "control/conninfo.h"
+#include "control/nodes.h"
 #include "felix.h"
 #include "storage/incarnation.h"
 
@@ -644,6 +645,30 @@ felix_conn_set_statement_timeout(PGconn *conn, int timeout_ms, int elevel)
 		return false;
 	PQclear(res);
 	return true;
+}
+
+/* ---------------------------------------------------------------------
+ * Other nodes
+ * ---------------------------------------------------------------------
+ */
+
+PGconn *
+felix_node_connect(const char *name, const char *application_name, int timeout_ms)
+{
+	char		address[FELIX_NODE_CONNINFO_LEN];
+
+	if (!felix_node_conninfo_of(name, address, sizeof(address)))
+		return NULL;
+	return felix_conn_open(felix_peer_conninfo(address), psprintf("node \"%s\"", name),
+						   application_name, timeout_ms, DEBUG1);
+}
+
+void
+felix_node_wake_heartbeat(PGconn *conn, int timeout_ms)
+{
+	if (conn != NULL)
+		PQclear(felix_conn_exec(conn, "felix.heartbeat_now", "SELECT felix.heartbeat_now()",
+								0, NULL, timeout_ms, DEBUG1));
 }
 
 /* ---------------------------------------------------------------------

@@ -39,7 +39,7 @@
  *	  since it took the generation, every other replica has shown it so);
  *	  else a member of the replica set that its leader reported caught up
  *	  (bound zero) in the newest generation that reported, alive at the
- *	  incarnation the report names, heard from since the lapse, able to
+ *	  incarnation the report names, heard from lately, able to
  *	  serve the shard -- and, on a leader-consistency stream, whose report
  *	  was made no more than (node_expiry + heartbeat_interval) worth of the
  *	  leader's heartbeats before its last claim, since such a leader
@@ -65,6 +65,7 @@
 #include "common/hashfn.h"
 #include "control/cp.h"
 #include "felix.h"
+#include "nodes/value.h"
 #include "utils/hsearch.h"
 #include "utils/memutils.h"
 
@@ -117,6 +118,8 @@ static int64 duty_seen_rev = 0; /* another holder's key, as we last saw it */
 static int64 duty_seen_ns = 0;
 static HTAB *shard_obs = NULL;
 static HTAB *node_obs = NULL;
+/* this tick: the earliest lease lapse still to come (0: none) */
+static int64 next_lapse_ns = 0;
 
 static void
 forget_everything(void)
@@ -643,10 +646,18 @@ disqualified(const CpSnapshot *snap, const CpShard *s, const CpStream *st,
 		return "behind";
 	if (cp_node_unable(n, s->stream, s->shard))
 		return "cannot serve it";
-	/* alive, and heard from since the lease lapsed: one that died with its leader may look recent */
+	/*
+	 * Heard from within the last two heartbeat intervals, or at this tick:
+	 * is_alive allows node_expiry, and one that died with its leader may
+	 * look alive that long.  This decides who is worth a grant, not whether
+	 * a grant is safe (the report and the first claim's checks do): a
+	 * grantee that died since is passed over one lease later.  Not "heard
+	 * since the lapse", which cost every failover up to two more heartbeat
+	 * intervals (a follower's beat after the lapse, then our next tick).
+	 */
 	no = hash_search(node_obs, n->name, HASH_FIND, NULL);
-	if (no == NULL || no->changed_seen_ns <= lapse_ns)
-		return "report too old";
+	if (no == NULL || now - no->changed_seen_ns > (int64) 2 * felix_heartbeat_interval * NS_PER_MS)
+		return "not heard from lately";
 	if (strcmp(st->consistency, "quorum") != 0 && !leader_gone)
 	{
 		/*
@@ -745,7 +756,7 @@ typedef struct Grant
 	const char *leads;			/* the node whose leads/<node> to rewrite, or NULL */
 	const CpNode *candidate;	/* a node record compared too, or NULL */
 	char	   *log;			/* said once written */
-	bool		promotes;
+	const char *grantee;		/* the node given a new generation, or NULL */
 } Grant;
 
 /* Shards per store transaction: well within etcd's --max-txn-ops (docs/configuration.md). */
@@ -773,7 +784,11 @@ consider(const CpSnapshot *snap, CpShard *s, int64 now, Grant *g)
 	 * exist.  Promoting any earlier could give the generation two writers.
 	 */
 	if (!(now > lapse_ns))
+	{
+		if (next_lapse_ns == 0 || lapse_ns < next_lapse_ns)
+			next_lapse_ns = lapse_ns;
 		return false;
+	}
 
 	leader = cp_snapshot_node(snap, s->leader);
 	if (leader && is_alive(leader, now) &&
@@ -860,7 +875,7 @@ consider(const CpSnapshot *snap, CpShard *s, int64 now, Grant *g)
 		 * is most of them.
 		 */
 		g->candidate = best.is_leader ? best.node : NULL;
-		g->promotes = true;
+		g->grantee = best.node->name;
 		g->log = psprintf("felix: stream \"%s\" shard %d: %s leads generation " INT64_FORMAT " (was %s at generation " INT64_FORMAT ")",
 						  s->stream, s->shard, best.node->name, next.generation,
 						  s->leader ? s->leader : "nobody", s->generation);
@@ -948,13 +963,12 @@ write_together(const CpSnapshot *snap, Grant *g, int n)
  * Write a pass's grants, GRANTS_PER_TXN to a transaction.  A transaction
  * that loses a compare (a shard or a leader changed since the read) is
  * written again one grant at a time, so one changed shard holds up no
- * other.  Returns how many shards were given a new generation.
+ * other.  Counts in *tick the shards given a new generation, and names
+ * their grantees once each.
  */
-static int
-write_grants(const CpSnapshot *snap, Grant *g, int n)
+static void
+write_grants(const CpSnapshot *snap, Grant *g, int n, CpTick *tick)
 {
-	int			promoted = 0;
-
 	for (int from = 0; from < n; from += GRANTS_PER_TXN)
 	{
 		int			k = Min(GRANTS_PER_TXN, n - from);
@@ -968,15 +982,26 @@ write_grants(const CpSnapshot *snap, Grant *g, int n)
 				(k == 1 || write_together(snap, &g[i], 1) != FELIX_STORE_OK))
 				continue;
 			ereport(LOG, (errmsg_internal("%s", g[i].log)));
-			if (g[i].promotes)
-				promoted++;
+			if (g[i].grantee)
+			{
+				tick->promoted++;
+				if (!list_member(tick->grantees, makeString((char *) g[i].grantee)))
+					tick->grantees = lappend(tick->grantees, makeString(pstrdup(g[i].grantee)));
+			}
 		}
 	}
-	return promoted;
 }
 
-int
-cp_duty_tick(const char *node, const char *boot)
+/*
+ * One tick of the duties for node (its boot), into *tick: how many shards
+ * were given a new generation (-1: not the holder, or the store did not
+ * answer) and to which nodes, whose next heartbeat claims them -- the
+ * caller wakes them; and when a lease watched now lapses first, from now
+ * (-1: none), when the caller ticks again rather than at its next
+ * interval.  Neither wake waits for anything.
+ */
+void
+cp_duty_tick(const char *node, const char *boot, CpTick *tick)
 {
 	CpSnapshot	snap;
 	int64		read_ns;
@@ -989,11 +1014,14 @@ cp_duty_tick(const char *node, const char *boot)
 	 * reads nothing more, so the duties cost one small read per tick on
 	 * every node but the holder, however many shards there are.
 	 */
+	tick->promoted = -1;
+	tick->lapse_in_ms = -1;
+	tick->grantees = NIL;
 	felix_store_serialize();
 	if (!cp_snapshot_read_parts(&snap, (const char *[]) {CP_KEY_DUTY}, 1, LOG))
-		return -1;
+		return;
 	if (!hold_duty(&snap, node, boot))
-		return -1;
+		return;
 
 	/*
 	 * The whole state, read after this tick's refresh of the duty key and
@@ -1003,7 +1031,7 @@ cp_duty_tick(const char *node, const char *boot)
 	 */
 	read_ns = felix_monotonic_ns();
 	if (!cp_snapshot_read(&snap, false, LOG))
-		return -1;
+		return;
 	if (node_obs == NULL)
 		forget_everything();
 	now = felix_monotonic_ns();
@@ -1011,8 +1039,12 @@ cp_duty_tick(const char *node, const char *boot)
 		(void) node_seen(&snap.nodes[i], read_ns, now);
 	keep_alive_list(&snap, now);
 	grants = palloc(sizeof(Grant) * (snap.nshards + 1));
+	next_lapse_ns = 0;
 	for (int i = 0; i < snap.nshards; i++)
 		if (consider(&snap, &snap.shards[i], now, &grants[ngrants]))
 			ngrants++;
-	return write_grants(&snap, grants, ngrants);
+	if (next_lapse_ns > 0)
+		tick->lapse_in_ms = (int) ((next_lapse_ns - now) / NS_PER_MS) + 1;
+	tick->promoted = 0;
+	write_grants(&snap, grants, ngrants, tick);
 }

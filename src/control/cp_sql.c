@@ -20,6 +20,7 @@
 #include "access/htup_details.h"
 #include "catalog/pg_authid.h"
 #include "catalog/pg_type.h"
+#include "commands/async.h"
 #include "control/conninfo.h"
 #include "control/cp.h"
 #include "control/json.h"
@@ -310,7 +311,11 @@ felix_cp_tick_sql(PG_FUNCTION_ARGS)
 {
 	char	   *node = text_arg(fcinfo, 0);
 	char	   *boot = text_arg(fcinfo, 1);
-	int			promoted = -1;
+	CpTick		tick;
+	ListCell   *lc;
+	TupleDesc	desc;
+	Datum		values[2];
+	bool		nulls[2] = {false, false};
 
 	cp_check_node_name(node);
 	(void) require_node(node, "felix.cp_tick");
@@ -319,8 +324,23 @@ felix_cp_tick_sql(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("node \"%s\": boot %s is not a uuid", node, boot ? boot : "NULL"),
 				 errhint("This is felix's internal protocol; node and control plane may run different felix versions.")));
-	AS_OWNER(promoted = cp_duty_tick(node, boot));
-	PG_RETURN_INT32(promoted);
+	AS_OWNER(cp_duty_tick(node, boot, &tick));
+
+	/*
+	 * Each grantee claims its lease at its next heartbeat: wake it now.  The
+	 * heartbeat worker of every node listens on its session here
+	 * (worker/heartbeat.c); the notice goes out when this call commits,
+	 * after the grants it names.  It says only "heartbeat now", which is
+	 * all a forged one could make a node do.
+	 */
+	foreach(lc, tick.grantees)
+		Async_Notify(CP_GRANTS_CHANNEL, strVal(lfirst(lc)));
+	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "felix.cp_tick: return type must be a row type");
+	values[0] = Int32GetDatum(tick.promoted);
+	values[1] = Int32GetDatum(tick.lapse_in_ms);
+	nulls[1] = tick.lapse_in_ms < 0;
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(desc), values, nulls)));
 }
 
 /* ---------------------------------------------------------------------

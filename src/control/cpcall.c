@@ -626,7 +626,7 @@ typedef struct TickCall
 {
 	const char *node;
 	const char *boot;
-	int			promoted;
+	CpTick		tick;
 } TickCall;
 
 static void
@@ -634,11 +634,11 @@ tick_local(void *arg)
 {
 	TickCall   *c = arg;
 
-	c->promoted = cp_duty_tick(c->node, c->boot);
+	cp_duty_tick(c->node, c->boot, &c->tick);
 }
 
-int
-felix_cp_duty_tick(FelixCpSession *s, int elevel)
+void
+felix_cp_duty_tick(FelixCpSession *s, int elevel, CpTick *tick)
 {
 	Identity	id;
 	TickCall	c;
@@ -646,25 +646,88 @@ felix_cp_duty_tick(FelixCpSession *s, int elevel)
 	identity(&id);
 	c.node = felix_node_name_resolved();
 	c.boot = id.boot;
-	c.promoted = -1;
+	tick->promoted = -1;
+	tick->lapse_in_ms = -1;
+	tick->grantees = NIL;
 	if (felix_store_is_etcd())
 	{
-		if (!local(tick_local, &c, elevel))
-			return -1;
+		if (local(tick_local, &c, elevel))
+			*tick = c.tick;
 	}
 	else
 	{
+		/* the control plane wakes the grantees itself (cp_sql.c) */
 		const char *values[2] = {c.node, c.boot};
-		PGresult   *res = remote(s, "felix.cp_tick", "SELECT felix.cp_tick($1, $2)",
+		PGresult   *res = remote(s, "felix.cp_tick",
+								 "SELECT promoted, lapse_in_ms FROM felix.cp_tick($1, $2)",
 								 2, values, elevel);
 
 		if (res == NULL)
-			return -1;
-		if (PQntuples(res) == 1 && !PQgetisnull(res, 0, 0))
-			(void) parse_int32(PQgetvalue(res, 0, 0), &c.promoted);
+			return;
+		if (PQntuples(res) == 1 && PQnfields(res) == 2)
+		{
+			if (!PQgetisnull(res, 0, 0))
+				(void) parse_int32(PQgetvalue(res, 0, 0), &tick->promoted);
+			if (!PQgetisnull(res, 0, 1) &&
+				!parse_int32(PQgetvalue(res, 0, 1), &tick->lapse_in_ms))
+				tick->lapse_in_ms = -1;
+		}
 		PQclear(res);
 	}
-	return c.promoted;
+}
+
+/*
+ * Listen for the control plane's wakes of this node's heartbeat (grants
+ * to it) on session s; with etcd there is no session, and the duty holder
+ * wakes a grantee over a connection of its own.  False when the session
+ * failed.
+ */
+bool
+felix_cp_listen_grants(FelixCpSession *s, int elevel)
+{
+	PGresult   *res;
+
+	if (felix_store_is_etcd())
+		return true;
+	res = remote(s, "LISTEN", "LISTEN " CP_GRANTS_CHANNEL, 0, NULL, elevel);
+	if (res == NULL)
+		return false;
+	PQclear(res);
+	return true;
+}
+
+/* The socket to wait on for those wakes, or PGINVALID_SOCKET. */
+pgsocket
+felix_cp_socket(FelixCpSession *s)
+{
+	return s->conn ? PQsocket(s->conn) : PGINVALID_SOCKET;
+}
+
+/*
+ * Has the control plane woken node `me` since the last look?  Reads what
+ * the session has received without waiting.  A session that fails here is
+ * closed (felix_cp_usable says so).
+ */
+bool
+felix_cp_woken(FelixCpSession *s, const char *me)
+{
+	PGnotify   *n;
+	bool		woken = false;
+
+	if (s->conn == NULL)
+		return false;
+	if (!PQconsumeInput(s->conn))
+	{
+		felix_cp_close(s);
+		return false;
+	}
+	while ((n = PQnotifies(s->conn)) != NULL)
+	{
+		if (strcmp(n->relname, CP_GRANTS_CHANNEL) == 0 && strcmp(n->extra, me) == 0)
+			woken = true;
+		PQfreemem(n);
+	}
+	return woken;
 }
 
 static TimestampTz

@@ -244,7 +244,11 @@ CREATE FUNCTION felix.cp_report(leader text, reports jsonb, token bigint DEFAULT
                                 incarnation text DEFAULT NULL)
 RETURNS integer
     AS 'MODULE_PATHNAME', 'felix_cp_report_sql' LANGUAGE C CALLED ON NULL INPUT VOLATILE;
-CREATE FUNCTION felix.cp_tick(node text, boot text) RETURNS integer
+-- felix.cp_tick: one round of the duties as node (its boot): how many
+-- shards it gave a new generation (-1: it does not hold the duties), and in
+-- how many ms the first lease it watches lapses (NULL: none), when the
+-- caller ticks again.
+CREATE FUNCTION felix.cp_tick(node text, boot text, OUT promoted integer, OUT lapse_in_ms integer)
     AS 'MODULE_PATHNAME', 'felix_cp_tick_sql' LANGUAGE C CALLED ON NULL INPUT VOLATILE;
 CREATE FUNCTION felix.cp_create_stream(
     name               text,

@@ -21,7 +21,9 @@
  *		 delay a new stream's table but never a lease renewal;
  *	  4. takes part in the control-plane duties (felix_cp_duty_tick):
  *		 failure detection and promotion, run by exactly one node at a
- *		 time (control/cp_duty.c), unless felix.control_plane_duties is off;
+ *		 time (control/cp_duty.c), unless felix.control_plane_duties is off.
+ *		 The holder ticks again, between beats, when the first lease it
+ *		 watches lapses, and wakes the nodes it granted to;
  *	  5. keeps the node directory (control/nodes.c) current: each shard's
  *		 leader and its conninfo from the rows, and the control plane's node
  *		 list, with liveness and who runs the duties, every heartbeat; and
@@ -35,6 +37,11 @@
  *	  once every few seconds) and carries on.  It revokes nothing: a lease
  *	  it cannot renew runs out by itself in shard.c, which is the design --
  *	  a revocation could not reach a partitioned node anyway.
+ *
+ *	  Between beats it sleeps on its latch (felix.heartbeat_now wakes it)
+ *	  and, with the embedded store, on its control-plane session, where
+ *	  felix.cp_tick notifies the nodes it granted a generation: such a node
+ *	  beats at once to claim it, at most once per interval.
  *
  *	  A node joins once CREATE EXTENSION felix has run in felix.database;
  *	  until then the worker waits without contacting the control plane.
@@ -94,10 +101,14 @@ PGDLLEXPORT void felix_heartbeat_worker_main(Datum arg);
 /* The worker's state; all of it is process-local. */
 static FelixCpSession cp_session;
 static bool cp_open = false;
-static MemoryContext cycle_cxt = NULL;
+static MemoryContext cycle_cxt = NULL;	/* one beat's, until the next beat */
+static MemoryContext tick_cxt = NULL;	/* a tick of the duties between beats */
 static int64 last_failure_log_ns = 0;	/* 0: next failure logs */
 static int	failed_in_a_row = 0;
 static bool waiting_logged = false;
+static int64 duty_tick_at = 0;	/* tick the duties then, before the next beat (0: no) */
+static bool beat_now = false;	/* this node was given a generation: claim it */
+static bool woken_early = false;	/* this interval's beat came early on a wake */
 
 /* ---------------------------------------------------------------------
  * Rate-limited reporting
@@ -138,6 +149,11 @@ cp_connect(void)
 	elevel = failure_elevel();
 	cp_open = felix_cp_open(&cp_session, HB_APPNAME,
 							Max(2 * felix_heartbeat_interval, 1000), elevel);
+	if (cp_open && !felix_cp_listen_grants(&cp_session, elevel))
+	{
+		felix_cp_close(&cp_session);
+		cp_open = false;
+	}
 	if (!cp_open)
 		failure_reported(elevel);
 	return cp_open;
@@ -275,6 +291,77 @@ refresh_halts(void)
 static void note_store(bool ok, bool called, int64 beat_no);
 
 static void
+refresh_lists(void)
+{
+	if (cp_open)
+		refresh_directory();
+	if (cp_open)
+		refresh_halts();
+}
+
+/*
+ * Wake the nodes just given a new generation, so each claims it now rather
+ * than at its next beat (with etcd; the embedded control plane notifies
+ * them itself).  This node beats again at once; another is asked over a
+ * connection of its own, for at most an interval each: a node that does
+ * not answer claims at its next beat anyway.
+ */
+static void
+wake_grantees(List *grantees)
+{
+	ListCell   *lc;
+
+	foreach(lc, grantees)
+	{
+		const char *name = strVal(lfirst(lc));
+		PGconn	   *conn;
+
+		if (strcmp(name, felix_node_name_resolved()) == 0)
+		{
+			beat_now = true;
+			continue;
+		}
+		conn = felix_node_connect(name, HB_APPNAME, felix_heartbeat_interval);
+		felix_node_wake_heartbeat(conn, felix_heartbeat_interval);
+		felix_conn_close(conn);
+	}
+}
+
+/*
+ * The duties, if this node holds them or may take them over; returns how
+ * many shards it gave a new generation.  A node with
+ * felix.control_plane_duties off does not take part: if it held them, its
+ * refreshes stop and another node takes over.  Sets duty_tick_at to when
+ * the first lease the holder watches lapses, so the worker ticks again
+ * right then instead of at its next beat: a failover waits for no
+ * interval there.
+ */
+static int
+run_duties(void)
+{
+	CpTick		tick;
+	int			elevel;
+
+	duty_tick_at = 0;
+	if (!felix_control_plane_duties || !cp_open)
+		return 0;
+	pgstat_report_activity(STATE_RUNNING, "felix: control-plane duties");
+	elevel = failure_elevel();
+	felix_cp_duty_tick(&cp_session, elevel, &tick);
+	pgstat_report_activity(STATE_IDLE, NULL);
+	if (tick.promoted > 0)
+		ereport(LOG,
+				(errmsg("felix control plane: %d promotion%s in this tick",
+						tick.promoted, tick.promoted == 1 ? "" : "s")));
+	wake_grantees(tick.grantees);
+	if (!felix_cp_usable(&cp_session))
+		cp_failed(elevel);
+	else if (tick.lapse_in_ms >= 0)
+		duty_tick_at = felix_monotonic_ns() + (int64) tick.lapse_in_ms * 1000000;
+	return Max(tick.promoted, 0);
+}
+
+static void
 heartbeat_once(void)
 {
 	static int64 beats = 0;
@@ -375,32 +462,9 @@ heartbeat_once(void)
 	agent_note_served(rows, nrows);
 	agent_note_held(rows, nrows);
 
-	/*
-	 * The duties, if this node holds them or may take them over.  A node
-	 * with felix.control_plane_duties off does not take part: if it held
-	 * them, its refreshes stop and another node takes over.
-	 */
-	if (felix_control_plane_duties)
-	{
-		pgstat_report_activity(STATE_RUNNING, "felix: control-plane duties");
-		elevel = failure_elevel();
-		promoted = felix_cp_duty_tick(&cp_session, elevel);
-		pgstat_report_activity(STATE_IDLE, NULL);
-		if (promoted > 0)
-			ereport(LOG,
-					(errmsg("felix control plane: %d promotion%s in this tick",
-							promoted, promoted == 1 ? "" : "s")));
-		if (!felix_cp_usable(&cp_session))
-			cp_failed(elevel);
-	}
-
+	promoted = run_duties();
 	if (beats % HB_LISTS_EVERY == 0 || promoted > 0 || answered_again)
-	{
-		if (cp_open)
-			refresh_directory();
-		if (cp_open)
-			refresh_halts();
-	}
+		refresh_lists();
 }
 
 /* ---------------------------------------------------------------------
@@ -475,9 +539,12 @@ felix_heartbeat_worker_main(Datum arg)
 
 	cycle_cxt = AllocSetContextCreate(TopMemoryContext, "felix heartbeat cycle",
 									  ALLOCSET_DEFAULT_SIZES);
+	tick_cxt = AllocSetContextCreate(TopMemoryContext, "felix duty tick",
+									 ALLOCSET_DEFAULT_SIZES);
 	agent_init();
 
 	felix_wake_register(FELIX_WORKER_HEARTBEAT);
+	woken_early = false;
 	ereport(LOG,
 			(errmsg("felix heartbeat worker started: node \"%s\" in database \"%s\", control plane %s",
 					felix_node_name_resolved(), felix_database,
@@ -488,8 +555,8 @@ felix_heartbeat_worker_main(Datum arg)
 	for (;;)
 	{
 		int64		started = felix_monotonic_ns();
-		int64		next;
-		long		wait_ms;
+		int64		next_beat;
+		bool		early;
 
 		CHECK_FOR_INTERRUPTS();
 		if (ConfigReloadPending)
@@ -503,15 +570,57 @@ felix_heartbeat_worker_main(Datum arg)
 		heartbeat_once();
 		MemoryContextSwitchTo(TopMemoryContext);
 
-		/* Beat at a steady interval, however long this one took. */
-		next = started + (int64) felix_heartbeat_interval * 1000000;
-		wait_ms = (long) ((next - felix_monotonic_ns() + 999999) / 1000000);
-		if (wait_ms > 0)
+		/*
+		 * Beat at a steady interval, however long this one took; in
+		 * between, tick the duties alone when a watched lease lapses.  A
+		 * wake of the latch (felix.heartbeat_now) beats at once, and so
+		 * does a grant to this node -- once per interval, so that wakes
+		 * sent by anyone else cost at most twice the usual beats.
+		 */
+		next_beat = started + (int64) felix_heartbeat_interval * 1000000;
+		early = beat_now;
+		beat_now = false;
+		while (!early)
 		{
-			(void) WaitLatch(MyLatch,
-							 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-							 wait_ms, PG_WAIT_EXTENSION);
+			int64		now = felix_monotonic_ns();
+			int64		until = next_beat;
+			pgsocket	sock = cp_open ? felix_cp_socket(&cp_session) : PGINVALID_SOCKET;
+			int			rc;
+
+			if (cp_open && !woken_early && felix_cp_woken(&cp_session, felix_node_name_resolved()))
+			{
+				woken_early = early = true;
+				break;
+			}
+			if (cp_open && !felix_cp_usable(&cp_session))
+				cp_failed(failure_elevel());
+			if (duty_tick_at > 0 && duty_tick_at < until)
+				until = duty_tick_at;
+			if (until <= now)
+			{
+				if (until == next_beat)
+					break;
+				/* not cycle_cxt: the beat's state lives there until the next beat */
+				MemoryContextReset(tick_cxt);
+				MemoryContextSwitchTo(tick_cxt);
+				if (run_duties() > 0)
+					refresh_lists();
+				MemoryContextSwitchTo(TopMemoryContext);
+				early = beat_now;
+				beat_now = false;
+				continue;
+			}
+			rc = WaitLatchOrSocket(MyLatch,
+								   WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH |
+								   (sock != PGINVALID_SOCKET && !woken_early ? WL_SOCKET_READABLE : 0),
+								   sock, (long) ((until - now + 999999) / 1000000),
+								   PG_WAIT_EXTENSION);
 			ResetLatch(MyLatch);
+			CHECK_FOR_INTERRUPTS();
+			if (rc & WL_LATCH_SET)
+				break;
 		}
+		if (!early)
+			woken_early = false;
 	}
 }

@@ -28,6 +28,14 @@
 #
 # Part 3, the control plane: a stream definition whose payload type is
 # none of felix's is refused by the nodes as an unusable assignment.
+#
+# Part 4, forged wakes (embedded store).  The control plane wakes a node
+# it granted a generation with NOTIFY felix_grants, '<node>', on the
+# session the node's heartbeat worker keeps with it; any role that can
+# connect there can send the same.  A wake only makes a node beat early,
+# and at most once per heartbeat interval: 150 forged wakes of node2 in
+# three seconds leave it beating at most twice as often as without them
+# (it would be about ten times without the limit).
 use strict;
 use warnings;
 
@@ -37,6 +45,7 @@ use FelixTest;
 use FelixCluster;
 
 use PostgreSQL::Test::Utils;
+use Time::HiRes;
 use Test::More;
 
 my $c  = FelixCluster->new(nodes => 2);
@@ -170,6 +179,33 @@ ok( FelixCluster::poll(15,
 $c->store_edit("streams/$forged", q{jsonb_set(v, '{payload_type}', '"jsonb"')});
 is($n2->safe_psql('postgres', "SELECT pg_postmaster_start_time()"), $started,
 	'node2 is still up');
+
+# ---------------------------------------------------------------------
+# Part 4: forged wakes of a node's heartbeat
+# ---------------------------------------------------------------------
+SKIP:
+{
+	skip 'the etcd store wakes nodes over their own connections, not NOTIFY', 1
+	  if $c->store eq 'etcd';
+	$n1->safe_psql('postgres', 'CREATE ROLE eve LOGIN');
+	my $beats = sub {
+		$n2->safe_psql('postgres', "SELECT value FROM felix_metrics WHERE name = 'heartbeats_sent'");
+	};
+	# heartbeats per second over what $run takes
+	my $rate = sub {
+		my ($run) = @_;
+		my ($b, $t) = ($beats->(), Time::HiRes::time());
+		$run->();
+		return ($beats->() - $b) / (Time::HiRes::time() - $t);
+	};
+	my $quiet = $rate->(sub { sleep 3 });
+	my $forge = join('', map { "NOTIFY felix_grants, 'node2';\nSELECT pg_sleep(0.02);\n" } 1 .. 150);
+	my $forged = $rate->(sub { $n1->psql('postgres', $forge, extra_params => ['-U', 'eve']) });
+	note(sprintf("node2 heartbeats per second: %.1f alone, %.1f under forged wakes", $quiet, $forged));
+	ok($forged <= 2.2 * $quiet + 0.5,
+		sprintf("150 forged wakes make node2 beat at most twice as often (%.1f/s against %.1f/s)",
+			$forged, $quiet));
+}
 
 $c->teardown;
 felix_done_testing();

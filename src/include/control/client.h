@@ -87,6 +87,17 @@ extern const char *felix_conn_last_error(void);
 extern bool felix_conn_set_statement_timeout(PGconn *conn, int timeout_ms, int elevel);
 
 /*
+ * A connection to node `name` (its address from the node directory), or
+ * NULL (reported at DEBUG1): callers use it to wake the node, a help and
+ * never a need.
+ */
+extern PGconn *felix_node_connect(const char *name, const char *application_name,
+								  int timeout_ms);
+
+/* Ask the node on conn (may be NULL) to heartbeat now: felix.heartbeat_now(). */
+extern void felix_node_wake_heartbeat(PGconn *conn, int timeout_ms);
+
+/*
  * Connect to felix.node_conninfo and ask who answers: 1 this node (name
  * and incarnation), -1 another (a WARNING says which, once), 0 nobody
  * could be asked (connection failures reported at elevel).  The verdict

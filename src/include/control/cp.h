@@ -30,6 +30,7 @@
 #include "postgres.h"
 
 #include "control/cpstate.h"
+#include "nodes/pg_list.h"
 
 /* ---- heartbeat ---- */
 
@@ -113,7 +114,20 @@ extern int	cp_report(const char *leader, const CpReportRow *rows, int nrows,
  * the shards given a new generation, or -1 when this node does not hold
  * the duty.
  */
-extern int	cp_duty_tick(const char *node, const char *boot);
+/*
+ * With the embedded store, felix.cp_tick notifies each grantee on this
+ * channel (the payload is its name); heartbeat workers listen on it.
+ */
+#define CP_GRANTS_CHANNEL	"felix_grants"
+
+typedef struct CpTick
+{
+	int			promoted;		/* shards given a new generation; -1: not the holder */
+	int			lapse_in_ms;	/* the first watched lease lapses then; -1: none */
+	List	   *grantees;		/* String nodes given a generation, each once */
+} CpTick;
+
+extern void cp_duty_tick(const char *node, const char *boot, CpTick *tick);
 
 /* ---- streams and moves ---- */
 

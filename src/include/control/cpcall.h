@@ -80,8 +80,17 @@ extern bool felix_cp_heartbeat(FelixCpSession *s, char **unable, int nunable,
 							   char **ends, int nends, const char *peers, int64 *t_send,
 							   FelixCpShard **rows, int *nrows, int elevel);
 
-/* One round of the duties; -1 when this node does not hold them (or failed). */
-extern int	felix_cp_duty_tick(FelixCpSession *s, int elevel);
+/*
+ * One round of the duties (cp_duty_tick: promoted is -1 when this node does
+ * not hold them, or the call failed).  Grantees are listed only with etcd:
+ * with the embedded store the control plane wakes them.
+ */
+extern void felix_cp_duty_tick(FelixCpSession *s, int elevel, CpTick *tick);
+
+/* Wakes of this node's heartbeat by the embedded control plane. */
+extern bool felix_cp_listen_grants(FelixCpSession *s, int elevel);
+extern pgsocket felix_cp_socket(FelixCpSession *s);
+extern bool felix_cp_woken(FelixCpSession *s, const char *me);
 
 /* The cluster's nodes and halted followers, for the caches the views read. */
 extern bool felix_cp_nodes(FelixCpSession *s, FelixNodeInfo **nodes, int *n, int elevel);
