@@ -172,7 +172,9 @@ cp_create_stream(const CpCreateArgs *a)
 
 	cp_validate_create(a);
 	felix_store_serialize();
-	(void) cp_snapshot_read(&snap, false, ERROR);
+	/* what placement needs: the stream's key, the nodes, who is alive */
+	(void) cp_snapshot_read_parts(&snap, (const char *[]) {cp_key_stream(a->name), "nodes/", CP_KEY_ALIVE},
+								  3, ERROR);
 	if (cp_snapshot_stream(&snap, a->name) != NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_DUPLICATE_OBJECT),

@@ -1048,15 +1048,23 @@ felix_cp_create_stream(const char *name, const char *schema, int shards,
 		FelixCpShard *rows;
 		int			nrows;
 		int64		t_send;
+		Identity	id;
+		char		listed[FELIX_INCARNATION_LEN];
 
 		/*
-		 * Register first: a placement counts only alive nodes, and the node
-		 * asking is certainly alive even before its worker's first beat.
-		 * This heartbeat's answer is not applied here; a lease it claims is
-		 * one this node does not use until its worker claims it again, so
-		 * the node only ever believes in less lease than it holds.
+		 * Register first, unless the control plane's node list already
+		 * holds this node at this incarnation: a placement counts only alive
+		 * nodes and the caller, whose record it must find, even before its
+		 * worker's first beat.  (A heartbeat reads the whole state; at
+		 * thousands of shards it was half of each call.)  This heartbeat's
+		 * answer is not applied here; a lease it claims is one this node
+		 * does not use until its worker claims it again, so the node only
+		 * ever believes in less lease than it holds.
 		 */
-		(void) felix_cp_heartbeat(&s, NULL, 0, NULL, 0, NULL, &t_send, &rows, &nrows, ERROR);
+		identity(&id);
+		if (!felix_node_incarnation_of(felix_node_name_resolved(), listed) ||
+			strcmp(listed, id.incarnation) != 0)
+			(void) felix_cp_heartbeat(&s, NULL, 0, NULL, 0, NULL, &t_send, &rows, &nrows, ERROR);
 		if (felix_store_is_etcd())
 		{
 			CpCreateArgs a;
