@@ -584,7 +584,7 @@ felix_heartbeat_worker_main(Datum arg)
 		{
 			int64		now = felix_monotonic_ns();
 			int64		until = next_beat;
-			pgsocket	sock = cp_open ? felix_cp_socket(&cp_session) : PGINVALID_SOCKET;
+			pgsocket	sock;
 			int			rc;
 
 			if (cp_open && !woken_early && felix_cp_woken(&cp_session, felix_node_name_resolved()))
@@ -594,6 +594,8 @@ felix_heartbeat_worker_main(Datum arg)
 			}
 			if (cp_open && !felix_cp_usable(&cp_session))
 				cp_failed(failure_elevel());
+			/* only now: a session found broken above is closed, its socket with it */
+			sock = cp_open ? felix_cp_socket(&cp_session) : PGINVALID_SOCKET;
 			if (duty_tick_at > 0 && duty_tick_at < until)
 				until = duty_tick_at;
 			if (until <= now)

@@ -35,7 +35,9 @@
 # connect there can send the same.  A wake only makes a node beat early,
 # and at most once per heartbeat interval: 150 forged wakes of node2 in
 # three seconds leave it beating at most twice as often as without them
-# (it would be about ten times without the limit).
+# (it would be about ten times without the limit).  And when that session
+# is ended under it, three times, the worker carries on with a new one
+# (before the fix it failed waiting on the closed socket and restarted).
 use strict;
 use warnings;
 
@@ -45,7 +47,7 @@ use FelixTest;
 use FelixCluster;
 
 use PostgreSQL::Test::Utils;
-use Time::HiRes;
+use Time::HiRes qw(usleep);
 use Test::More;
 
 my $c  = FelixCluster->new(nodes => 2);
@@ -205,6 +207,25 @@ SKIP:
 	ok($forged <= 2.2 * $quiet + 0.5,
 		sprintf("150 forged wakes make node2 beat at most twice as often (%.1f/s against %.1f/s)",
 			$forged, $quiet));
+
+	# The session it listens on ends under it (the control plane's
+	# administrator terminates it): the worker opens another at its next
+	# beat.  Before the fix it went on waiting on the closed socket, failed
+	# (epoll_ctl) and was restarted, forgetting the log ends it gives.
+	my $worker = sub {
+		$n2->safe_psql('postgres', "SELECT pid FROM pg_stat_activity WHERE backend_type = 'felix heartbeat'");
+	};
+	my $pid = $worker->();
+	for (1 .. 3)
+	{
+		$n1->safe_psql('postgres',
+			"SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+			  . "WHERE usename = 'felix_node_node2' AND application_name = 'felix heartbeat'");
+		usleep(300_000);
+	}
+	my $b2 = $beats->();
+	ok(FelixCluster::poll(10, sub { $beats->() > $b2 + 5 }), 'node2 heartbeats again on a new session');
+	is($worker->(), $pid, 'its heartbeat worker carried on: the same process');
 }
 
 $c->teardown;
