@@ -1032,6 +1032,35 @@ single_value(PGresult *res, const char *fn)
 	return v;
 }
 
+/*
+ * One call on a session of its own, closed whatever happens: the answer's
+ * single value (want_value), or NULL.
+ */
+static char *
+call_once(const char *fn, const char *sql, int nparams, const char *const *values,
+		  bool want_value)
+{
+	FelixCpSession s;
+	char	   *volatile v = NULL;
+
+	open_for_call(&s, FELIX_CP_CALL_TIMEOUT_MS);
+	PG_TRY();
+	{
+		PGresult   *res = remote(&s, fn, sql, nparams, values, ERROR);
+
+		if (want_value)
+			v = single_value(res, fn);
+		else
+			PQclear(res);
+	}
+	PG_FINALLY();
+	{
+		felix_cp_close(&s);
+	}
+	PG_END_TRY();
+	return v;
+}
+
 char *
 felix_cp_create_stream(const char *name, const char *schema, int shards,
 					   int replication_factor, const char *consistency,
@@ -1224,100 +1253,60 @@ char *
 felix_cp_move_replica(const char *stream, int shard, const char *from_node,
 					  const char *to_node)
 {
-	FelixCpSession s;
-	char	   *volatile set = NULL;
+	char		shard_s[16];
+	const char *values[4];
 
 	if (felix_store_is_etcd())
 		return cp_move_replica(stream, shard, from_node, to_node);
-	open_for_call(&s, FELIX_CP_CALL_TIMEOUT_MS);
-	PG_TRY();
-	{
-		char		shard_s[16];
-		const char *values[4];
-
-		snprintf(shard_s, sizeof(shard_s), "%d", shard);
-		values[0] = stream;
-		values[1] = shard_s;
-		values[2] = from_node;
-		values[3] = to_node;
-		set = single_value(remote(&s, "felix.cp_move_replica",
-								  "SELECT felix.cp_move_replica($1, $2::integer, $3, $4)",
-								  4, values, ERROR),
-						   "felix.cp_move_replica");
-	}
-	PG_FINALLY();
-	{
-		felix_cp_close(&s);
-	}
-	PG_END_TRY();
-	return set;
+	snprintf(shard_s, sizeof(shard_s), "%d", shard);
+	values[0] = stream;
+	values[1] = shard_s;
+	values[2] = from_node;
+	values[3] = to_node;
+	return call_once("felix.cp_move_replica", "SELECT felix.cp_move_replica($1, $2::integer, $3, $4)",
+					 4, values, true);
 }
 
 CpPromoted
 felix_cp_promote_copy(const char *stream, int shard, const char *node)
 {
-	FelixCpSession s;
 	CpPromoted	p;
+	char		shard_s[16];
+	const char *values[3];
+	char	   *json;
+	char		err[256];
+	JsonbContainer *o;
 
 	if (felix_store_is_etcd())
 		return cp_promote_copy(stream, shard, node);
 	memset(&p, 0, sizeof(p));
-	open_for_call(&s, FELIX_CP_CALL_TIMEOUT_MS);
-	PG_TRY();
-	{
-		char		shard_s[16];
-		const char *values[3];
-		char	   *json;
-		char		err[256];
-		JsonbContainer *o;
-
-		snprintf(shard_s, sizeof(shard_s), "%d", shard);
-		values[0] = stream;
-		values[1] = shard_s;
-		values[2] = node;
-		json = single_value(remote(&s, "felix.cp_promote_copy",
-								   "SELECT felix.cp_promote_copy($1, $2::integer, $3)",
-								   3, values, ERROR),
-							"felix.cp_promote_copy");
-		o = felix_json_parse(json, strlen(json), err, sizeof(err));
-		if (o == NULL || !felix_json_int64(o, "generation", &p.generation) ||
-			!felix_json_int64(o, "copy_end", &p.copy_end))
-			ereport(ERROR,
-					(errcode(ERRCODE_PROTOCOL_VIOLATION),
-					 errmsg("felix.cp_promote_copy on the control plane answered \"%s\"", json),
-					 errhint("Run the same felix version on every node and on the control plane.")));
-		if (!felix_json_string(o, "may_lose", &p.may_lose))
-			p.may_lose = NULL;
-	}
-	PG_FINALLY();
-	{
-		felix_cp_close(&s);
-	}
-	PG_END_TRY();
+	snprintf(shard_s, sizeof(shard_s), "%d", shard);
+	values[0] = stream;
+	values[1] = shard_s;
+	values[2] = node;
+	json = call_once("felix.cp_promote_copy", "SELECT felix.cp_promote_copy($1, $2::integer, $3)",
+					 3, values, true);
+	o = felix_json_parse(json, strlen(json), err, sizeof(err));
+	if (o == NULL || !felix_json_int64(o, "generation", &p.generation) ||
+		!felix_json_int64(o, "copy_end", &p.copy_end))
+		ereport(ERROR,
+				(errcode(ERRCODE_PROTOCOL_VIOLATION),
+				 errmsg("felix.cp_promote_copy on the control plane answered \"%s\"", json),
+				 errhint("Run the same felix version on every node and on the control plane.")));
+	if (!felix_json_string(o, "may_lose", &p.may_lose))
+		p.may_lose = NULL;
 	return p;
 }
 
 void
 felix_cp_remove_node(const char *node)
 {
-	FelixCpSession s;
+	const char *values[1] = {node};
 
 	if (felix_store_is_etcd())
 	{
 		cp_remove_node(node);
 		return;
 	}
-	open_for_call(&s, FELIX_CP_CALL_TIMEOUT_MS);
-	PG_TRY();
-	{
-		const char *values[1] = {node};
-
-		PQclear(remote(&s, "felix.cp_remove_node", "SELECT felix.cp_remove_node($1)",
-					   1, values, ERROR));
-	}
-	PG_FINALLY();
-	{
-		felix_cp_close(&s);
-	}
-	PG_END_TRY();
+	(void) call_once("felix.cp_remove_node", "SELECT felix.cp_remove_node($1)", 1, values, false);
 }

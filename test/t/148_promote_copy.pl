@@ -143,5 +143,12 @@ ok(defined FelixCluster::poll(90, sub {
 }, 1), "$s2: $B takes a publish once $C is back") or $c->diag_shard($s2, 0);
 is($seq, '5', '... at seq 5: the records beyond its copy are gone');
 
+# felix_remove_node through a node (the control plane's refusals come back
+# with their SQLSTATE): A, dead, still holds replicas; an unknown name
+($rc, $err) = psql_error($n1, "SELECT felix_remove_node('$A')");
+like($err, qr/ERROR:  55006: node "\Q$A\E" still holds a replica/, "felix_remove_node('$A') is refused while it holds replicas (55006)");
+($rc, $err) = psql_error($n1, "SELECT felix_remove_node('no_such_node')");
+like($err, qr/ERROR:  42704:/, 'felix_remove_node of an unknown node is refused (42704)');
+
 $c->teardown;
 felix_done_testing();
