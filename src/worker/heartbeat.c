@@ -302,27 +302,35 @@ refresh_lists(void)
 /*
  * Wake the nodes just given a new generation, so each claims it now rather
  * than at its next beat (with etcd; the embedded control plane notifies
- * them itself).  This node beats again at once; another is asked over a
- * connection of its own, for at most an interval each: a node that does
- * not answer claims at its next beat anyway.
+ * them itself).  This node beats again at once; the others are asked over
+ * connections of their own, within half an interval in all, so that peers
+ * this node cannot reach (a partition) never hold up its own heartbeat: a
+ * node not woken claims at its next beat anyway.
  */
 static void
 wake_grantees(List *grantees)
 {
 	ListCell   *lc;
+	int64		deadline = felix_monotonic_ns() + (int64) felix_heartbeat_interval * 500000;
 
 	foreach(lc, grantees)
 	{
 		const char *name = strVal(lfirst(lc));
 		PGconn	   *conn;
+		int			left_ms;
 
 		if (strcmp(name, felix_node_name_resolved()) == 0)
 		{
 			beat_now = true;
 			continue;
 		}
-		conn = felix_node_connect(name, HB_APPNAME, felix_heartbeat_interval);
-		felix_node_wake_heartbeat(conn, felix_heartbeat_interval);
+		left_ms = (int) ((deadline - felix_monotonic_ns()) / 1000000);
+		if (left_ms <= 0)
+			continue;
+		conn = felix_node_connect(name, HB_APPNAME, left_ms);
+		left_ms = (int) ((deadline - felix_monotonic_ns()) / 1000000);
+		if (left_ms > 0)
+			felix_node_wake_heartbeat(conn, left_ms);
 		felix_conn_close(conn);
 	}
 }
