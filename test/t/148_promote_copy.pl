@@ -113,9 +113,14 @@ like($err, qr/55000:.*is not unplaced: node "\Q$B\E" leads generation 2/, 'a led
 # s1: C returns, with a longer copy than B's (while C is not alive yet,
 # promoting B would be allowed, with a WARNING)
 $c->start_node($k{$C});
+# (the control plane's word, not felix_nodes: a node's view of the node
+# list is refreshed once a second, and may still show C alive from before
+# it was declared dead -- a promotion of B then would be allowed)
 ok(defined FelixCluster::poll(30, sub {
-	$n1->safe_psql('postgres', "SELECT alive FROM felix_nodes WHERE name = '$C'") eq 't' }, 0.2),
-	"$C is alive again in felix_nodes");
+	$c->state_query("SELECT (value::jsonb->'nodes') ? '$C' FROM felix.store_read('alive')") eq 't'
+	  && $c->state_query("SELECT count(*) FROM felix.nodes, unnest(ends) e "
+		  . "WHERE name = '$C' AND e LIKE '$s1/0=%'") eq '1' }, 0.2),
+	"$C is alive again at the control plane, and has said where its copy ends");
 $took = FelixCluster::poll(30, sub {
 	($rc, $err) = psql_error($n1, "SELECT felix_promote_copy('$s1', 0, '$B')");
 	return $err =~ /copy ends at seq 10/;
