@@ -26,7 +26,8 @@ CREATE FUNCTION pg_temp.hb(node text, conninfo text DEFAULT 'host=x', boot text 
     AS $$ SELECT h.stream, h.shard, h.generation, h.leader, h.lease_granted, h.unplaced_reason
             FROM felix.cp_heartbeat(node,
                  CASE WHEN conninfo = 'host=x' THEN 'host=' || node ELSE conninfo END,
-                 pg_temp.inc(node), starts, pg_temp.inc(boot), lease_ms => 100, ends => ends) h $$;
+                 pg_temp.inc(node), starts, pg_temp.inc(boot), lease_ms => 100, ends => ends) h
+           WHERE h.stream IS NOT NULL $$;
 -- One round of the duties, as node_a (this session).
 CREATE FUNCTION pg_temp.tick() RETURNS integer LANGUAGE sql
     AS $$ SELECT promoted FROM felix.cp_tick('node_a', pg_temp.inc('duty')) $$;
@@ -219,7 +220,7 @@ SELECT (value::jsonb->>'beat')::bigint AS b, (value::jsonb->>'ends_beat')::bigin
   FROM felix.store_read('nodes/' || :'f0') \gset
 SELECT count(*) > 0 AS beat FROM pg_temp.hb(:'f0');
 SELECT (value::jsonb->>'beat')::bigint - :b AS beats, (value::jsonb->>'ends_beat')::bigint - :e AS ends_beats,
-       value::jsonb->'ends' AS ends
+       (SELECT ends FROM felix.nodes WHERE name = :'f0') AS ends
   FROM felix.store_read('nodes/' || :'f0');
 SELECT count(*) > 0 AS beat FROM pg_temp.hb(:'f0', ends => ARRAY['orders/0=10']);
 SELECT (value::jsonb->>'beat')::bigint - :b AS beats, (value::jsonb->>'ends_beat')::bigint - :e AS ends_beats
@@ -304,6 +305,72 @@ SELECT felix.cp_drop_stream('orders', '00000000-0000-4000-8000-000000000001');
 SELECT felix.cp_drop_stream('orders', gen_random_uuid(), missing_ok => true);
 SELECT felix.cp_drop_stream('orders', :'orders_id');
 SELECT count(*) AS left_of_orders FROM felix.cp_store WHERE key LIKE '%/orders%';
+
+-- ---------------------------------------------------------------------
+-- What a session read before stays true: a process keeps a copy of the
+-- state and reads only what changed since (cpstate.c).  A deletion shows
+-- in it, and so does a transaction of its own that rolled back.
+-- ---------------------------------------------------------------------
+SELECT count(*) AS orders_rows_after_the_drop FROM pg_temp.hb('node_b') WHERE stream = 'orders';
+BEGIN;
+SELECT felix.cp_create_stream('ghost', 1, 1) IS NOT NULL AS created_in_a_transaction;
+SELECT count(*) AS ghost_rows_inside FROM pg_temp.hb('node_b') WHERE stream = 'ghost';
+ROLLBACK;
+SELECT count(*) AS ghost_rows_after_rollback FROM pg_temp.hb('node_b') WHERE stream = 'ghost';
+
+-- A node says what it holds (the state and the commit of its last answer)
+-- and is told what changed since: nothing, once nothing did.  A deletion
+-- makes the answer full again.
+CREATE FUNCTION pg_temp.hb_since(s bigint, c bigint, id text)
+    RETURNS TABLE (stream text, state_revision bigint, store_revision bigint, store_id text,
+                   full_answer boolean)
+    LANGUAGE sql
+    AS $$ SELECT h.stream, h.state_revision, h.store_revision, h.store_id, h.full_answer
+            FROM felix.cp_heartbeat('node_b', 'host=node_b', pg_temp.inc('node_b'), 1,
+                 pg_temp.inc('boot'), lease_ms => 100, seen_store_id => id,
+                 known_state => s, known_commit => c) h $$;
+SELECT felix.cp_create_stream('delta', 2, 3) IS NOT NULL AS created;
+SELECT state_revision AS s1, store_revision AS c1, store_id AS sid
+  FROM pg_temp.hb_since(NULL, NULL, NULL) WHERE stream IS NULL \gset
+SELECT state_revision AS s2, store_revision AS c2
+  FROM pg_temp.hb_since(:s1, :c1, :'sid') WHERE stream IS NULL \gset
+SELECT count(*) FILTER (WHERE stream IS NOT NULL) AS rows_when_nothing_changed,
+       bool_or(full_answer) AS full
+  FROM pg_temp.hb_since(:s2, :c2, :'sid');
+SELECT count(*) FILTER (WHERE stream IS NOT NULL) AS rows_from_another_store,
+       bool_or(full_answer) AS full
+  FROM pg_temp.hb_since(:s2, :c2, '00000000-0000-4000-8000-000000000000');
+SELECT count(*) FILTER (WHERE stream IS NOT NULL) AS rows_from_nothing,
+       bool_or(full_answer) AS full
+  FROM pg_temp.hb_since(NULL, NULL, :'sid');
+SELECT creation_id AS delta_id FROM felix.cluster_streams WHERE name = 'delta' \gset
+SELECT felix.cp_drop_stream('delta', :'delta_id');
+SELECT count(*) FILTER (WHERE stream = 'delta') AS rows_of_the_dropped_stream,
+       bool_or(full_answer) AS full
+  FROM pg_temp.hb_since(:s2, :c2, :'sid');
+
+-- A worker's log ends, unchanged since the heartbeat whose answer it took
+-- last, need not be given again: they count as given (ends_beat).  Ends
+-- written after that answer are not taken so, and the answer is full.
+CREATE FUNCTION pg_temp.hb_ends(s bigint, c bigint, id text, ends text[], same boolean)
+    RETURNS TABLE (state_revision bigint, store_revision bigint, full_answer boolean)
+    LANGUAGE sql
+    AS $$ SELECT h.state_revision, h.store_revision, h.full_answer
+            FROM felix.cp_heartbeat('node_b', 'host=node_b', pg_temp.inc('node_b'), 1,
+                 pg_temp.inc('boot'), lease_ms => 100, ends => ends, seen_store_id => id,
+                 known_state => s, known_commit => c, ends_unchanged => same) h
+           WHERE h.stream IS NULL $$;
+CREATE FUNCTION pg_temp.ends_beat() RETURNS bigint LANGUAGE sql
+    AS $$ SELECT (value::jsonb->>'ends_beat')::bigint FROM felix.store_read('nodes/node_b')
+           WHERE key = 'nodes/node_b' $$;
+SELECT state_revision AS e_s, store_revision AS e_c
+  FROM pg_temp.hb_ends(NULL, NULL, :'sid', ARRAY['x/0=5'], false) \gset
+SELECT pg_temp.ends_beat() AS eb \gset
+SELECT full_answer AS full_when_unchanged FROM pg_temp.hb_ends(:e_s, :e_c, :'sid', NULL, true);
+SELECT pg_temp.ends_beat() - :eb AS ends_beats, (SELECT ends FROM felix.nodes WHERE name = 'node_b') AS ends;
+SELECT count(*) AS header FROM pg_temp.hb_ends(NULL, NULL, :'sid', ARRAY['x/0=6'], false);
+SELECT full_answer AS full_when_stale FROM pg_temp.hb_ends(:e_s, :e_c, :'sid', NULL, true);
+SELECT pg_temp.ends_beat() - :eb AS ends_beats, (SELECT ends FROM felix.nodes WHERE name = 'node_b') AS ends;
 
 -- ---------------------------------------------------------------------
 -- Removing a node

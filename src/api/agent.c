@@ -18,7 +18,12 @@
  *	  The heartbeat worker (worker/heartbeat.c) calls it after each
  *	  heartbeat; a backend that just created a stream calls it for that
  *	  stream alone (agent_apply_stream), so the stream is led when the
- *	  call returns.
+ *	  call returns.  The worker's answers hold only what changed
+ *	  (control/cp_heartbeat.c): the agent keeps every assignment told so
+ *	  far, applies those an answer brings or whose shard is no longer as
+ *	  they left it, and renews the other leases on the spot
+ *	  (lease_reassert); and it gives its log ends again only when they
+ *	  changed.
  *
  * Locking rule: holds AccessShareLock on a stream's table while applying
  * an assignment to one of its shards, taken conditionally: a stream being
@@ -60,6 +65,13 @@
 static HTAB *row_errors = NULL;
 /* Shards whose assignment could not be applied here, and since when. */
 static HTAB *unserved = NULL;
+static HTAB *known_rows = NULL;
+static MemoryContext known_cxt = NULL;
+static FelixCpAnswer known_answer;
+static bool have_known = false;
+/* The log ends given at the heartbeat of known_answer (NULL: not known). */
+static char **ends_given = NULL;
+static int	nends_given = 0;
 /*
  * The shards the control plane last named this node a replica of (leader
  * or follower), whose log ends the next heartbeat gives (agent_held_ends); NULL:
@@ -107,6 +119,23 @@ typedef struct UnservedEntry
 	RowErrorKey key;
 	int64		since_ns;
 } UnservedEntry;
+
+/*
+ * The assignments this node holds: every row of the heartbeats' answers,
+ * merged (a full answer replaces them all), and what became of each here;
+ * known_answer says what they are as of (have_known false: nothing).
+ * Strings of rows live in known_cxt.
+ */
+typedef struct KnownRow
+{
+	RowErrorKey id;				/* hash key */
+	FelixCpShard row;
+	bool		applied;		/* reached the local shard as told */
+	int			slot;			/* ... that shard's slot (-1: none) */
+	FelixShardKey key;
+	bool		holds;			/* the row names this node a replica */
+	bool		in_answer;		/* (while a full answer is taken in) */
+} KnownRow;
 
 static void
 row_error_key(RowErrorKey *key, const char *stream, int shard)
@@ -182,6 +211,11 @@ agent_init(void)
 	ctl.entrysize = sizeof(UnservedEntry);
 	unserved = hash_create("felix heartbeat: shards not served", 64, &ctl,
 						   HASH_ELEM | HASH_BLOBS);
+	known_cxt = AllocSetContextCreate(TopMemoryContext, "felix heartbeat: assignments held",
+									  ALLOCSET_DEFAULT_SIZES);
+	ctl.entrysize = sizeof(KnownRow);
+	known_rows = hash_create("felix heartbeat: assignments held", 256, &ctl,
+							 HASH_ELEM | HASH_BLOBS);
 }
 
 void
@@ -287,11 +321,9 @@ apply_row_guts(void *arg)
 	s = felix_stream_shard(&stream, r->c.shard);
 	lease_apply_assignment(s, &r->c.a);
 	r->applied = true;
-	if (holds_copy(&r->c.a))
-	{
-		r->slot = shard_slot_index(s);
-		r->key = s->key;
-	}
+	r->slot = shard_slot_index(s);
+	r->key = s->key;
+	r->holds = holds_copy(&r->c.a);
 }
 
 /* Note each shard's leader and its address in the node directory. */
@@ -321,6 +353,147 @@ agent_rows(FelixCpShard *shards, int n)
 	return rows;
 }
 
+const FelixCpAnswer *
+agent_known(void)
+{
+	return have_known ? &known_answer : NULL;
+}
+
+static void
+known_row_free(KnownRow *k)
+{
+	if (k->row.leader_conninfo)
+		pfree(k->row.leader_conninfo);
+	if (k->row.bad)
+		pfree(k->row.bad);
+}
+
+static void
+forget_ends_given(void)
+{
+	for (int i = 0; i < nends_given; i++)
+		pfree(ends_given[i]);
+	if (ends_given)
+		pfree(ends_given);
+	ends_given = NULL;
+	nends_given = 0;
+}
+
+bool
+agent_ends_unchanged(char **ends, int n)
+{
+	if (!have_known || ends == NULL || ends_given == NULL || n != nends_given)
+		return false;
+	for (int i = 0; i < n; i++)
+		if (strcmp(ends[i], ends_given[i]) != 0)
+			return false;
+	return true;
+}
+
+void
+agent_ends_sent(char **ends, int n, bool unchanged, const FelixCpAnswer *answer)
+{
+	if (unchanged && !answer->full)
+		return;					/* the control plane took them as they were */
+	forget_ends_given();
+	if (unchanged || ends == NULL)
+		return;					/* maybe not taken: given again next time */
+	ends_given = MemoryContextAlloc(known_cxt, sizeof(char *) * (n + 1));
+	for (int i = 0; i < n; i++)
+		ends_given[i] = MemoryContextStrdup(known_cxt, ends[i]);
+	nends_given = n;
+}
+
+void
+agent_forget(void)
+{
+	HASH_SEQ_STATUS seq;
+	KnownRow   *k;
+
+	hash_seq_init(&seq, known_rows);
+	while ((k = hash_seq_search(&seq)) != NULL)
+	{
+		known_row_free(k);
+		(void) hash_search(known_rows, k, HASH_REMOVE, NULL);
+	}
+	have_known = false;
+	forget_ends_given();
+}
+
+AgentRow *
+agent_take_answer(FelixCpShard *shards, int n, const FelixCpAnswer *answer, int64 t_send,
+				  int *nrows)
+{
+	HASH_SEQ_STATUS seq;
+	KnownRow   *k;
+	AgentRow   *rows;
+	MemoryContext caller = CurrentMemoryContext;
+
+	if (answer->full)
+	{
+		hash_seq_init(&seq, known_rows);
+		while ((k = hash_seq_search(&seq)) != NULL)
+			k->in_answer = false;
+	}
+	MemoryContextSwitchTo(known_cxt);
+	for (int i = 0; i < n; i++)
+	{
+		RowErrorKey key;
+		bool		found;
+
+		row_error_key(&key, shards[i].stream, shards[i].shard);
+		k = hash_search(known_rows, &key, HASH_ENTER, &found);
+		if (found)
+			known_row_free(k);
+		k->row = shards[i];
+		k->row.leader_conninfo = shards[i].leader_conninfo ? pstrdup(shards[i].leader_conninfo) : NULL;
+		k->row.bad = shards[i].bad ? pstrdup(shards[i].bad) : NULL;
+		k->applied = false;
+		k->slot = -1;
+		k->holds = false;
+		k->in_answer = true;
+	}
+	MemoryContextSwitchTo(caller);
+	if (answer->full)
+	{
+		/* what a full answer leaves out is no more */
+		hash_seq_init(&seq, known_rows);
+		while ((k = hash_seq_search(&seq)) != NULL)
+			if (!k->in_answer)
+			{
+				known_row_free(k);
+				(void) hash_search(known_rows, k, HASH_REMOVE, NULL);
+			}
+	}
+	known_answer = *answer;
+	have_known = true;
+
+	/*
+	 * This answer claimed again every lease held that it says nothing
+	 * about (cp_heartbeat.c, "What the answer holds"): each is as of
+	 * t_send, renewed on the spot where the local shard is as the row
+	 * left it, else applied anew with the rest.
+	 */
+	rows = palloc0(sizeof(AgentRow) * (hash_get_num_entries(known_rows) + 1));
+	*nrows = 0;
+	hash_seq_init(&seq, known_rows);
+	while ((k = hash_seq_search(&seq)) != NULL)
+	{
+		AgentRow   *r;
+
+		k->row.a.sent_at_ns = t_send;
+		if (k->applied && k->slot >= 0 && k->row.bad == NULL &&
+			lease_reassert(k->slot, &k->key, &k->row.a))
+			continue;
+		r = &rows[(*nrows)++];
+		r->c = k->row;
+		r->c.leader_conninfo = k->row.leader_conninfo ? pstrdup(k->row.leader_conninfo) : pstrdup("");
+		r->c.bad = k->row.bad ? pstrdup(k->row.bad) : NULL;
+		r->slot = -1;
+	}
+	return rows;
+}
+
 /* One heartbeat of the calling backend's own, applying the rows of arg's stream. */
 static void
 apply_stream_now(void *arg)
@@ -335,8 +508,9 @@ apply_stream_now(void *arg)
 		int			n;
 		int64		t_send;
 		AgentRow	   *rows;
+		FelixCpAnswer answer;
 
-		(void) felix_cp_heartbeat(&s, NULL, 0, NULL, 0, NULL, &t_send, &shards, &n, ERROR);
+		(void) felix_cp_heartbeat(&s, NULL, 0, NULL, 0, false, NULL, NULL, &t_send, &shards, &n, &answer, ERROR);
 		rows = agent_rows(shards, n);
 		agent_note_leaders(rows, n);
 		for (int i = 0; i < n; i++)
@@ -651,22 +825,43 @@ agent_note_served(AgentRow *rows, int nrows)
 	}
 }
 
-/* Remember the shards this heartbeat named this node a replica of. */
+/*
+ * Remember what became of the rows applied, in the rows held, and the
+ * shards the rows held name this node a replica of.
+ */
 void
 agent_note_held(AgentRow *rows, int nrows)
 {
-	if (held)
-		pfree(held);
-	held = MemoryContextAllocZero(TopMemoryContext, sizeof(HeldShard) * (nrows + 1));
-	nheld = 0;
+	HASH_SEQ_STATUS seq;
+	KnownRow   *k;
+
 	for (int i = 0; i < nrows; i++)
 	{
-		if (rows[i].slot < 0)
+		RowErrorKey key;
+
+		row_error_key(&key, rows[i].c.stream, rows[i].c.shard);
+		k = hash_search(known_rows, &key, HASH_FIND, NULL);
+		if (k == NULL)
 			continue;
-		strlcpy(held[nheld].stream, rows[i].c.stream, NAMEDATALEN);
-		held[nheld].shard = rows[i].c.shard;
-		held[nheld].slot = rows[i].slot;
-		held[nheld].key = rows[i].key;
+		k->applied = rows[i].applied;
+		k->slot = rows[i].applied ? rows[i].slot : -1;
+		k->key = rows[i].key;
+		k->holds = rows[i].applied && rows[i].holds;
+	}
+	if (held)
+		pfree(held);
+	held = MemoryContextAllocZero(TopMemoryContext,
+								  sizeof(HeldShard) * (hash_get_num_entries(known_rows) + 1));
+	nheld = 0;
+	hash_seq_init(&seq, known_rows);
+	while ((k = hash_seq_search(&seq)) != NULL)
+	{
+		if (!k->holds || k->slot < 0)
+			continue;
+		strlcpy(held[nheld].stream, k->row.stream, NAMEDATALEN);
+		held[nheld].shard = k->row.shard;
+		held[nheld].slot = k->slot;
+		held[nheld].key = k->key;
 		nheld++;
 	}
 }

@@ -2,13 +2,15 @@
  *
  * cp_heartbeat.c
  *	  A node's heartbeat at the control plane: register the node, claim the
- *	  leases it is due, and tell it every assignment of every stream.
+ *	  leases it is due, and tell it what changed in the assignments.
  *
  *	  The lease rule.  A node holds the lease of shard S at generation G
  *	  from the instant s it sent a heartbeat until s + lease_ms -
  *	  felix.lease_epsilon by its own monotonic clock, provided that
- *	  heartbeat's transaction committed a node record claiming (S, G)
- *	  while S's assignment named it, at its incarnation, leader of G.  The
+ *	  heartbeat's transaction committed a write of the node's record while
+ *	  its claims (claims/<node>, written or compared in the same
+ *	  transaction) held (S, G), and S's assignment named it, at its
+ *	  incarnation, leader of G.  The
  *	  transaction compares the node's own record and its leads/<node> key,
  *	  which every change of a shard's leader away from it bumps
  *	  (cp_duty.c, cp_streams.c): so a promotion that commits first makes
@@ -34,6 +36,20 @@
  *	  the same name (42710); a new incarnation of a node declared dead
  *	  voids every report about the node as a follower, a new boot marks
  *	  them not caught up until its leaders confirm them.
+ *
+ *	  What the answer holds.  A node keeps the assignments it was told and
+ *	  says which state it holds (known_state) and which answer told it its
+ *	  leases (known_commit).  The answer is every assignment (full) when
+ *	  the node holds none, or may hold one that is gone or stale in a way a
+ *	  row would not show: another store, another incarnation or boot, a
+ *	  shard taken from it (leads/<node>), a deletion, an address changed,
+ *	  or claims written by a heartbeat whose answer it did not take.
+ *	  Otherwise it is the assignments written after known_state (their
+ *	  shard or their stream), and those whose lease this call claims, or
+ *	  stops claiming, unlike claims/<node> as the answer at known_commit
+ *	  left it -- which is what the node holds as its leases.  So every
+ *	  lease the node holds and finds no row about was claimed again by
+ *	  this call, and a node that lost an answer gets a full one.
  *
  * Locking rule: none; compare-and-set in the store.
  *
@@ -202,6 +218,47 @@ holder_silent(const CpNode *holder)
 		(int64) Max(felix_node_expiry, 2 * felix_lease_duration + felix_lease_margin) * 1000000;
 }
 
+/*
+ * Does the lease claimed at the node's last answer (claims/<node> as prev
+ * holds it) say the node holds s at its generation, with this lease?
+ */
+static bool
+claimed_before(const CpNode *prev, const CpShard *s, int lease_ms)
+{
+	const CpClaim *c = prev ? cp_node_claim(prev, s->stream, s->shard) : NULL;
+
+	return c != NULL && c->generation == s->generation && c->lease_ms == lease_ms;
+}
+
+/*
+ * A node's worker may say its log ends are those it gave at the heartbeat
+ * whose answer it took last (known_commit), rather than give them again:
+ * true if ends/<node> still holds those -- not written since, in this
+ * boot.
+ */
+static bool
+ends_unchanged_holds(const CpHeartbeatArgs *a, const CpNode *prev)
+{
+	return a->ends_unchanged && !a->ends_given && a->known_commit > 0 && prev != NULL &&
+		strcmp(prev->boot, a->boot) == 0 && strcmp(prev->incarnation, a->incarnation) == 0 &&
+		prev->ends_rev > 0 && prev->ends_rev <= a->known_commit;
+}
+
+/* Must the answer be every assignment?  (See "What the answer holds" above.) */
+static bool
+full_answer(const CpHeartbeatArgs *a, const CpSnapshot *snap, const CpNode *prev)
+{
+	return a->known_state <= 0 || a->known_commit <= 0 ||
+		a->known_state > snap->revision || prev == NULL ||
+		strcmp(prev->incarnation, a->incarnation) != 0 || strcmp(prev->boot, a->boot) != 0 ||
+		a->seen_store_id == NULL || snap->store_id == NULL ||
+		strcmp(a->seen_store_id, snap->store_id) != 0 ||
+		prev->claims_rev > a->known_commit ||
+		cp_snapshot_leads_rev(snap, a->node) > a->known_commit ||
+		snap->deletions_rev > a->known_state ||
+		snap->addresses_rev > a->known_state;
+}
+
 void
 cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 {
@@ -248,8 +305,8 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 					 errdetail("The store %s was put back from an older copy (a backup, or a standby that was behind); serving it would hand out generations and leases that were handed out already.",
 							   snap.store_id),
 					 errhint("Bring back the store's latest state: its synchronous standby, or the etcd members' data.  If that is lost for good, see \"The control-plane store went back in time\" in docs/operations.md.")));
-		cmps = palloc0(sizeof(FelixStoreCmp) * room);
-		ops = palloc0(sizeof(FelixStoreOp) * room);
+		cmps = palloc0(sizeof(FelixStoreCmp) * (room + 3));
+		ops = palloc0(sizeof(FelixStoreOp) * (room + 3));
 		granted = palloc0(sizeof(bool) * (snap.nshards + 1));
 
 		if (prev && strcmp(prev->incarnation, a->incarnation) == 0 &&
@@ -349,6 +406,13 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 			me.nends = a->nends;
 			me.ends = a->ends;
 			me.ends_beat = (prev && strcmp(prev->boot, a->boot) == 0) ? prev->ends_beat + 1 : 1;
+		}
+		else if (ends_unchanged_holds(a, prev))
+		{
+			/* read again by the worker, and what it gave last time */
+			me.nends = prev->nends;
+			me.ends = prev->ends;
+			me.ends_beat = prev->ends_beat + 1;
 		}
 		else if (prev && strcmp(prev->boot, a->boot) == 0)
 		{
@@ -456,6 +520,40 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 
 		ops[nops].key = cp_key_node(a->node);
 		ops[nops++].value = cp_node_write(&me);
+		if (prev == NULL || strcmp(prev->conninfo, me.conninfo) != 0)
+		{
+			/* the addresses in every node's assignments change */
+			ops[nops].key = CP_KEY_ADDRESSES;
+			ops[nops++].value = cp_leads_value();
+		}
+
+		/*
+		 * Ends and claims have keys of their own, written only when they
+		 * change: the node's record, written at every heartbeat, stays
+		 * small, and so does what every reader of the state reads again.
+		 * Their values at commit are this heartbeat's, as they were read
+		 * and compared or written here; and only this node's heartbeats
+		 * write them, each comparing the node's record.  So the lease
+		 * rule above holds of claims/<node> as it did of claims in the
+		 * record: a write of the record renews what claims/<node> holds.
+		 */
+		if (prev == NULL || prev->ends_rev == 0 || strcmp(prev->boot, a->boot) != 0 ||
+			(a->ends_given && !cp_ends_equal(me.ends, me.nends, prev->ends, prev->nends)))
+		{
+			/* a new boot's ends are none until it gives some */
+			cmps[ncmps].key = cp_key_ends(a->node);
+			cmps[ncmps++].mod_revision = prev ? prev->ends_rev : 0;
+			ops[nops].key = cmps[ncmps - 1].key;
+			ops[nops++].value = cp_ends_write(a->boot, me.ends, me.nends);
+		}
+		cmps[ncmps].key = cp_key_claims(a->node);
+		cmps[ncmps++].mod_revision = prev ? prev->claims_rev : 0;
+		if (prev == NULL || prev->claims_rev == 0 ||
+			!cp_claims_equal(me.claims, me.nclaims, prev->claims, prev->nclaims))
+		{
+			ops[nops].key = cmps[ncmps - 1].key;
+			ops[nops++].value = cp_claims_write(me.claims, me.nclaims);
+		}
 		if (snap.store_id == NULL)
 		{
 			/* the store's identity, made by the first heartbeat it serves */
@@ -481,6 +579,10 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 
 		out->store_id = snap.store_id;
 		out->revision = rev;
+		out->state_revision = snap.revision;
+		/* a node whose unchanged ends were not taken gives them next time */
+		out->full = full_answer(a, &snap, prev) ||
+			(a->ends_unchanged && !ends_unchanged_holds(a, prev));
 		out->n = 0;
 		out->rows = palloc0(sizeof(CpAssignment) * (snap.nshards + 1));
 		out->snap = palloc(sizeof(CpSnapshot));
@@ -493,6 +595,9 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 			CpAssignment *r;
 
 			if (st2 == NULL)
+				continue;
+			if (!out->full && s->rev <= a->known_state && st2->rev <= a->known_state &&
+				granted[i] == claimed_before(prev, s, a->lease_ms))
 				continue;
 			r = &out->rows[out->n++];
 			r->shard = s;

@@ -119,6 +119,25 @@ newer_than_stored(const CpReport *stored, const char *leader, int64 generation, 
 		stored->token == 0 || token == 0 || stored->token < token;
 }
 
+/*
+ * Does row say what stored does, in all a decision reads?  Only when and
+ * by which call it was made differ.
+ */
+static bool
+same_report(const CpReport *stored, const CpReport *row)
+{
+	return strcmp(stored->follower, row->follower) == 0 &&
+		strcmp(stored->incarnation, row->incarnation) == 0 &&
+		stored->generation == row->generation &&
+		strcmp(stored->leader, row->leader) == 0 &&
+		stored->acked_end == row->acked_end &&
+		stored->caught_up == row->caught_up &&
+		(stored->halted == NULL) == (row->halted == NULL) &&
+		(stored->halted == NULL || strcmp(stored->halted, row->halted) == 0) &&
+		stored->halted_since_ms == row->halted_since_ms &&
+		stored->position == row->position;
+}
+
 int
 cp_report(const char *leader, const CpReportRow *rows, int nrows, int64 token,
 		  const char *incarnation)
@@ -163,11 +182,15 @@ cp_report(const char *leader, const CpReportRow *rows, int nrows, int64 token,
 			const char **named = palloc0(sizeof(char *) * (nrows + 1));
 			bool		changed = false;
 			int64		now = cp_now_ms();
+			CpStream   *def;
+			bool		quorum;
 
 			if (done[i])
 				continue;
 			s = cp_snapshot_shard(&snap, stream, shard);
 			stored = cp_snapshot_reports(&snap, stream, shard);
+			def = cp_snapshot_stream(&snap, stream);
+			quorum = def != NULL && strcmp(def->consistency, "quorum") == 0;
 			if (stored)
 				out = *stored;
 			else
@@ -228,6 +251,20 @@ cp_report(const char *leader, const CpReportRow *rows, int nrows, int64 token,
 				row.token = token;
 				row.leader_beat = leader_beat;
 				row.reported_ms = now;
+
+				/*
+				 * A quorum shard's leader refreshes reports that did not
+				 * change (report.c, QUORUM_REFRESH_INTERVALS): what the
+				 * store holds already says it, and rewriting thousands of
+				 * them would cost every reader of the state.  (A
+				 * leader-consistency shard's report counts only when
+				 * recent: leader_beat, in cp_duty.c.)
+				 */
+				if (have && quorum && same_report(have, &row))
+				{
+					accepted++;
+					continue;
+				}
 				if (have)
 					*have = row;
 				else if (out.n < CP_MAX_REPLICAS + 1)

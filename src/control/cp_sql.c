@@ -150,6 +150,13 @@ text_array(char *const *items, int n)
  * felix.cp_heartbeat
  * ---------------------------------------------------------------------
  */
+/* felix.cp_heartbeat's columns: 20 of an assignment, then the header's. */
+#define HB_SQL_STORE_ID			20
+#define HB_SQL_STORE_REVISION	21
+#define HB_SQL_STATE_REVISION	22
+#define HB_SQL_FULL				23
+#define HB_SQL_COLS				24
+
 PG_FUNCTION_INFO_V1(felix_cp_heartbeat_sql);
 Datum
 felix_cp_heartbeat_sql(PG_FUNCTION_ARGS)
@@ -182,6 +189,9 @@ felix_cp_heartbeat_sql(PG_FUNCTION_ARGS)
 		a.ends = text_array_arg(fcinfo, 8, &a.nends);
 	a.seen_store_id = text_arg(fcinfo, 9);
 	a.seen_revision = PG_ARGISNULL(10) ? 0 : PG_GETARG_INT64(10);
+	a.known_state = PG_ARGISNULL(11) ? 0 : PG_GETARG_INT64(11);
+	a.known_commit = PG_ARGISNULL(12) ? 0 : PG_GETARG_INT64(12);
+	a.ends_unchanged = !PG_ARGISNULL(13) && PG_GETARG_BOOL(13);
 
 	InitMaterializedSRF(fcinfo, 0);
 	AS_OWNER(cp_heartbeat(&a, &res));
@@ -194,20 +204,37 @@ felix_cp_heartbeat_sql(PG_FUNCTION_ARGS)
 	 * the server late, after its client closed the connection, is
 	 * refused here rather than committed.
 	 */
-	if (a.ends_given && MyProcPort != NULL && whereToSendOutput == DestRemote &&
+	if ((a.ends_given || a.ends_unchanged) && MyProcPort != NULL && whereToSendOutput == DestRemote &&
 		!pq_check_connection())
 		ereport(ERROR,
 				(errcode(ERRCODE_CONNECTION_FAILURE),
 				 errmsg("node \"%s\": the heartbeat's connection closed before it committed", a.node),
 				 errhint("The node has given up on this call; its next heartbeat goes on.")));
 
+	/*
+	 * The answer's header first: no assignment (stream NULL), what the
+	 * answer is of.  Every answer has it, an empty one too.
+	 */
+	{
+		Datum		v[HB_SQL_COLS];
+		bool		nulls[HB_SQL_COLS];
+
+		memset(nulls, true, sizeof(nulls));
+		nulls[HB_SQL_STORE_ID] = nulls[HB_SQL_STORE_REVISION] = false;
+		nulls[HB_SQL_STATE_REVISION] = nulls[HB_SQL_FULL] = false;
+		v[HB_SQL_STORE_ID] = CStringGetTextDatum(res.store_id);
+		v[HB_SQL_STORE_REVISION] = Int64GetDatum(res.revision);
+		v[HB_SQL_STATE_REVISION] = Int64GetDatum(res.state_revision);
+		v[HB_SQL_FULL] = BoolGetDatum(res.full);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, v, nulls);
+	}
 	for (int i = 0; i < res.n; i++)
 	{
 		const CpAssignment *r = &res.rows[i];
 		const CpShard *s = r->shard;
 		const CpStream *st = r->stream;
-		Datum		v[22];
-		bool		nulls[22];
+		Datum		v[HB_SQL_COLS];
+		bool		nulls[HB_SQL_COLS];
 
 		memset(nulls, 0, sizeof(nulls));
 		v[0] = CStringGetTextDatum(s->stream);
@@ -246,9 +273,8 @@ felix_cp_heartbeat_sql(PG_FUNCTION_ARGS)
 		v[18] = s->leaving ? CStringGetTextDatum(s->leaving) : (Datum) 0;
 		nulls[19] = s->leader_incarnation == NULL;
 		v[19] = s->leader_incarnation ? CStringGetTextDatum(s->leader_incarnation) : (Datum) 0;
-		/* the store, on every row (a node with no shard has nothing to lose) */
-		v[20] = CStringGetTextDatum(res.store_id);
-		v[21] = Int64GetDatum(res.revision);
+		nulls[HB_SQL_STORE_ID] = nulls[HB_SQL_STORE_REVISION] = true;
+		nulls[HB_SQL_STATE_REVISION] = nulls[HB_SQL_FULL] = true;
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, v, nulls);
 	}
 	return (Datum) 0;
@@ -533,7 +559,7 @@ felix_cp_halted_sql(PG_FUNCTION_ARGS)
 
 	(void) require_node(NULL, "felix.cp_halted");
 	InitMaterializedSRF(fcinfo, 0);
-	AS_OWNER((void) cp_read_for_halted(&snap, ERROR); n = cp_list_halted(&snap, &rows));
+	AS_OWNER((void) cp_snapshot_read(&snap, false, ERROR); n = cp_list_halted(&snap, &rows));
 	for (int i = 0; i < n; i++)
 	{
 		Datum		v[8];

@@ -551,7 +551,7 @@ cp_remove_node(const char *node)
 	CpSnapshot	snap;
 	CpNode	   *n;
 	FelixStoreCmp cmp;
-	FelixStoreOp ops[3];
+	FelixStoreOp ops[5];
 	int64		rev;
 
 	cp_check_node_name(node);
@@ -584,7 +584,11 @@ cp_remove_node(const char *node)
 	ops[1].value = NULL;
 	ops[2].key = cp_key_clash(node);
 	ops[2].value = NULL;
-	if (felix_store_txn(&cmp, 1, ops, 3, &rev, ERROR) != FELIX_STORE_OK)
+	ops[3].key = cp_key_ends(node);
+	ops[3].value = NULL;
+	ops[4].key = cp_key_claims(node);
+	ops[4].value = NULL;
+	if (felix_store_txn(&cmp, 1, ops, 5, &rev, ERROR) != FELIX_STORE_OK)
 		ereport(ERROR,
 				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
 				 errmsg("node \"%s\" changed while it was being removed", node),
@@ -620,12 +624,6 @@ cp_list_nodes(const CpSnapshot *snap, CpNodeRow **rows)
 	}
 	qsort(*rows, snap->nnodes, sizeof(CpNodeRow), node_row_cmp);
 	return snap->nnodes;
-}
-
-bool
-cp_read_for_halted(CpSnapshot *snap, int elevel)
-{
-	return cp_snapshot_read_parts(snap, (const char *[]) {"shards/", "reports/"}, 2, elevel);
 }
 
 int

@@ -181,11 +181,15 @@ identity(Identity *id)
 	"    OPERATOR(pg_catalog.+) (extract(minute FROM retention) OPERATOR(pg_catalog.*) 60)) " \
 	"   OPERATOR(pg_catalog.*) 1000000) " \
 	"  OPERATOR(pg_catalog.+) extract(microseconds FROM retention))::bigint, " \
-	"schema, creation_id, joining, leaving, leader_incarnation, store_id, store_revision " \
-	"FROM felix.cp_heartbeat($1, $2, $3, $4, $5, $6, $7::integer, $8::jsonb, $9, $10, $11::bigint)"
-#define HB_NCOLS	24
+	"schema, creation_id, joining, leaving, leader_incarnation, store_id, store_revision, " \
+	"state_revision, full_answer " \
+	"FROM felix.cp_heartbeat($1, $2, $3, $4, $5, $6, $7::integer, $8::jsonb, $9, $10, $11::bigint, " \
+	"$12::bigint, $13::bigint, $14::boolean)"
+#define HB_NCOLS	26
 #define HB_COL_STORE_ID	22
 #define HB_COL_STORE_REVISION 23
+#define HB_COL_STATE_REVISION 24
+#define HB_COL_FULL	25
 
 static bool
 parse_int64(const char *s, int64 *out)
@@ -512,8 +516,8 @@ heartbeat_local(void *arg)
 
 bool
 felix_cp_heartbeat(FelixCpSession *s, char **unable, int nunable, char **ends, int nends,
-				   const char *peers, int64 *t_send, FelixCpShard **rows, int *nrows,
-				   int elevel)
+				   bool ends_unchanged, const char *peers, const FelixCpAnswer *known, int64 *t_send,
+				   FelixCpShard **rows, int *nrows, FelixCpAnswer *answer, int elevel)
 {
 	Identity	id;
 	const char *address = felix_conninfo_address(felix_node_conninfo_resolved());
@@ -545,6 +549,9 @@ felix_cp_heartbeat(FelixCpSession *s, char **unable, int nunable, char **ends, i
 		c.args.peers = peers;
 		c.args.seen_store_id = seen_id[0] ? seen_id : NULL;
 		c.args.seen_revision = (int64) seen_rev;
+		c.args.known_state = known ? known->state_revision : 0;
+		c.args.known_commit = known ? known->commit_revision : 0;
+		c.args.ends_unchanged = ends_unchanged && known != NULL;
 		/* the lease is anchored before the request leaves */
 		beat_snap = NULL;
 		*t_send = felix_monotonic_ns();
@@ -552,6 +559,9 @@ felix_cp_heartbeat(FelixCpSession *s, char **unable, int nunable, char **ends, i
 			return false;
 		felix_store_seen_note(c.result.store_id, (uint64) c.result.revision);
 		beat_snap = c.result.snap;
+		answer->full = c.result.full;
+		answer->state_revision = c.result.state_revision;
+		answer->commit_revision = c.result.revision;
 		*rows = palloc0(sizeof(FelixCpShard) * (c.result.n + 1));
 		for (int i = 0; i < c.result.n; i++)
 		{
@@ -563,10 +573,13 @@ felix_cp_heartbeat(FelixCpSession *s, char **unable, int nunable, char **ends, i
 	}
 	else
 	{
-		const char *values[11];
+		const char *values[14];
 		char		starts[24];
 		char		lease[16];
+		char		known_state[24];
+		char		known_commit[24];
 		PGresult   *res;
+		const char *v;
 
 		snprintf(starts, sizeof(starts), UINT64_FORMAT, id.starts);
 		snprintf(lease, sizeof(lease), "%d", felix_lease_duration);
@@ -582,8 +595,13 @@ felix_cp_heartbeat(FelixCpSession *s, char **unable, int nunable, char **ends, i
 		snprintf(seen_rev_s, sizeof(seen_rev_s), UINT64_FORMAT, seen_rev);
 		values[9] = seen_id[0] ? seen_id : NULL;
 		values[10] = seen_id[0] ? seen_rev_s : NULL;
+		snprintf(known_state, sizeof(known_state), INT64_FORMAT, known ? known->state_revision : 0);
+		snprintf(known_commit, sizeof(known_commit), INT64_FORMAT, known ? known->commit_revision : 0);
+		values[11] = known_state;
+		values[12] = known_commit;
+		values[13] = ends_unchanged && known != NULL ? "true" : "false";
 		*t_send = felix_monotonic_ns();
-		res = remote(s, "felix.cp_heartbeat", HB_SQL, 11, values, elevel);
+		res = remote(s, "felix.cp_heartbeat", HB_SQL, 14, values, elevel);
 		if (res == NULL)
 			return false;
 		if (PQnfields(res) != HB_NCOLS)
@@ -598,19 +616,31 @@ felix_cp_heartbeat(FelixCpSession *s, char **unable, int nunable, char **ends, i
 					 errhint("Run the same felix version on every node and on the control plane.")));
 			return false;
 		}
-		*nrows = PQntuples(res);
+		/* the header first (no stream), then the assignments */
+		if (PQntuples(res) < 1 || !PQgetisnull(res, 0, 0) ||
+			(v = col(res, 0, HB_COL_STATE_REVISION)) == NULL ||
+			!parse_int64(v, &answer->state_revision) ||
+			(v = col(res, 0, HB_COL_STORE_REVISION)) == NULL ||
+			!parse_int64(v, &answer->commit_revision) ||
+			(v = col(res, 0, HB_COL_FULL)) == NULL || col(res, 0, HB_COL_STORE_ID) == NULL)
+		{
+			PQclear(res);
+			ereport(elevel,
+					(errcode(ERRCODE_PROTOCOL_VIOLATION),
+					 errmsg("felix.cp_heartbeat() on the control plane answered without the header felix expects"),
+					 errhint("Run the same felix version on every node and on the control plane.")));
+			return false;
+		}
+		answer->full = strcmp(v, "t") == 0;
+		if (answer->commit_revision > 0)
+			felix_store_seen_note(PQgetvalue(res, 0, HB_COL_STORE_ID),
+								  (uint64) answer->commit_revision);
+		*nrows = PQntuples(res) - 1;
 		*rows = palloc0(sizeof(FelixCpShard) * (*nrows + 1));
 		for (int i = 0; i < *nrows; i++)
 		{
-			read_row(res, i, *t_send, &(*rows)[i]);
+			read_row(res, i + 1, *t_send, &(*rows)[i]);
 			check_payload_type(&(*rows)[i]);
-		}
-		if (*nrows > 0 && !PQgetisnull(res, 0, HB_COL_STORE_REVISION))
-		{
-			int64		rev;
-
-			if (parse_int64(PQgetvalue(res, 0, HB_COL_STORE_REVISION), &rev) && rev > 0)
-				felix_store_seen_note(PQgetvalue(res, 0, HB_COL_STORE_ID), (uint64) rev);
 		}
 		PQclear(res);
 		return true;
@@ -1079,6 +1109,7 @@ felix_cp_create_stream(const char *name, const char *schema, int shards,
 		int64		t_send;
 		Identity	id;
 		char		listed[FELIX_INCARNATION_LEN];
+		FelixCpAnswer answer;
 
 		/*
 		 * Register first, unless the control plane's node list already
@@ -1093,7 +1124,7 @@ felix_cp_create_stream(const char *name, const char *schema, int shards,
 		identity(&id);
 		if (!felix_node_incarnation_of(felix_node_name_resolved(), listed) ||
 			strcmp(listed, id.incarnation) != 0)
-			(void) felix_cp_heartbeat(&s, NULL, 0, NULL, 0, NULL, &t_send, &rows, &nrows, ERROR);
+			(void) felix_cp_heartbeat(&s, NULL, 0, NULL, 0, false, NULL, NULL, &t_send, &rows, &nrows, &answer, ERROR);
 		if (felix_store_is_etcd())
 		{
 			CpCreateArgs a;

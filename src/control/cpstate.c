@@ -19,6 +19,7 @@
 
 #include "common/pg_prng.h"
 #include "control/cpstate.h"
+#include "felix.h"
 #include "miscadmin.h"
 #include "storage/latch.h"
 #include "utils/wait_event.h"
@@ -29,6 +30,8 @@
 #include "utils/json.h"
 #include "utils/jsonb.h"
 #include "utils/memutils.h"
+#include "access/xact.h"
+#include "nodes/pg_list.h"
 
 /* Lookup keys: "stream/shard", a node or stream name, or a store key, with a tag. */
 #define CP_INDEX_KEY_LEN	(2 * NAMEDATALEN + 32)
@@ -43,6 +46,18 @@ char *
 cp_key_clash(const char *name)
 {
 	return psprintf("clashes/%s", name);
+}
+
+char *
+cp_key_ends(const char *name)
+{
+	return psprintf("ends/%s", name);
+}
+
+char *
+cp_key_claims(const char *name)
+{
+	return psprintf("claims/%s", name);
 }
 
 char *
@@ -105,60 +120,13 @@ cp_snapshot_read_attempt(CpSnapshot *snap, int attempt)
 	(void) cp_snapshot_read(snap, false, ERROR);
 }
 
-/*
- * Parsed values, by key, for as long as the key holds the same text.  A
- * process reads the whole state several times a second, and nearly all of
- * it is what it was the last time: parsing thousands of JSON values anew
- * each time was most of what an idle control plane cost.  An entry is
- * used only for the very text it was parsed from, so a key rewritten
- * (or a store put back from a backup) is parsed again.  Records take
- * copies of what they read, so freeing a replaced entry frees nothing a
- * snapshot points at.  Entries of keys a whole read no longer finds are
- * dropped at that read (parse_cache_prune).
- */
-typedef struct ParsedValue
-{
-	char		key[CP_INDEX_KEY_LEN];
-	char	   *text;			/* in parse_cxt */
-	Jsonb	   *jb;				/* in parse_cxt */
-	uint64		seen;			/* the whole read that last found it */
-} ParsedValue;
-
-static HTAB *parse_cache = NULL;
-static MemoryContext parse_cxt = NULL;
-static uint64 parse_reads = 0;	/* whole reads so far */
-
+/* A key's value as JSON; NULL (logged) when it is not a JSON object. */
 static JsonbContainer *
 parse_value(const FelixKV *kv)
 {
 	char		err[256];
-	JsonbContainer *root;
-	ParsedValue *pv = NULL;
-	bool		found;
+	JsonbContainer *root = felix_json_parse(kv->value, strlen(kv->value), err, sizeof(err));
 
-	if (parse_cache == NULL)
-	{
-		HASHCTL		ctl;
-
-		parse_cxt = AllocSetContextCreate(TopMemoryContext, "felix parsed control-plane values",
-										  ALLOCSET_DEFAULT_SIZES);
-		ctl.keysize = CP_INDEX_KEY_LEN;
-		ctl.entrysize = sizeof(ParsedValue);
-		ctl.hcxt = parse_cxt;
-		parse_cache = hash_create("felix parsed control-plane values", 1024, &ctl,
-								  HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
-	}
-	if (strlen(kv->key) < CP_INDEX_KEY_LEN)
-	{
-		pv = hash_search(parse_cache, kv->key, HASH_ENTER, &found);
-		if (!found)
-			pv->text = NULL, pv->jb = NULL;
-		pv->seen = parse_reads;
-		if (pv->text != NULL && strcmp(pv->text, kv->value) == 0)
-			return &pv->jb->root;
-	}
-
-	root = felix_json_parse(kv->value, strlen(kv->value), err, sizeof(err));
 	if (root == NULL || !JsonContainerIsObject(root))
 	{
 		ereport(LOG,
@@ -167,45 +135,7 @@ parse_value(const FelixKV *kv)
 				 errdetail("%s", root == NULL ? err : "not a JSON object")));
 		return NULL;
 	}
-	if (pv == NULL)
-		return root;
-	if (pv->text != NULL)
-	{
-		pfree(pv->text);
-		pfree(pv->jb);
-	}
-	{
-		/* root is the container of a whole jsonb datum */
-		Jsonb	   *jb = (Jsonb *) ((char *) root - offsetof(Jsonb, root));
-
-		pv->jb = MemoryContextAlloc(parse_cxt, VARSIZE(jb));
-		memcpy(pv->jb, jb, VARSIZE(jb));
-		pv->text = MemoryContextStrdup(parse_cxt, kv->value);
-	}
-	return &pv->jb->root;
-}
-
-/* After a whole read (parse_reads was advanced before it): drop what it did not find. */
-static void
-parse_cache_prune(void)
-{
-	HASH_SEQ_STATUS seq;
-	ParsedValue *pv;
-
-	if (parse_cache == NULL)
-		return;
-	hash_seq_init(&seq, parse_cache);
-	while ((pv = hash_seq_search(&seq)) != NULL)
-	{
-		if (pv->seen == parse_reads)
-			continue;
-		if (pv->text != NULL)
-		{
-			pfree(pv->text);
-			pfree(pv->jb);
-		}
-		(void) hash_search(parse_cache, pv->key, HASH_REMOVE, NULL);
-	}
+	return root;
 }
 
 static bool
@@ -275,6 +205,32 @@ put_string_array(StringInfo buf, const char *name, char *const *items, int n)
  * ---------------------------------------------------------------------
  */
 
+/* A JSON array of claims into *out (false: malformed). */
+static bool
+claims_array(JsonbContainer *claims, CpClaim **out, int *n)
+{
+	*n = felix_json_length(claims);
+	*out = palloc0(sizeof(CpClaim) * (*n + 1));
+	for (int i = 0; i < *n; i++)
+	{
+		JsonbContainer *c = felix_json_elem_object(claims, i);
+		CpClaim    *cl = &(*out)[i];
+		int64		shard,
+					ms;
+
+		if (c == NULL ||
+			!felix_json_string(c, "stream", &cl->stream) ||
+			!felix_json_int64(c, "shard", &shard) ||
+			!felix_json_int64(c, "generation", &cl->generation) ||
+			!felix_json_int64(c, "lease_ms", &ms) ||
+			shard < 0 || shard > PG_INT32_MAX || ms <= 0 || ms > PG_INT32_MAX)
+			return false;
+		cl->shard = (int) shard;
+		cl->lease_ms = (int) ms;
+	}
+	return true;
+}
+
 bool
 cp_node_read(const FelixKV *kv, CpNode *n)
 {
@@ -297,25 +253,10 @@ cp_node_read(const FelixKV *kv, CpNode *n)
 	if (felix_json_array(o, "ends") != NULL &&
 		!string_array(o, "ends", &n->ends, &n->nends, 0))
 		return malformed(kv, "node");
+	/* felix 1.1 before claims/<name> kept them here (read, never written) */
 	claims = felix_json_array(o, "claims");
-	n->nclaims = felix_json_length(claims);
-	n->claims = palloc0(sizeof(CpClaim) * (n->nclaims + 1));
-	for (int i = 0; i < n->nclaims; i++)
-	{
-		JsonbContainer *c = felix_json_elem_object(claims, i);
-		CpClaim    *cl = &n->claims[i];
-		int64		shard,
-					ms;
-
-		if (!felix_json_string(c, "stream", &cl->stream) ||
-			!felix_json_int64(c, "shard", &shard) ||
-			!felix_json_int64(c, "generation", &cl->generation) ||
-			!felix_json_int64(c, "lease_ms", &ms) ||
-			shard < 0 || shard > PG_INT32_MAX || ms <= 0 || ms > PG_INT32_MAX)
-			return malformed(kv, "node");
-		cl->shard = (int) shard;
-		cl->lease_ms = (int) ms;
-	}
+	if (claims != NULL && !claims_array(claims, &n->claims, &n->nclaims))
+		return malformed(kv, "node");
 	n->ends_beat = opt_int64(o, "ends_beat", 0);
 	n->prev_boot = opt_string(o, "prev_boot");
 	n->prev_beat = opt_int64(o, "prev_beat", 0);
@@ -341,19 +282,7 @@ cp_node_write(const CpNode *n)
 	felix_json_put_string(&b, "boot", n->boot);
 	felix_json_put_int64(&b, "beat", n->beat);
 	put_string_array(&b, "unable", n->unable, n->nunable);
-	put_string_array(&b, "ends", n->ends, n->nends);
 	felix_json_put_int64(&b, "ends_beat", n->ends_beat);
-	appendStringInfoString(&b, ",\"claims\":[");
-	for (int i = 0; i < n->nclaims; i++)
-	{
-		appendStringInfoString(&b, i ? ",{" : "{");
-		felix_json_put_string(&b, "stream", n->claims[i].stream);
-		felix_json_put_int64(&b, "shard", n->claims[i].shard);
-		felix_json_put_int64(&b, "generation", n->claims[i].generation);
-		felix_json_put_int64(&b, "lease_ms", n->claims[i].lease_ms);
-		appendStringInfoChar(&b, '}');
-	}
-	appendStringInfoChar(&b, ']');
 	if (n->prev_boot)
 	{
 		felix_json_put_string(&b, "prev_boot", n->prev_boot);
@@ -366,6 +295,98 @@ cp_node_write(const CpNode *n)
 	return b.data;
 }
 
+/* ---------------------------------------------------------------------
+ * ends/<name>, claims/<name>
+ * ---------------------------------------------------------------------
+ */
+
+bool
+cp_ends_read(const FelixKV *kv, CpNodeEnds *e)
+{
+	JsonbContainer *o = parse_value(kv);
+
+	memset(e, 0, sizeof(*e));
+	if (o == NULL)
+		return false;
+	if (!felix_json_string(o, "boot", &e->boot) ||
+		!string_array(o, "ends", &e->ends, &e->nends, 0))
+		return malformed(kv, "record of log ends");
+	e->rev = kv->mod_revision;
+	return true;
+}
+
+char *
+cp_ends_write(const char *boot, char *const *ends, int nends)
+{
+	StringInfoData b;
+
+	initStringInfo(&b);
+	appendStringInfoChar(&b, '{');
+	felix_json_put_string(&b, "boot", boot);
+	put_string_array(&b, "ends", ends, nends);
+	appendStringInfoChar(&b, '}');
+	return b.data;
+}
+
+bool
+cp_claims_read(const FelixKV *kv, CpNodeClaims *c)
+{
+	JsonbContainer *o = parse_value(kv);
+	JsonbContainer *claims;
+
+	memset(c, 0, sizeof(*c));
+	if (o == NULL)
+		return false;
+	claims = felix_json_array(o, "claims");
+	if (claims == NULL || !claims_array(claims, &c->claims, &c->nclaims))
+		return malformed(kv, "record of claims");
+	c->rev = kv->mod_revision;
+	return true;
+}
+
+char *
+cp_claims_write(const CpClaim *claims, int nclaims)
+{
+	StringInfoData b;
+
+	initStringInfo(&b);
+	appendStringInfoString(&b, "{\"claims\":[");
+	for (int i = 0; i < nclaims; i++)
+	{
+		appendStringInfoString(&b, i ? ",{" : "{");
+		felix_json_put_string(&b, "stream", claims[i].stream);
+		felix_json_put_int64(&b, "shard", claims[i].shard);
+		felix_json_put_int64(&b, "generation", claims[i].generation);
+		felix_json_put_int64(&b, "lease_ms", claims[i].lease_ms);
+		appendStringInfoChar(&b, '}');
+	}
+	appendStringInfoString(&b, "]}");
+	return b.data;
+}
+
+bool
+cp_claims_equal(const CpClaim *a, int na, const CpClaim *b, int nb)
+{
+	if (na != nb)
+		return false;
+	for (int i = 0; i < na; i++)
+		if (a[i].shard != b[i].shard || a[i].generation != b[i].generation ||
+			a[i].lease_ms != b[i].lease_ms || strcmp(a[i].stream, b[i].stream) != 0)
+			return false;
+	return true;
+}
+
+bool
+cp_ends_equal(char *const *a, int na, char *const *b, int nb)
+{
+	if (na != nb)
+		return false;
+	for (int i = 0; i < na; i++)
+		if (strcmp(a[i], b[i]) != 0)
+			return false;
+	return true;
+}
+
 /*
  * Lookups by shard.  A snapshot of thousands of shards is looked up once
  * per shard by every rule, so each lookup is a hash probe, not a scan.
@@ -376,7 +397,8 @@ cp_node_write(const CpNode *n)
 typedef struct CpIndexEntry
 {
 	char		key[CP_INDEX_KEY_LEN];
-	void	   *ptr;			/* snapshot: the record; node: its claim */
+	void	   *ptr;			/* node: its claim */
+	int			pos;			/* snapshot: the record's place in its array */
 	int64		end;			/* node: its log end (-1: none given) */
 	bool		unable;			/* node: it cannot serve the shard */
 } CpIndexEntry;
@@ -392,46 +414,72 @@ index_create(const char *what, long n)
 	return hash_create(what, Max(n, 16), &ctl, HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
 }
 
-/* The entry of key (a printf format), entered when enter; NULL if absent. */
+/*
+ * The entry of key tag + name (its first len bytes; len -1: all of it) +
+ * "/shard" (shard -1: none), entered when enter; NULL if absent.  Built
+ * by hand, not by printf: rules look up thousands of keys per call.
+ */
 static CpIndexEntry *
-index_probe(HTAB *index, bool enter, const char *fmt,...) pg_attribute_printf(3, 4);
-
-static CpIndexEntry *
-index_probe(HTAB *index, bool enter, const char *fmt,...)
+index_probe(HTAB *index, bool enter, char tag, const char *name, int len, int shard)
 {
 	char		key[CP_INDEX_KEY_LEN];
-	va_list		ap;
+	int			n = 0;
 	bool		found;
 	CpIndexEntry *e;
 
-	memset(key, 0, sizeof(key));
-	va_start(ap, fmt);
-	vsnprintf(key, sizeof(key), fmt, ap);
-	va_end(ap);
+	if (tag)
+		key[n++] = tag;
+	if (len < 0)
+		len = strlen(name);
+	len = Min(len, CP_INDEX_KEY_LEN - 16);
+	memcpy(key + n, name, len);
+	n += len;
+	if (shard >= 0)
+	{
+		key[n++] = '/';
+		n += pg_ltoa(shard, key + n);
+	}
+	key[n] = '\0';
 	e = hash_search(index, key, enter ? HASH_ENTER : HASH_FIND, &found);
 	if (enter && !found)
 	{
 		e->ptr = NULL;
+		e->pos = -1;
 		e->end = -1;
 		e->unable = false;
 	}
 	return e;
 }
 
+/*
+ * A node's shards it cannot serve, its log ends and its claims, each by
+ * "stream/shard", built at the first lookup (a record in this process's
+ * copy of the state comes with them built): its content must not change
+ * after it.
+ */
 static HTAB *
-node_index(const CpNode *n)
+unable_index(const CpNode *n)
 {
-	HTAB	   *index;
+	if (n->unable_index == NULL)
+	{
+		HTAB	   *index = index_create("felix node index", n->nunable);
 
-	if (n->index != NULL)
-		return n->index;
-	index = index_create("felix node index", n->nunable + n->nends + n->nclaims);
-	for (int i = 0; i < n->nunable; i++)
-		index_probe(index, true, "%s", n->unable[i])->unable = true;
-	for (int i = 0; i < n->nends; i++)
+		for (int i = 0; i < n->nunable; i++)
+			index_probe(index, true, 0, n->unable[i], -1, -1)->unable = true;
+		((CpNode *) n)->unable_index = index;
+	}
+	return n->unable_index;
+}
+
+struct HTAB *
+cp_ends_index(char *const *ends, int nends)
+{
+	HTAB	   *index = index_create("felix node index", nends);
+
+	for (int i = 0; i < nends; i++)
 	{
 		/* "stream/shard=next_seq": the end follows the last '=' */
-		const char *eq = strrchr(n->ends[i], '=');
+		const char *eq = strrchr(ends[i], '=');
 		int64		end;
 		char	   *tail;
 		CpIndexEntry *e;
@@ -442,27 +490,32 @@ node_index(const CpNode *n)
 		end = strtoll(eq + 1, &tail, 10);
 		if (errno != 0 || *tail != '\0' || tail == eq + 1 || end < 0)
 			continue;
-		e = index_probe(index, true, "%.*s", (int) (eq - n->ends[i]), n->ends[i]);
+		e = index_probe(index, true, 0, ends[i], (int) (eq - ends[i]), -1);
 		if (e->end < 0)
 			e->end = end;
 	}
-	for (int i = 0; i < n->nclaims; i++)
+	return index;
+}
+
+struct HTAB *
+cp_claims_index(const CpClaim *claims, int nclaims)
+{
+	HTAB	   *index = index_create("felix node index", nclaims);
+
+	for (int i = 0; i < nclaims; i++)
 	{
-		CpIndexEntry *e = index_probe(index, true, "%s/%d",
-									  n->claims[i].stream, n->claims[i].shard);
+		CpIndexEntry *e = index_probe(index, true, 0, claims[i].stream, -1, claims[i].shard);
 
 		if (e->ptr == NULL)
-			e->ptr = &n->claims[i];
+			e->ptr = (void *) &claims[i];
 	}
-	/* a cache: the node's content is what it was */
-	((CpNode *) n)->index = index;
 	return index;
 }
 
 bool
 cp_node_unable(const CpNode *n, const char *stream, int shard)
 {
-	CpIndexEntry *e = index_probe(node_index(n), false, "%s/%d", stream, shard);
+	CpIndexEntry *e = index_probe(unable_index(n), false, 0, stream, -1, shard);
 
 	return e != NULL && e->unable;
 }
@@ -470,16 +523,22 @@ cp_node_unable(const CpNode *n, const char *stream, int shard)
 int64
 cp_node_end(const CpNode *n, const char *stream, int shard)
 {
-	CpIndexEntry *e = index_probe(node_index(n), false, "%s/%d", stream, shard);
+	CpIndexEntry *e;
 
+	if (n->ends_index == NULL)
+		((CpNode *) n)->ends_index = cp_ends_index(n->ends, n->nends);
+	e = index_probe(n->ends_index, false, 0, stream, -1, shard);
 	return e != NULL ? e->end : -1;
 }
 
 const CpClaim *
 cp_node_claim(const CpNode *n, const char *stream, int shard)
 {
-	CpIndexEntry *e = index_probe(node_index(n), false, "%s/%d", stream, shard);
+	CpIndexEntry *e;
 
+	if (n->claims_index == NULL)
+		((CpNode *) n)->claims_index = cp_claims_index(n->claims, n->nclaims);
+	e = index_probe(n->claims_index, false, 0, stream, -1, shard);
 	return e != NULL ? e->ptr : NULL;
 }
 
@@ -888,24 +947,632 @@ split_shard_key(const char *rest, char **stream, int *shard)
 	return true;
 }
 
-static void index_snapshot(CpSnapshot *snap);
-static void parse_snapshot(CpSnapshot *snap, const FelixKV *kvs, int n);
+static HTAB *index_snapshot(const CpSnapshot *snap);
 
-bool
-cp_snapshot_read(CpSnapshot *snap, bool guarded, int elevel)
+/* ---------------------------------------------------------------------
+ * The snapshot, and this process's copy of the state it is made from
+ * ---------------------------------------------------------------------
+ */
+
+typedef enum CachedKind
+{
+	CK_NONE,					/* a key no record is read from, or malformed */
+	CK_NODE,
+	CK_ENDS,
+	CK_CLAIMS,
+	CK_LEADS,
+	CK_STREAM,
+	CK_SHARD,
+	CK_REPORTS,
+	CK_CLASH,
+	CK_DUTY,
+	CK_ALIVE,
+	CK_STORE_ID,
+	CK_MARK						/* a key whose revision is all it says */
+} CachedKind;
+
+/* One key of the state, decoded. */
+typedef struct CachedKey
+{
+	char		key[CP_INDEX_KEY_LEN];	/* hash key */
+	int64		mod_revision;
+	char	   *text;			/* the value it was decoded from */
+	CachedKind	kind;
+	union
+	{
+		CpNode		node;
+		CpNodeEnds	ends;
+		CpNodeClaims claims;
+		CpStream	stream;
+		CpShard		shard;
+		CpReports	reports;
+		CpClash		clash;
+		CpDuty		duty;
+		CpAlive		alive;
+		char	   *store_id;
+	}			rec;
+	char	   *report_stream;	/* CK_REPORTS: of (report_stream, report_shard) */
+	int			report_shard;
+	struct HTAB *index;			/* CK_ENDS, CK_CLAIMS: cp_ends_index, ... */
+	MemoryContext own;			/* CK_NODE, CK_ENDS, CK_CLAIMS: the record's
+								 * own memory */
+	uint64		seen;			/* the whole read that last found it */
+} CachedKey;
+
+/*
+ * The state as this process last read it, decoded, key by key.  A process
+ * reads the state several times a second, and nearly all of it is what it
+ * was: reading and decoding thousands of records anew each time was most
+ * of what an idle control plane cost.  So a read asks the store only for
+ * the keys written since the newest revision already held
+ * (felix_store_range_changed), and decodes those.
+ *
+ * When it reads everything again: a deletion among the changes (the store
+ * marks each one), a store behind the copy (put back from a backup), a
+ * transaction of this process that aborted (embedded store: a read in it
+ * may have seen its own writes, which never happened), and every
+ * CACHE_FULL_READ_NS anyway, so a key changed behind felix's back (by hand)
+ * is not believed for long.  A whole read keeps a record
+ * only for the very value it was decoded from.
+ *
+ * Lifetime rule.  A snapshot copies records by value, but their strings
+ * and arrays stay in this copy: a replaced record's memory is freed only
+ * at cp_snapshot_quiesce, which a process calls when no snapshot is in
+ * use -- a backend at the end of each transaction, a worker that called
+ * cp_snapshot_cache_enable at the top of each loop.  Other background
+ * workers read without a copy.  Nothing a snapshot points at is in a
+ * hash entry (entries are reused).
+ */
+typedef struct StateCache
+{
+	bool		enabled;
+	HTAB	   *keys;			/* CachedKey by key */
+	MemoryContext cxt;			/* keys, and every record but nodes' */
+	CachedKey **order;			/* entries in key order (NULL: to sort) */
+	int			norder;
+	struct HTAB *index;			/* index_snapshot of a snapshot in that
+								 * order (NULL: to build) */
+	int64		since;			/* newest mod_revision held */
+	int64		revision;		/* the store's revision at the last read */
+	bool		need_full;
+	int64		full_at_ns;
+	uint64		reads;			/* whole reads so far */
+	int64		live_bytes;		/* about what the records in use take */
+	int64		garbage_bytes;	/* ... and the replaced ones not yet freed */
+	List	   *retired;		/* node records' contexts to free */
+	char	   *store;			/* which store and prefix the copy is of */
+} StateCache;
+
+static StateCache cache;
+
+/*
+ * A whole read at least this often: a key deleted or rewritten by hand
+ * without felix's marks is believed no longer than this.
+ */
+#define CACHE_FULL_READ_NS		(INT64CONST(60) * 1000000000)
+/* Replaced records kept before the copy is thrown away at a quiet point. */
+#define CACHE_GARBAGE_MIN		(16 * 1024 * 1024)
+
+/* About what decoding a value takes, for the accounts above. */
+static int64
+cost_of(const CachedKey *e)
+{
+	return e->text ? 3 * (int64) strlen(e->text) + 256 : 0;
+}
+
+/* Decode kv into e (kind CK_NONE when it holds no record felix reads). */
+static void
+decode_kv(const FelixKV *kv, CachedKey *e)
+{
+	const char *k = kv->key;
+	char	   *stream;
+	int			shard;
+
+	e->kind = CK_NONE;
+	if (strncmp(k, "nodes/", 6) == 0)
+	{
+		if (cp_node_read(kv, &e->rec.node) && strcmp(e->rec.node.name, k + 6) == 0)
+			e->kind = CK_NODE;
+	}
+	else if (strncmp(k, "ends/", 5) == 0)
+	{
+		if (cp_ends_read(kv, &e->rec.ends))
+			e->kind = CK_ENDS;
+	}
+	else if (strncmp(k, "claims/", 7) == 0)
+	{
+		if (cp_claims_read(kv, &e->rec.claims))
+			e->kind = CK_CLAIMS;
+	}
+	else if (strncmp(k, "leads/", 6) == 0)
+		e->kind = CK_LEADS;
+	else if (strncmp(k, "streams/", 8) == 0)
+	{
+		if (cp_stream_read(kv, &e->rec.stream) && strcmp(e->rec.stream.name, k + 8) == 0)
+			e->kind = CK_STREAM;
+	}
+	else if (strncmp(k, "shards/", 7) == 0)
+	{
+		if (split_shard_key(k + 7, &stream, &shard) &&
+			cp_shard_read(kv, &e->rec.shard) &&
+			strcmp(e->rec.shard.stream, stream) == 0 && e->rec.shard.shard == shard)
+			e->kind = CK_SHARD;
+	}
+	else if (strncmp(k, "reports/", 8) == 0)
+	{
+		if (split_shard_key(k + 8, &stream, &shard) &&
+			cp_reports_read(kv, &e->rec.reports))
+		{
+			e->kind = CK_REPORTS;
+			e->report_stream = stream;
+			e->report_shard = shard;
+		}
+	}
+	else if (strncmp(k, "clashes/", 8) == 0)
+	{
+		if (cp_clash_read(kv, &e->rec.clash) && strcmp(e->rec.clash.node, k + 8) == 0)
+			e->kind = CK_CLASH;
+	}
+	else if (strcmp(k, CP_KEY_DUTY) == 0)
+		e->kind = cp_duty_read(kv, &e->rec.duty) ? CK_DUTY : CK_NONE;
+	else if (strcmp(k, CP_KEY_ALIVE) == 0)
+		e->kind = cp_alive_read(kv, &e->rec.alive) ? CK_ALIVE : CK_NONE;
+	else if (strcmp(k, CP_KEY_STORE_ID) == 0)
+		e->kind = cp_store_id_read(kv, &e->rec.store_id) ? CK_STORE_ID : CK_NONE;
+	else if (strcmp(k, CP_KEY_ADDRESSES) == 0 || strcmp(k, FELIX_STORE_KEY_DELETIONS) == 0)
+		e->kind = CK_MARK;
+}
+
+/* Room in snap for n records of each kind. */
+static void
+snap_alloc(CpSnapshot *snap, const int *count)
+{
+	snap->nodes = palloc0(sizeof(CpNode) * (count[CK_NODE] + 1));
+	snap->streams = palloc0(sizeof(CpStream) * (count[CK_STREAM] + 1));
+	snap->shards = palloc0(sizeof(CpShard) * (count[CK_SHARD] + 1));
+	snap->reports = palloc0(sizeof(CpReports) * (count[CK_REPORTS] + 1));
+	snap->report_stream = palloc0(sizeof(char *) * (count[CK_REPORTS] + 1));
+	snap->report_shard = palloc0(sizeof(int) * (count[CK_REPORTS] + 1));
+	snap->leads_node = palloc0(sizeof(char *) * (count[CK_LEADS] + 1));
+	snap->leads_rev = palloc0(sizeof(int64) * (count[CK_LEADS] + 1));
+	snap->clashes = palloc0(sizeof(CpClash) * (count[CK_CLASH] + 1));
+}
+
+/* Add the record of e (taken in key order) to snap. */
+static void
+snap_add(CpSnapshot *snap, const CachedKey *e)
+{
+	switch (e->kind)
+	{
+		case CK_NONE:
+			break;
+		case CK_NODE:
+			snap->nodes[snap->nnodes++] = e->rec.node;
+			break;
+		case CK_ENDS:
+		case CK_CLAIMS:
+			break;				/* joined to their node (snap_build) */
+		case CK_LEADS:
+			snap->leads_node[snap->nleads] = pstrdup(e->key + 6);
+			snap->leads_rev[snap->nleads++] = e->mod_revision;
+			break;
+		case CK_STREAM:
+			snap->streams[snap->nstreams++] = e->rec.stream;
+			break;
+		case CK_SHARD:
+			snap->shards[snap->nshards++] = e->rec.shard;
+			break;
+		case CK_REPORTS:
+			snap->reports[snap->nreports] = e->rec.reports;
+			snap->report_stream[snap->nreports] = e->report_stream;
+			snap->report_shard[snap->nreports++] = e->report_shard;
+			break;
+		case CK_CLASH:
+			snap->clashes[snap->nclashes++] = e->rec.clash;
+			break;
+		case CK_DUTY:
+			snap->have_duty = true;
+			snap->duty = e->rec.duty;
+			break;
+		case CK_ALIVE:
+			snap->have_alive = true;
+			snap->alive = e->rec.alive;
+			break;
+		case CK_STORE_ID:
+			snap->store_id = e->rec.store_id;
+			break;
+		case CK_MARK:
+			if (strcmp(e->key, CP_KEY_ADDRESSES) == 0)
+				snap->addresses_rev = e->mod_revision;
+			else
+				snap->deletions_rev = e->mod_revision;
+			break;
+	}
+}
+
+static void
+cache_xact_callback(XactEvent event, void *arg)
+{
+	if ((event == XACT_EVENT_ABORT || event == XACT_EVENT_PARALLEL_ABORT) &&
+		!felix_store_is_etcd())
+		cache.need_full = true;
+	if ((event == XACT_EVENT_COMMIT || event == XACT_EVENT_ABORT) && !IsBackgroundWorker)
+		cp_snapshot_quiesce();
+}
+
+static void
+cache_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+					   SubTransactionId parentSubid, void *arg)
+{
+	if (event == SUBXACT_EVENT_ABORT_SUB && !felix_store_is_etcd())
+		cache.need_full = true;
+}
+
+void
+cp_snapshot_cache_enable(void)
+{
+	if (cache.enabled)
+		return;
+	RegisterXactCallback(cache_xact_callback, NULL);
+	RegisterSubXactCallback(cache_subxact_callback, NULL);
+	cache.enabled = true;
+}
+
+/*
+ * A key came or went, or changed kind: the snapshot's records move in
+ * their arrays.  The old order and index are garbage, freed with the copy.
+ */
+static void
+cache_reorder(void)
+{
+	if (cache.order != NULL)
+		cache.garbage_bytes += (int64) cache.norder * (sizeof(CachedKey *) + 256);
+	cache.order = NULL;
+	cache.index = NULL;
+}
+
+/* Throw the whole copy away (at a quiet point only). */
+static void
+cache_drop(void)
+{
+	ListCell   *lc;
+	HASH_SEQ_STATUS seq;
+	CachedKey  *e;
+
+	if (cache.keys != NULL)
+	{
+		hash_seq_init(&seq, cache.keys);
+		while ((e = hash_seq_search(&seq)) != NULL)
+			if (e->own)
+				cache.retired = lappend(cache.retired, e->own);
+	}
+	foreach(lc, cache.retired)
+		MemoryContextDelete((MemoryContext) lfirst(lc));
+	list_free(cache.retired);
+	cache.retired = NIL;
+	if (cache.cxt)
+		MemoryContextDelete(cache.cxt);
+	cache.cxt = NULL;
+	cache.keys = NULL;
+	cache.order = NULL;
+	cache.index = NULL;
+	cache.norder = 0;
+	cache.since = 0;
+	cache.revision = 0;
+	cache.live_bytes = 0;
+	cache.garbage_bytes = 0;
+	cache.store = NULL;
+}
+
+void
+cp_snapshot_quiesce(void)
+{
+	ListCell   *lc;
+
+	if (cache.garbage_bytes > Max(CACHE_GARBAGE_MIN, cache.live_bytes))
+	{
+		cache_drop();
+		return;
+	}
+	/* cache.retired is in TopMemoryContext */
+	foreach(lc, cache.retired)
+		MemoryContextDelete((MemoryContext) lfirst(lc));
+	list_free(cache.retired);
+	cache.retired = NIL;
+}
+
+/* What the copy is of: the store, and for etcd the prefix. */
+static const char *
+store_tag(void)
+{
+	return felix_store_is_etcd() ? psprintf("etcd %s", felix_etcd_prefix) : "embedded";
+}
+
+/* The entry of e's key no longer holds what it did: its memory is garbage. */
+static void
+cache_retire(CachedKey *e)
+{
+	cache.live_bytes -= cost_of(e);
+	cache.garbage_bytes += e->own ? 0 : cost_of(e);
+	if (e->own)
+	{
+		MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
+
+		cache.retired = lappend(cache.retired, e->own);
+		MemoryContextSwitchTo(old);
+		e->own = NULL;
+	}
+}
+
+/* Hold kv in the copy, decoded (found by a whole read when seen). */
+static void
+cache_put(const FelixKV *kv, bool seen)
+{
+	CachedKey  *e;
+	bool		found;
+	MemoryContext old;
+	CachedKind	old_kind;
+
+	if (strlen(kv->key) >= CP_INDEX_KEY_LEN)
+		return;					/* no record's key is that long */
+	e = hash_search(cache.keys, kv->key, HASH_ENTER, &found);
+	if (!found)
+		memset((char *) e + CP_INDEX_KEY_LEN, 0, sizeof(CachedKey) - CP_INDEX_KEY_LEN);
+	if (seen)
+		e->seen = cache.reads;
+	if (found && e->mod_revision == kv->mod_revision && strcmp(e->text, kv->value) == 0)
+		return;
+	if (found)
+		cache_retire(e);
+	else
+		cache_reorder();
+	if (strncmp(kv->key, "nodes/", 6) == 0 || strncmp(kv->key, "ends/", 5) == 0 ||
+		strncmp(kv->key, "claims/", 7) == 0)
+		e->own = AllocSetContextCreate(cache.cxt, "felix control-plane node record",
+									   ALLOCSET_SMALL_SIZES);
+	old = MemoryContextSwitchTo(e->own ? e->own : cache.cxt);
+	e->mod_revision = kv->mod_revision;
+	e->text = pstrdup(kv->value);
+	old_kind = e->kind;
+	decode_kv(kv, e);
+	if (found && e->kind != old_kind)
+		cache_reorder();
+	e->index = e->kind == CK_ENDS ? cp_ends_index(e->rec.ends.ends, e->rec.ends.nends)
+		: e->kind == CK_CLAIMS ? cp_claims_index(e->rec.claims.claims, e->rec.claims.nclaims)
+		: NULL;
+	MemoryContextSwitchTo(old);
+	cache.live_bytes += cost_of(e);
+}
+
+static void
+cache_forget(CachedKey *e)
+{
+	cache_retire(e);
+	(void) hash_search(cache.keys, e->key, HASH_REMOVE, NULL);
+	cache_reorder();
+}
+
+static int
+cached_key_cmp(const void *a, const void *b)
+{
+	return strcmp((*(CachedKey *const *) a)->key, (*(CachedKey *const *) b)->key);
+}
+
+/* Bring the copy up to the store's state; false (reported) if a read failed. */
+static bool
+cache_refresh(bool guarded, int64 *revision, int elevel)
 {
 	FelixKV    *kvs;
 	int			n;
 	FelixStoreStatus st;
+	int64		now = felix_monotonic_ns();
+	const char *tag = store_tag();
+	bool		full;
 
-	memset(snap, 0, sizeof(*snap));
-	st = guarded ? felix_store_range_guarded("", true, &kvs, &n, &snap->revision, elevel)
-		: felix_store_range("", true, &kvs, &n, &snap->revision, elevel);
+	if (cache.keys == NULL || cache.store == NULL || strcmp(cache.store, tag) != 0)
+	{
+		HASHCTL		ctl;
+
+		cache_drop();
+		cache.cxt = AllocSetContextCreate(TopMemoryContext, "felix control-plane state",
+										  ALLOCSET_DEFAULT_SIZES);
+		ctl.keysize = CP_INDEX_KEY_LEN;
+		ctl.entrysize = sizeof(CachedKey);
+		ctl.hcxt = cache.cxt;
+		cache.keys = hash_create("felix control-plane state", 1024, &ctl,
+								 HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+		cache.store = MemoryContextStrdup(cache.cxt, tag);
+		cache.need_full = true;
+	}
+	full = cache.need_full || now - cache.full_at_ns >= CACHE_FULL_READ_NS;
+	if (!full)
+	{
+		int64		complete_to;
+
+		st = felix_store_range_changed("", cache.since, guarded, &kvs, &n, revision,
+									   &complete_to, elevel);
+		if (st != FELIX_STORE_OK)
+			return false;
+		/* a store behind this copy was put back from an older one */
+		full = !guarded && *revision < cache.revision;
+		for (int i = 0; i < n && !full; i++)
+			full = strcmp(kvs[i].key, FELIX_STORE_KEY_DELETIONS) == 0;
+		if (!full)
+		{
+			for (int i = 0; i < n; i++)
+				cache_put(&kvs[i], false);
+			cache.since = Max(cache.since, complete_to);
+			cache.revision = Max(cache.revision, *revision);
+			*revision = cache.revision;
+			return true;
+		}
+	}
+	st = guarded ? felix_store_range_guarded("", true, &kvs, &n, revision, elevel)
+		: felix_store_range("", true, &kvs, &n, revision, elevel);
 	if (st != FELIX_STORE_OK)
 		return false;
-	parse_reads++;
-	parse_snapshot(snap, kvs, n);
-	parse_cache_prune();
+	cache.reads++;
+	cache.since = 0;
+	for (int i = 0; i < n; i++)
+	{
+		cache_put(&kvs[i], true);
+		/* one read of one state: every change up to its newest is in it */
+		cache.since = Max(cache.since, kvs[i].mod_revision);
+	}
+	{
+		HASH_SEQ_STATUS seq;
+		CachedKey  *e;
+
+		hash_seq_init(&seq, cache.keys);
+		while ((e = hash_seq_search(&seq)) != NULL)
+			if (e->seen != cache.reads)
+				cache_forget(e);
+	}
+	cache.need_full = false;
+	cache.full_at_ns = now;
+	cache.revision = *revision;
+	return true;
+}
+
+/*
+ * The snapshot of entries (in key order): each node joined to its ends and
+ * claims.  Ends count only for the boot that gave them.  A node whose
+ * keys do not exist keeps what its own record held (felix 1.1 before
+ * they had keys of their own).
+ */
+static void
+snap_build(CpSnapshot *snap, CachedKey *const *entries, int n)
+{
+	int			count[CK_MARK + 1] = {0};
+	HTAB	   *extra;
+	HASHCTL		ctl;
+
+	for (int i = 0; i < n; i++)
+		count[entries[i]->kind]++;
+	snap_alloc(snap, count);
+	ctl.keysize = CP_INDEX_KEY_LEN;
+	ctl.entrysize = sizeof(CachedKey *) + CP_INDEX_KEY_LEN;
+	ctl.hcxt = CurrentMemoryContext;
+	extra = hash_create("felix node keys", Max(count[CK_ENDS] + count[CK_CLAIMS], 4), &ctl,
+						HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+	for (int i = 0; i < n; i++)
+	{
+		if (entries[i]->kind == CK_ENDS || entries[i]->kind == CK_CLAIMS)
+		{
+			char	   *slot = hash_search(extra, entries[i]->key, HASH_ENTER, NULL);
+
+			*(CachedKey **) (slot + CP_INDEX_KEY_LEN) = entries[i];
+		}
+		snap_add(snap, entries[i]);
+	}
+	for (int i = 0; i < snap->nnodes; i++)
+	{
+		CpNode	   *node = &snap->nodes[i];
+		char		key[CP_INDEX_KEY_LEN];
+		char	   *slot;
+
+		node->unable_index = NULL;
+		node->ends_index = NULL;
+		node->claims_index = NULL;
+		memset(key, 0, sizeof(key));
+		snprintf(key, sizeof(key), "ends/%s", node->name);
+		if ((slot = hash_search(extra, key, HASH_FIND, NULL)) != NULL)
+		{
+			const CachedKey *e = *(CachedKey **) (slot + CP_INDEX_KEY_LEN);
+
+			node->ends_rev = e->rec.ends.rev;
+			node->nends = 0;
+			node->ends = NULL;
+			if (strcmp(e->rec.ends.boot, node->boot) == 0)
+			{
+				node->nends = e->rec.ends.nends;
+				node->ends = e->rec.ends.ends;
+				node->ends_index = e->index;
+			}
+		}
+		memset(key, 0, sizeof(key));
+		snprintf(key, sizeof(key), "claims/%s", node->name);
+		if ((slot = hash_search(extra, key, HASH_FIND, NULL)) != NULL)
+		{
+			const CachedKey *e = *(CachedKey **) (slot + CP_INDEX_KEY_LEN);
+
+			node->claims_rev = e->rec.claims.rev;
+			node->nclaims = e->rec.claims.nclaims;
+			node->claims = e->rec.claims.claims;
+			node->claims_index = e->index;
+		}
+	}
+}
+
+/* Decode kvs without a copy to keep: the snapshot of exactly them. */
+static void
+snap_build_uncached(CpSnapshot *snap, const FelixKV *kvs, int n)
+{
+	CachedKey **entries = palloc(sizeof(CachedKey *) * (n + 1));
+	int			m = 0;
+
+	for (int i = 0; i < n; i++)
+	{
+		CachedKey  *e;
+
+		if (strlen(kvs[i].key) >= CP_INDEX_KEY_LEN)
+			continue;			/* no record's key is that long */
+		e = palloc0(sizeof(CachedKey));
+		strlcpy(e->key, kvs[i].key, CP_INDEX_KEY_LEN);
+		decode_kv(&kvs[i], e);
+		if (e->kind == CK_NONE)
+		{
+			pfree(e);
+			continue;
+		}
+		entries[m++] = e;
+	}
+	snap_build(snap, entries, m);
+	snap->index = index_snapshot(snap);
+}
+
+bool
+cp_snapshot_read(CpSnapshot *snap, bool guarded, int elevel)
+{
+	memset(snap, 0, sizeof(*snap));
+	if (!cache.enabled && !IsBackgroundWorker)
+		cp_snapshot_cache_enable();
+	if (!cache.enabled)
+	{
+		/* a worker that never says when no snapshot is in use: no copy */
+		FelixKV    *kvs;
+		int			n;
+
+		if ((guarded ? felix_store_range_guarded("", true, &kvs, &n, &snap->revision, elevel)
+			 : felix_store_range("", true, &kvs, &n, &snap->revision, elevel)) != FELIX_STORE_OK)
+			return false;
+		snap_build_uncached(snap, kvs, n);
+		return true;
+	}
+	if (!cache_refresh(guarded, &snap->revision, elevel))
+		return false;
+	if (cache.order == NULL)
+	{
+		HASH_SEQ_STATUS seq;
+		CachedKey  *e;
+
+		cache.norder = 0;
+		cache.order = MemoryContextAlloc(cache.cxt, sizeof(CachedKey *) *
+										 (hash_get_num_entries(cache.keys) + 1));
+		hash_seq_init(&seq, cache.keys);
+		while ((e = hash_seq_search(&seq)) != NULL)
+			cache.order[cache.norder++] = e;
+		qsort(cache.order, cache.norder, sizeof(CachedKey *), cached_key_cmp);
+	}
+	snap_build(snap, cache.order, cache.norder);
+	if (cache.index == NULL)
+	{
+		MemoryContext old = MemoryContextSwitchTo(cache.cxt);
+
+		cache.index = index_snapshot(snap);
+		MemoryContextSwitchTo(old);
+	}
+	snap->index = cache.index;
 	return true;
 }
 
@@ -931,76 +1598,8 @@ cp_snapshot_read_parts(CpSnapshot *snap, const char *const *prefixes, int nprefi
 		nall += n;
 		snap->revision = Max(snap->revision, rev);
 	}
-	parse_snapshot(snap, all, nall);
+	snap_build_uncached(snap, all, nall);
 	return true;
-}
-
-static void
-parse_snapshot(CpSnapshot *snap, const FelixKV *kvs, int n)
-{
-	snap->nodes = palloc0(sizeof(CpNode) * (n + 1));
-	snap->streams = palloc0(sizeof(CpStream) * (n + 1));
-	snap->shards = palloc0(sizeof(CpShard) * (n + 1));
-	snap->reports = palloc0(sizeof(CpReports) * (n + 1));
-	snap->report_stream = palloc0(sizeof(char *) * (n + 1));
-	snap->report_shard = palloc0(sizeof(int) * (n + 1));
-	snap->leads_node = palloc0(sizeof(char *) * (n + 1));
-	snap->leads_rev = palloc0(sizeof(int64) * (n + 1));
-	snap->clashes = palloc0(sizeof(CpClash) * (n + 1));
-	for (int i = 0; i < n; i++)
-	{
-		const char *k = kvs[i].key;
-		char	   *stream;
-		int			shard;
-
-		if (strncmp(k, "nodes/", 6) == 0)
-		{
-			if (cp_node_read(&kvs[i], &snap->nodes[snap->nnodes]) &&
-				strcmp(snap->nodes[snap->nnodes].name, k + 6) == 0)
-				snap->nnodes++;
-		}
-		else if (strncmp(k, "leads/", 6) == 0)
-		{
-			snap->leads_node[snap->nleads] = pstrdup(k + 6);
-			snap->leads_rev[snap->nleads++] = kvs[i].mod_revision;
-		}
-		else if (strncmp(k, "streams/", 8) == 0)
-		{
-			if (cp_stream_read(&kvs[i], &snap->streams[snap->nstreams]) &&
-				strcmp(snap->streams[snap->nstreams].name, k + 8) == 0)
-				snap->nstreams++;
-		}
-		else if (strncmp(k, "shards/", 7) == 0)
-		{
-			if (split_shard_key(k + 7, &stream, &shard) &&
-				cp_shard_read(&kvs[i], &snap->shards[snap->nshards]) &&
-				strcmp(snap->shards[snap->nshards].stream, stream) == 0 &&
-				snap->shards[snap->nshards].shard == shard)
-				snap->nshards++;
-		}
-		else if (strncmp(k, "reports/", 8) == 0)
-		{
-			if (split_shard_key(k + 8, &stream, &shard) &&
-				cp_reports_read(&kvs[i], &snap->reports[snap->nreports]))
-			{
-				snap->report_stream[snap->nreports] = stream;
-				snap->report_shard[snap->nreports++] = shard;
-			}
-		}
-		else if (strncmp(k, "clashes/", 8) == 0)
-		{
-			if (cp_clash_read(&kvs[i], &snap->clashes[snap->nclashes]) &&
-				strcmp(snap->clashes[snap->nclashes].node, k + 8) == 0)
-				snap->nclashes++;
-		}
-		else if (strcmp(k, CP_KEY_DUTY) == 0)
-			snap->have_duty = cp_duty_read(&kvs[i], &snap->duty);
-		else if (strcmp(k, CP_KEY_ALIVE) == 0)
-			snap->have_alive = cp_alive_read(&kvs[i], &snap->alive);
-		else if (strcmp(k, CP_KEY_STORE_ID) == 0)
-			(void) cp_store_id_read(&kvs[i], &snap->store_id);
-	}
-	index_snapshot(snap);
 }
 
 CpClash *
@@ -1012,28 +1611,34 @@ cp_snapshot_clash(const CpSnapshot *snap, const char *node)
 	return NULL;
 }
 
-/* The first record of each name, as a scan in key order would find it. */
-static void
-index_snapshot(CpSnapshot *snap)
+/*
+ * Where the first record of each name is in snap's arrays, as a scan in
+ * key order would find it (in CurrentMemoryContext).  Records taken from
+ * this process's copy of the state come in the same places as long as no
+ * key comes or goes, and that copy keeps the index until then.
+ */
+static HTAB *
+index_snapshot(const CpSnapshot *snap)
 {
+	HTAB	   *index = index_create("felix snapshot index",
+									 snap->nnodes + snap->nstreams + snap->nshards + snap->nreports);
 	CpIndexEntry *e;
 
-	snap->index = index_create("felix snapshot index",
-							   snap->nnodes + snap->nstreams + snap->nshards + snap->nreports);
 	for (int i = 0; i < snap->nnodes; i++)
-		if ((e = index_probe(snap->index, true, "n%s", snap->nodes[i].name))->ptr == NULL)
-			e->ptr = &snap->nodes[i];
+		if ((e = index_probe(index, true, 'n', snap->nodes[i].name, -1, -1))->pos < 0)
+			e->pos = i;
 	for (int i = 0; i < snap->nstreams; i++)
-		if ((e = index_probe(snap->index, true, "s%s", snap->streams[i].name))->ptr == NULL)
-			e->ptr = &snap->streams[i];
+		if ((e = index_probe(index, true, 's', snap->streams[i].name, -1, -1))->pos < 0)
+			e->pos = i;
 	for (int i = 0; i < snap->nshards; i++)
-		if ((e = index_probe(snap->index, true, "h%s/%d", snap->shards[i].stream,
-							 snap->shards[i].shard))->ptr == NULL)
-			e->ptr = &snap->shards[i];
+		if ((e = index_probe(index, true, 'h', snap->shards[i].stream, -1,
+							 snap->shards[i].shard))->pos < 0)
+			e->pos = i;
 	for (int i = 0; i < snap->nreports; i++)
-		if ((e = index_probe(snap->index, true, "r%s/%d", snap->report_stream[i],
-							 snap->report_shard[i]))->ptr == NULL)
-			e->ptr = &snap->reports[i];
+		if ((e = index_probe(index, true, 'r', snap->report_stream[i], -1,
+							 snap->report_shard[i]))->pos < 0)
+			e->pos = i;
+	return index;
 }
 
 CpNode *
@@ -1043,32 +1648,32 @@ cp_snapshot_node(const CpSnapshot *snap, const char *name)
 
 	if (name == NULL)
 		return NULL;
-	e = index_probe(snap->index, false, "n%s", name);
-	return e ? e->ptr : NULL;
+	e = index_probe(snap->index, false, 'n', name, -1, -1);
+	return e ? &snap->nodes[e->pos] : NULL;
 }
 
 CpStream *
 cp_snapshot_stream(const CpSnapshot *snap, const char *name)
 {
-	CpIndexEntry *e = index_probe(snap->index, false, "s%s", name);
+	CpIndexEntry *e = index_probe(snap->index, false, 's', name, -1, -1);
 
-	return e ? e->ptr : NULL;
+	return e ? &snap->streams[e->pos] : NULL;
 }
 
 CpShard *
 cp_snapshot_shard(const CpSnapshot *snap, const char *stream, int shard)
 {
-	CpIndexEntry *e = index_probe(snap->index, false, "h%s/%d", stream, shard);
+	CpIndexEntry *e = index_probe(snap->index, false, 'h', stream, -1, shard);
 
-	return e ? e->ptr : NULL;
+	return e ? &snap->shards[e->pos] : NULL;
 }
 
 CpReports *
 cp_snapshot_reports(const CpSnapshot *snap, const char *stream, int shard)
 {
-	CpIndexEntry *e = index_probe(snap->index, false, "r%s/%d", stream, shard);
+	CpIndexEntry *e = index_probe(snap->index, false, 'r', stream, -1, shard);
 
-	return e ? e->ptr : NULL;
+	return e ? &snap->reports[e->pos] : NULL;
 }
 
 int64

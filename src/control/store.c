@@ -60,7 +60,7 @@ felix_store_range(const char *key, bool prefix, FelixKV **kvs, int *nkvs,
 				  int64 *revision, int elevel)
 {
 	int64		start = felix_monotonic_ns();
-	FelixStoreStatus st = felix_store()->range(key, prefix, false, kvs, nkvs, revision, elevel);
+	FelixStoreStatus st = felix_store()->range(key, prefix, false, 0, kvs, nkvs, revision, elevel);
 
 	count(st, start);
 	count_read(st, *kvs, *nkvs);
@@ -72,11 +72,74 @@ felix_store_range_guarded(const char *key, bool prefix, FelixKV **kvs, int *nkvs
 						  int64 *revision, int elevel)
 {
 	int64		start = felix_monotonic_ns();
-	FelixStoreStatus st = felix_store()->range(key, prefix, true, kvs, nkvs, revision, elevel);
+	FelixStoreStatus st = felix_store()->range(key, prefix, true, 0, kvs, nkvs, revision, elevel);
 
 	count(st, start);
 	count_read(st, *kvs, *nkvs);
 	return st;
+}
+
+/* The section of key: up to and including its first '/', or all of it. */
+static char *
+section_of(const char *key)
+{
+	const char *slash = strchr(key, '/');
+
+	return slash ? pnstrdup(key, slash - key + 1) : pstrdup(key);
+}
+
+FelixStoreStatus
+felix_store_range_changed(const char *prefix, int64 changed_after, bool guarded,
+						  FelixKV **kvs, int *nkvs, int64 *revision, int64 *complete_to,
+						  int elevel)
+{
+	int64		start = felix_monotonic_ns();
+	FelixKV    *marks;
+	int			nmarks;
+	FelixKV    *out;
+	int			nout;
+	FelixStoreStatus st;
+
+	/*
+	 * The marks first; then each section marked after changed_after, for
+	 * its keys written after it.  A write that commits between the two
+	 * reads is in the second if its section is read, and its mark is
+	 * newer than complete_to either way: read next time.
+	 */
+	st = felix_store()->range(FELIX_STORE_MARKS, true, guarded, 0, &marks, &nmarks,
+							  revision, elevel);
+	count(st, start);
+	if (st != FELIX_STORE_OK)
+		return st;
+	count_read(st, marks, nmarks);
+	out = palloc(sizeof(FelixKV) * (nmarks + 1));
+	memcpy(out, marks, sizeof(FelixKV) * nmarks);
+	nout = nmarks;
+	*complete_to = 0;
+	for (int i = 0; i < nmarks; i++)
+		*complete_to = Max(*complete_to, marks[i].mod_revision);
+	for (int i = 0; i < nmarks; i++)
+	{
+		const char *section = marks[i].key + strlen(FELIX_STORE_MARKS);
+		FelixKV    *got;
+		int			ngot;
+		int64		rev;
+
+		if (marks[i].mod_revision <= changed_after || strncmp(section, prefix, strlen(prefix)) != 0)
+			continue;
+		start = felix_monotonic_ns();
+		st = felix_store()->range(section, true, guarded, changed_after, &got, &ngot, &rev, elevel);
+		count(st, start);
+		if (st != FELIX_STORE_OK)
+			return st;
+		count_read(st, got, ngot);
+		out = repalloc(out, sizeof(FelixKV) * (nout + ngot + 1));
+		memcpy(out + nout, got, sizeof(FelixKV) * ngot);
+		nout += ngot;
+	}
+	*kvs = out;
+	*nkvs = nout;
+	return FELIX_STORE_OK;
 }
 
 FelixStoreStatus
@@ -84,8 +147,47 @@ felix_store_txn(const FelixStoreCmp *cmps, int ncmps, const FelixStoreOp *ops, i
 				int64 *revision, int elevel)
 {
 	int64		start = felix_monotonic_ns();
-	FelixStoreStatus st = felix_store()->txn(cmps, ncmps, ops, nops, revision, elevel);
+	FelixStoreStatus st;
 	int64		bytes = 0;
+
+	/*
+	 * What a reader of what changed (felix_store_range_changed) finds: a
+	 * deletion leaves nothing behind, so the marker key stands for it; and
+	 * every section written is marked.
+	 */
+	if (nops > 0)
+	{
+		FelixStoreOp *all = palloc(sizeof(FelixStoreOp) * (2 * nops + 2));
+		int			n = nops;
+		bool		deletes = false;
+
+		memcpy(all, ops, sizeof(FelixStoreOp) * nops);
+		for (int i = 0; i < nops; i++)
+			deletes = deletes || ops[i].value == NULL;
+		if (deletes)
+		{
+			all[n].key = FELIX_STORE_KEY_DELETIONS;
+			all[n++].value = "{}";
+		}
+		for (int i = 0, m = n; i < m; i++)
+		{
+			char	   *mark;
+			bool		have = false;
+
+			if (strncmp(all[i].key, FELIX_STORE_MARKS, strlen(FELIX_STORE_MARKS)) == 0)
+				continue;
+			mark = psprintf("%s%s", FELIX_STORE_MARKS, section_of(all[i].key));
+			for (int j = m; j < n && !have; j++)
+				have = strcmp(all[j].key, mark) == 0;
+			if (have)
+				continue;
+			all[n].key = mark;
+			all[n++].value = "{}";
+		}
+		ops = all;
+		nops = n;
+	}
+	st = felix_store()->txn(cmps, ncmps, ops, nops, revision, elevel);
 
 	count(st, start);
 	for (int i = 0; i < nops; i++)

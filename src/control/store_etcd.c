@@ -522,8 +522,8 @@ read_kvs(JsonbContainer *resp, FelixKV **out, int *n)
 }
 
 static FelixStoreStatus
-etcd_range(const char *key, bool prefix, bool guarded, FelixKV **kvs, int *nkvs,
-		   int64 *revision, int elevel)
+etcd_range(const char *key, bool prefix, bool guarded, int64 changed_after,
+		   FelixKV **kvs, int *nkvs, int64 *revision, int elevel)
 {
 	StringInfoData body;
 	EtcdCall	call;
@@ -538,6 +538,9 @@ etcd_range(const char *key, bool prefix, bool guarded, FelixKV **kvs, int *nkvs,
 		put_b64(&body, "range_end", prefix_end(k));
 	if (guarded)
 		felix_json_put_bool(&body, "serializable", true);
+	if (changed_after > 0)
+		felix_json_put_string(&body, "min_mod_revision",
+							  psprintf(INT64_FORMAT, changed_after + 1));
 	appendStringInfoChar(&body, '}');
 
 	etcd_call("/v3/kv/range", body.data, false, &call);

@@ -44,16 +44,17 @@ current_revision(void)
 }
 
 static FelixStoreStatus
-table_range(const char *key, bool prefix, bool guarded, FelixKV **kvs, int *nkvs,
-			int64 *revision, int elevel)
+table_range(const char *key, bool prefix, bool guarded, int64 changed_after,
+			FelixKV **kvs, int *nkvs, int64 *revision, int elevel)
 {
-	Oid			types[2] = {TEXTOID, TEXTOID};
-	Datum		values[2];
+	Oid			types[3] = {TEXTOID, TEXTOID, INT8OID};
+	Datum		values[3];
 	int			rc;
 	MemoryContext caller = CurrentMemoryContext;
 
 	SPI_connect();
 	values[0] = CStringGetTextDatum(key);
+	values[2] = Int64GetDatum(changed_after);
 	if (prefix)
 	{
 		/* the first key past the prefix, in byte ("C") order */
@@ -64,18 +65,27 @@ table_range(const char *key, bool prefix, bool guarded, FelixKV **kvs, int *nkvs
 			end[--len] = '\0';
 		if (len > 0)
 			end[len - 1]++;
-		values[1] = CStringGetTextDatum(end);
-		rc = SPI_execute_with_args(len > 0
+		values[1] = CStringGetTextDatum(len > 0 ? end : key);
+		/* what changed comes in no order: its index is on mod_revision */
+		rc = SPI_execute_with_args(changed_after > 0
 								   ? "SELECT key, value, mod_revision FROM felix.cp_store "
-								   "WHERE key OPERATOR(pg_catalog.>=) $1 AND key OPERATOR(pg_catalog.<) $2 ORDER BY key"
+								   "WHERE mod_revision OPERATOR(pg_catalog.>) $3 "
+								   "AND key OPERATOR(pg_catalog.>=) $1 "
+								   "AND ($2 OPERATOR(pg_catalog.=) $1 OR key OPERATOR(pg_catalog.<) $2)"
 								   : "SELECT key, value, mod_revision FROM felix.cp_store "
-								   "WHERE key OPERATOR(pg_catalog.>=) $1 ORDER BY key",
-								   len > 0 ? 2 : 1, types, values, NULL, false, 0);
+								   "WHERE key OPERATOR(pg_catalog.>=) $1 "
+								   "AND ($2 OPERATOR(pg_catalog.=) $1 OR key OPERATOR(pg_catalog.<) $2) "
+								   "ORDER BY key",
+								   3, types, values, NULL, false, 0);
 	}
 	else
+	{
+		values[1] = values[0];
 		rc = SPI_execute_with_args("SELECT key, value, mod_revision FROM felix.cp_store "
-								   "WHERE key OPERATOR(pg_catalog.=) $1",
-								   1, types, values, NULL, false, 0);
+								   "WHERE key OPERATOR(pg_catalog.=) $1 "
+								   "AND mod_revision OPERATOR(pg_catalog.>) $3",
+								   3, types, values, NULL, false, 0);
+	}
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "felix: could not read felix.cp_store");
 

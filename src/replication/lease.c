@@ -210,10 +210,11 @@ lease_wake(FelixShard *s)
 	quorum_wake_all(s);
 }
 
+static bool assignment_leads(const FelixAssignment *a);
+
 void
 lease_apply_assignment(FelixShard *s, const FelixAssignment *a)
 {
-	char		incarnation[FELIX_INCARNATION_LEN];
 	bool		lead;
 	bool		gated;
 	int64		expiry = 0;
@@ -224,9 +225,7 @@ lease_apply_assignment(FelixShard *s, const FelixAssignment *a)
 	 * to: with a data directory that replaced the granted one it holds
 	 * nothing of the shard, and must neither write nor speak for it.
 	 */
-	felix_incarnation(incarnation, NULL);
-	lead = a->leader[0] != '\0' && felix_is_this_node(a->leader) &&
-		strcmp(a->leader_incarnation, incarnation) == 0;
+	lead = assignment_leads(a);
 
 	if (a->lease_granted)
 		expiry = a->sent_at_ns + (a->lease_ms - felix_lease_epsilon) * INT64CONST(1000000);
@@ -325,6 +324,51 @@ lease_apply_assignment(FelixShard *s, const FelixAssignment *a)
 	lease_wake(s);
 	if (lead && v.replication_factor > 1)
 		felix_wake(FELIX_WORKER_SHIP);
+}
+
+/* Does a give this node the lead (as the incarnation it was granted to)? */
+static bool
+assignment_leads(const FelixAssignment *a)
+{
+	char		incarnation[FELIX_INCARNATION_LEN];
+
+	felix_incarnation(incarnation, NULL);
+	return a->leader[0] != '\0' && felix_is_this_node(a->leader) &&
+		strcmp(a->leader_incarnation, incarnation) == 0;
+}
+
+bool
+lease_reassert(int slot, const FelixShardKey *key, const FelixAssignment *a)
+{
+	FelixShard *s = shard_slot(slot);
+	bool		lead = assignment_leads(a);
+	int64		expiry = a->sent_at_ns + (a->lease_ms - felix_lease_epsilon) * INT64CONST(1000000);
+	int64		now = felix_monotonic_ns();
+	bool		current;
+	bool		revived = false;
+
+	/*
+	 * Under the shard's mutex alone, for every shard at every heartbeat:
+	 * phase, role and generation are written under it (with the tail held
+	 * as well), so they are read here as one state; and the renewal is
+	 * lease_apply_assignment's, under the same mutex, with the same checks
+	 * against a hand-off begun or a lease given up since the grant.
+	 */
+	SpinLockAcquire(&s->mutex);
+	current = s->in_use && memcmp(&s->key, key, sizeof(FelixShardKey)) == 0 &&
+		s->phase == FELIX_SHARD_OPEN && s->generation == a->generation &&
+		s->role == (lead ? FELIX_ROLE_LEADER : FELIX_ROLE_FOLLOWER);
+	if (current && lead && a->lease_granted && expiry > s->lease_expiry_ns &&
+		s->handing_to[0] == '\0' && a->sent_at_ns > s->lease_released_ns)
+	{
+		revived = s->lease_expiry_ns <= now;
+		s->lease_expiry_ns = expiry;
+	}
+	SpinLockRelease(&s->mutex);
+	/* a lease that had lapsed: whoever waits for one may go on */
+	if (revived)
+		lease_wake(s);
+	return current;
 }
 
 uint64

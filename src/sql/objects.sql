@@ -163,6 +163,8 @@ CREATE TABLE felix.cp_store (
     value        text NOT NULL,
     mod_revision bigint NOT NULL CHECK (mod_revision > 0)
 );
+-- what changed since a revision (felix_store_range_changed)
+CREATE INDEX cp_store_mod_revision ON felix.cp_store (mod_revision);
 CREATE SEQUENCE felix.cp_store_revision;
 REVOKE ALL ON felix.cp_store, felix.cp_store_revision FROM PUBLIC;
 
@@ -176,15 +178,26 @@ REVOKE ALL ON FUNCTION felix.store_read(text) FROM PUBLIC;
 -- The control plane's state as tables, read from whichever store this
 -- node uses (felix.store_read): for operators and tests.  Superusers only.
 CREATE VIEW felix.nodes AS
-SELECT v->>'name' AS name, v->>'conninfo' AS conninfo, v->>'incarnation' AS incarnation,
-       (v->>'starts')::bigint AS starts, v->>'boot' AS boot,
-       ARRAY(SELECT pg_catalog.jsonb_array_elements_text(v->'unable')) AS unable,
-       ARRAY(SELECT pg_catalog.jsonb_array_elements_text(v->'ends')) AS ends,
-       (v->>'beat')::bigint AS beat, v->'claims' AS claims, v->'peers' AS peers,
-       pg_catalog.to_timestamp((v->>'registered_ms')::numeric / 1000) AS registered_at,
-       pg_catalog.to_timestamp((v->>'heartbeat_ms')::numeric / 1000) AS last_heartbeat,
+SELECT j.v->>'name' AS name, j.v->>'conninfo' AS conninfo, j.v->>'incarnation' AS incarnation,
+       (j.v->>'starts')::bigint AS starts, j.v->>'boot' AS boot,
+       ARRAY(SELECT pg_catalog.jsonb_array_elements_text(j.v->'unable')) AS unable,
+       ARRAY(SELECT pg_catalog.jsonb_array_elements_text(
+                 CASE WHEN e.v IS NULL THEN j.v->'ends'
+                      WHEN (e.v->>'boot') OPERATOR(pg_catalog.=) (j.v->>'boot') THEN e.v->'ends' END)) AS ends,
+       (j.v->>'beat')::bigint AS beat, COALESCE(c.v->'claims', j.v->'claims') AS claims,
+       j.v->'peers' AS peers,
+       pg_catalog.to_timestamp((j.v->>'registered_ms')::numeric / 1000) AS registered_at,
+       pg_catalog.to_timestamp((j.v->>'heartbeat_ms')::numeric / 1000) AS last_heartbeat,
        r.mod_revision
-  FROM felix.store_read('nodes/') r, LATERAL (SELECT r.value::jsonb AS v) j;
+  FROM felix.store_read('nodes/') r
+  CROSS JOIN LATERAL (SELECT r.value::jsonb AS v) j
+  -- a node's log ends and claims have keys of their own (control/cpstate.h)
+  LEFT JOIN LATERAL (SELECT x.value::jsonb AS v
+                       FROM felix.store_read('ends/' OPERATOR(pg_catalog.||) (j.v->>'name')) x
+                      WHERE x.key OPERATOR(pg_catalog.=) ('ends/' OPERATOR(pg_catalog.||) (j.v->>'name'))) e ON true
+  LEFT JOIN LATERAL (SELECT x.value::jsonb AS v
+                       FROM felix.store_read('claims/' OPERATOR(pg_catalog.||) (j.v->>'name')) x
+                      WHERE x.key OPERATOR(pg_catalog.=) ('claims/' OPERATOR(pg_catalog.||) (j.v->>'name'))) c ON true;
 CREATE VIEW felix.cluster_streams AS
 SELECT v->>'name' AS name, v->>'schema' AS schema, (v->>'creation_id')::uuid AS creation_id,
        (v->>'shards')::integer AS shards, (v->>'replication_factor')::integer AS replication_factor,
@@ -231,14 +244,18 @@ CREATE FUNCTION felix.cp_heartbeat(node text, conninfo text, incarnation text,
                                    starts bigint, boot text, unable text[] DEFAULT NULL,
                                    lease_ms integer DEFAULT NULL, peers jsonb DEFAULT NULL,
                                    ends text[] DEFAULT NULL, seen_store_id text DEFAULT NULL,
-                                   seen_revision bigint DEFAULT NULL)
+                                   seen_revision bigint DEFAULT NULL,
+                                   known_state bigint DEFAULT NULL,
+                                   known_commit bigint DEFAULT NULL,
+                                   ends_unchanged boolean DEFAULT false)
 RETURNS TABLE (stream text, shard integer, generation bigint, leader text,
                leader_conninfo text, replicas text[], lease_granted boolean,
                lease_ms integer, unplaced_reason text, shards integer,
                replication_factor integer, consistency text, payload_type text,
                retention_bytes bigint, retention interval, schema text, creation_id uuid,
                joining text, leaving text, leader_incarnation text,
-               store_id text, store_revision bigint)
+               store_id text, store_revision bigint, state_revision bigint,
+               full_answer boolean)
     AS 'MODULE_PATHNAME', 'felix_cp_heartbeat_sql' LANGUAGE C CALLED ON NULL INPUT VOLATILE;
 CREATE FUNCTION felix.cp_report(leader text, reports jsonb, token bigint DEFAULT NULL,
                                 incarnation text DEFAULT NULL)
@@ -300,7 +317,7 @@ REVOKE ALL ON FUNCTION felix.cp_score(text, text, integer) FROM PUBLIC;
 
 -- Internal: the cp_* entry points are for felix_replication (and
 -- superusers) only.
-REVOKE ALL ON FUNCTION felix.cp_heartbeat(text, text, text, bigint, text, text[], integer, jsonb, text[], text, bigint),
+REVOKE ALL ON FUNCTION felix.cp_heartbeat(text, text, text, bigint, text, text[], integer, jsonb, text[], text, bigint, bigint, bigint, boolean),
     felix.cp_create_stream(text, integer, integer, text, text, text, bigint, interval, text, boolean),
     felix.cp_drop_stream(text, uuid, boolean), felix.cp_report(text, jsonb, bigint, text),
     felix.cp_tick(text, text), felix.cp_nodes(), felix.cp_halted(),
@@ -308,7 +325,7 @@ REVOKE ALL ON FUNCTION felix.cp_heartbeat(text, text, text, bigint, text, text[]
     felix.cp_move_replica(text, integer, text, text), felix.cp_remove_node(text),
     felix.cp_name_clash(text, text, text), felix.cp_promote_copy(text, integer, text)
     FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION felix.cp_heartbeat(text, text, text, bigint, text, text[], integer, jsonb, text[], text, bigint),
+GRANT EXECUTE ON FUNCTION felix.cp_heartbeat(text, text, text, bigint, text, text[], integer, jsonb, text[], text, bigint, bigint, bigint, boolean),
     felix.cp_create_stream(text, integer, integer, text, text, text, bigint, interval, text, boolean),
     felix.cp_drop_stream(text, uuid, boolean), felix.cp_report(text, jsonb, bigint, text),
     felix.cp_tick(text, text), felix.cp_nodes(), felix.cp_halted(),

@@ -382,6 +382,9 @@ heartbeat_once(void)
 	FelixCpShard *shards;
 	AgentRow   *rows;
 	int			nrows;
+	int			napply;
+	FelixCpAnswer answer;
+	bool		ends_same;
 	int			nunable;
 	char	  **unable;
 	int			nends;
@@ -424,9 +427,11 @@ heartbeat_once(void)
 	agent_rows_asked();
 	felix_count(FELIX_CTR_HEARTBEATS_SENT, 1);
 	elevel = failure_elevel();
-	if (!felix_cp_heartbeat(&cp_session, unable, nunable, ends, nends,
-							felix_nodes_probes_json(), &t_send,
-							&shards, &nrows, elevel))
+	ends_same = agent_ends_unchanged(ends, nends);
+	if (!felix_cp_heartbeat(&cp_session, unable, nunable, ends_same ? NULL : ends,
+							ends_same ? 0 : nends, ends_same,
+							felix_nodes_probes_json(), agent_known(), &t_send,
+							&shards, &nrows, &answer, elevel))
 	{
 		pgstat_report_activity(STATE_IDLE, NULL);
 		note_store(false, true, beats);
@@ -435,6 +440,7 @@ heartbeat_once(void)
 			/* an older copy of this data directory: it becomes a new one */
 			felix_incarnation_renew();
 			shard_mark_stale_copies();
+			agent_forget();
 		}
 		else if (strcmp(felix_cp_last_sqlstate(), "42710") == 0 &&
 				 (beats - clash_noted_beat) * felix_heartbeat_interval >= HB_CLASH_NOTE_MS)
@@ -464,11 +470,12 @@ heartbeat_once(void)
 	failed_in_a_row = 0;
 	last_failure_log_ns = 0;
 
-	rows = agent_rows(shards, nrows);
-	agent_note_leaders(rows, nrows);
-	agent_apply(rows, nrows);
-	agent_note_served(rows, nrows);
-	agent_note_held(rows, nrows);
+	agent_ends_sent(ends, nends, ends_same, &answer);
+	rows = agent_take_answer(shards, nrows, &answer, t_send, &napply);
+	agent_note_leaders(rows, napply);
+	agent_apply(rows, napply);
+	agent_note_served(rows, napply);
+	agent_note_held(rows, napply);
 
 	promoted = run_duties();
 	if (beats % HB_LISTS_EVERY == 0 || promoted > 0 || answered_again)
@@ -550,6 +557,7 @@ felix_heartbeat_worker_main(Datum arg)
 	tick_cxt = AllocSetContextCreate(TopMemoryContext, "felix duty tick",
 									 ALLOCSET_DEFAULT_SIZES);
 	agent_init();
+	cp_snapshot_cache_enable();
 
 	felix_wake_register(FELIX_WORKER_HEARTBEAT);
 	woken_early = false;
@@ -574,6 +582,8 @@ felix_heartbeat_worker_main(Datum arg)
 		}
 
 		MemoryContextReset(cycle_cxt);
+		/* the last beat's snapshots went with it */
+		cp_snapshot_quiesce();
 		MemoryContextSwitchTo(cycle_cxt);
 		heartbeat_once();
 		MemoryContextSwitchTo(TopMemoryContext);

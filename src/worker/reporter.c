@@ -50,6 +50,7 @@ felix_reporter_main(Datum arg)
 	cxt = AllocSetContextCreate(TopMemoryContext, "felix report", ALLOCSET_DEFAULT_SIZES);
 
 	report_queue_attach();
+	cp_snapshot_cache_enable();
 
 	for (;;)
 	{
@@ -76,6 +77,7 @@ felix_reporter_main(Datum arg)
 			report_queue_finish(seq, accepted, accepted < 0 ? felix_cp_last_error() : "");
 			MemoryContextSwitchTo(old);
 			MemoryContextReset(cxt);
+			cp_snapshot_quiesce();
 			continue;
 		}
 		MemoryContextSwitchTo(old);

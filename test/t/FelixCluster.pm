@@ -449,15 +449,22 @@ sub store_edit
 	my $new = $self->state_query(
 		"SELECT ($expr)::text FROM (SELECT value::jsonb AS v FROM felix.store_read('$key') WHERE key = '$key') s");
 	die "store key $key not found" if $new eq '';
+	# and mark its section in the same transaction, as every write does
+	# (store.c), so that readers of what changed find it
+	my $mark = 'marks/' . ($key =~ m{^([^/]*/)} ? $1 : $key);
 	if ($self->{store} eq 'embedded')
 	{
 		$self->cp->safe_psql('postgres',
 			"UPDATE felix.cp_store SET value = \$felix\$$new\$felix\$, "
-			  . "mod_revision = nextval('felix.cp_store_revision') WHERE key = '$key'");
+			  . "mod_revision = nextval('felix.cp_store_revision') WHERE key = '$key';"
+			  . "INSERT INTO felix.cp_store AS s (key, value, mod_revision) "
+			  . "VALUES ('$mark', '{}', currval('felix.cp_store_revision')) "
+			  . "ON CONFLICT (key) DO UPDATE SET mod_revision = EXCLUDED.mod_revision");
 	}
 	else
 	{
-		$self->{etcd}->put($self->{etcd_prefix} . $key, $new);
+		$self->{etcd}->put_all($self->{etcd_prefix} . $key => $new,
+			$self->{etcd_prefix} . $mark => '{}');
 	}
 	return;
 }

@@ -254,6 +254,23 @@ sub put
 	die "etcd: could not put $key";
 }
 
+# Put every key => value of %kv in one transaction (at one revision).
+sub put_all
+{
+	my ($self, %kv) = @_;
+	$self->_root_token if $self->{root_pw};
+	my $body = '{"success":['
+	  . join(',', map { '{"request_put":{"key":"' . _b64($_) . '","value":"' . _b64($kv{$_}) . '"}}' }
+		sort keys %kv)
+	  . ']}';
+	for my $k (1 .. $self->{n})
+	{
+		next unless $self->member($k)->{up};
+		return 1 if $self->_post($k, '/v3/kv/txn', $body) =~ /"header"/;
+	}
+	die 'etcd: could not put ' . join(', ', sort keys %kv);
+}
+
 # The name of the member that leads, as member $k (or any up member) sees it; undef if none.
 sub leader
 {

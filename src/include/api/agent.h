@@ -24,9 +24,9 @@ typedef struct AgentRow
 	bool		superseded;
 	bool		created;		/* ... and this cycle created it */
 	bool		applied;		/* the assignment reached the local shard */
-	int			slot;			/* its local shard's slot if it names this
-								 * node a replica, else -1 */
+	int			slot;			/* its local shard's slot (-1: not reached) */
 	FelixShardKey key;			/* ... and that shard */
+	bool		holds;			/* it names this node a replica */
 } AgentRow;
 
 
@@ -38,6 +38,29 @@ extern void agent_rows_asked(void);
 
 /* A heartbeat's shards as rows to apply. */
 extern AgentRow *agent_rows(FelixCpShard *shards, int n);
+
+/*
+ * The worker's heartbeats: what the assignments this node holds are as of
+ * (NULL: none; the next answer is then every assignment), and the next
+ * answer taken in (its rows merged into those held).  The rows to apply
+ * are returned: those the answer brought, and those held whose local
+ * shard is no longer as they left it or that never reached it; the
+ * leases of the others are renewed here and now (lease_reassert), as of
+ * t_send.  agent_forget forgets them all (a new incarnation).
+ */
+extern const FelixCpAnswer *agent_known(void);
+extern AgentRow *agent_take_answer(FelixCpShard *shards, int n, const FelixCpAnswer *answer,
+								   int64 t_send, int *nrows);
+extern void agent_forget(void);
+
+/*
+ * Log ends the worker need not give again: those it gave at the
+ * heartbeat of agent_known() (the control plane checks that it still
+ * holds them, and answers in full otherwise).  agent_ends_sent, after
+ * each heartbeat that succeeded, says what it gave.
+ */
+extern bool agent_ends_unchanged(char **ends, int n);
+extern void agent_ends_sent(char **ends, int n, bool unchanged, const FelixCpAnswer *answer);
 /* Note each shard's leader and its address in the node directory. */
 extern void agent_note_leaders(AgentRow *rows, int nrows);
 /*
@@ -47,8 +70,8 @@ extern void agent_note_leaders(AgentRow *rows, int nrows);
  * each step in its own transaction.
  */
 extern void agent_apply(AgentRow *rows, int nrows);
-/* Remember which rows reached their local shard, and which shards this
- * node was named a replica of. */
+/* Remember which rows reached their local shard (and, of the rows held,
+ * which shards this node was named a replica of). */
 extern void agent_note_served(AgentRow *rows, int nrows);
 extern void agent_note_held(AgentRow *rows, int nrows);
 

@@ -46,12 +46,21 @@ typedef struct CpHeartbeatArgs
 	char	  **unable;
 	int			lease_ms;		/* the lease the node holds itself to */
 	bool		ends_given;		/* false: none known (e.g. a first beat) */
+	bool		ends_unchanged; /* (ends not given) they are those it gave at
+								 * the heartbeat of known_commit */
 	int			nends;
 	char	  **ends;			/* "stream/shard=next_seq" of the shards it
 								 * was last told it leads */
 	const char *peers;			/* JSON object peer -> "" | why unreachable; NULL: unchanged */
 	const char *seen_store_id;	/* the store the node saw last (NULL: none) */
 	int64		seen_revision;	/* ... and the highest revision it saw in it */
+	/*
+	 * What the node holds of the assignments: all of them as of
+	 * known_state, told by the answer that committed at known_commit (0:
+	 * nothing; the answer is then every assignment).
+	 */
+	int64		known_state;
+	int64		known_commit;
 } CpHeartbeatArgs;
 
 /* One shard as a heartbeat tells it, with its stream's definition. */
@@ -71,6 +80,15 @@ typedef struct CpHeartbeatResult
 	CpSnapshot *snap;			/* the state it decided on (palloc'd) */
 	char	   *store_id;		/* the store's id */
 	int64		revision;		/* the store's revision after this heartbeat */
+	/*
+	 * full: rows are every assignment, and the node forgets any other it
+	 * holds.  Otherwise rows are those changed since known_state, and
+	 * those whose lease this call claims, or no longer claims, unlike the
+	 * one at known_commit: every other lease the node was last told it
+	 * holds, this call claimed again.
+	 */
+	bool		full;
+	int64		state_revision; /* the state the rows are of */
 } CpHeartbeatResult;
 
 extern void cp_heartbeat(const CpHeartbeatArgs *args, CpHeartbeatResult *out);
@@ -204,8 +222,6 @@ extern int	cp_list_nodes(const CpSnapshot *snap, CpNodeRow **rows);
 extern bool cp_read_for_nodes(CpSnapshot *snap, int elevel);
 /* Every follower its shard's current leader reports halted at the current generation. */
 extern int	cp_list_halted(const CpSnapshot *snap, CpHaltRow **rows);
-/* The part of the state cp_list_halted needs, read alone. */
-extern bool cp_read_for_halted(CpSnapshot *snap, int elevel);
 
 /* Validation shared by the calls. */
 extern void cp_check_node_name(const char *node);

@@ -27,6 +27,19 @@
 #include "control/assignment.h"
 #include "control/cp.h"
 
+/*
+ * What a heartbeat's answer is of: the state its rows are of, the store
+ * revision it committed at, and whether its rows are every assignment
+ * (full) or what changed since the state the node said it holds (cp.h,
+ * CpHeartbeatResult).
+ */
+typedef struct FelixCpAnswer
+{
+	bool		full;
+	int64		state_revision;
+	int64		commit_revision;
+} FelixCpAnswer;
+
 /* Deadline for a backend's call to the control plane (connect + query). */
 #define FELIX_CP_CALL_TIMEOUT_MS	10000
 #define FELIX_CP_ABORT_TIMEOUT_MS	2000
@@ -70,15 +83,21 @@ typedef struct FelixCpShard
 
 /*
  * Heartbeat for this node: register it, claim its leases (anchored at
- * *t_send, read just before the call leaves), and learn every shard.
+ * *t_send, read just before the call leaves), and learn the shards.
  * unable: the shards it cannot serve ("stream/shard"), NULL: unchanged.
  * ends: its log ends ("stream/shard=next_seq") of the shards it was last
- * told it leads, NULL: none known yet.
+ * told it holds, NULL: none known yet, or (ends_unchanged, with known)
+ * those it gave at the heartbeat of known.
  * peers: JSON object of what it sees of its peers, NULL: unchanged.
+ * known: the answer whose rows, with those before it, the caller holds
+ * (NULL: none; the rows are then every shard).  *answer says what the
+ * rows are.
  */
 extern bool felix_cp_heartbeat(FelixCpSession *s, char **unable, int nunable,
-							   char **ends, int nends, const char *peers, int64 *t_send,
-							   FelixCpShard **rows, int *nrows, int elevel);
+							   char **ends, int nends, bool ends_unchanged, const char *peers,
+							   const FelixCpAnswer *known, int64 *t_send,
+							   FelixCpShard **rows, int *nrows, FelixCpAnswer *answer,
+							   int elevel);
 
 /*
  * One round of the duties (cp_duty_tick: promoted is -1 when this node does

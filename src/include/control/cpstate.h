@@ -5,7 +5,10 @@
  *	  each key holds, read from and written to JSON.  One record per key:
  *
  *	    nodes/<name>              a node: identity, address, what it cannot
- *	                              serve, and the leases it claims (CpNode)
+ *	                              serve, its heartbeat count (CpNode)
+ *	    claims/<name>             the leases it claims (CpNodeClaims)
+ *	    ends/<name>               its log ends, as its boot last gave them
+ *	                              (CpNodeEnds)
  *	    leads/<name>              bumped whenever a shard is taken from
  *	                              leader <name>: its heartbeat compares it
  *	    streams/<name>            a stream's definition (CpStream)
@@ -74,11 +77,38 @@ typedef struct CpNode
 	char	   *peers;			/* JSON object: peer -> "" or why unreachable */
 	int64		rev;			/* mod_revision as read (0: new) */
 	/*
+	 * ends and claims are not in the node's record: they are in keys of
+	 * their own, rewritten only when they change (a record rewritten at
+	 * every heartbeat stays small), and a snapshot joins them to the node.
+	 * Their mod_revisions (0: no such key).
+	 */
+	int64		ends_rev;
+	int64		claims_rev;
+	/*
 	 * unable, ends and claims by "stream/shard", built at the first lookup
 	 * (cp_node_end and the others): they must not change after it.
 	 */
-	struct HTAB *index;
+	struct HTAB *unable_index;
+	struct HTAB *ends_index;
+	struct HTAB *claims_index;
 } CpNode;
+
+/* ends/<name>: the log ends a node's boot gave at its last heartbeat that gave them. */
+typedef struct CpNodeEnds
+{
+	char	   *boot;
+	int			nends;
+	char	  **ends;
+	int64		rev;
+} CpNodeEnds;
+
+/* claims/<name>: the leases a node claims, renewed by each write of its record. */
+typedef struct CpNodeClaims
+{
+	int			nclaims;
+	CpClaim    *claims;
+	int64		rev;
+} CpNodeClaims;
 
 typedef struct CpStream
 {
@@ -194,12 +224,16 @@ typedef struct CpClash
 extern char *cp_key_node(const char *name);
 extern char *cp_key_clash(const char *name);
 extern char *cp_key_leads(const char *name);
+extern char *cp_key_ends(const char *name);
+extern char *cp_key_claims(const char *name);
 extern char *cp_key_stream(const char *name);
 extern char *cp_key_shard(const char *stream, int shard);
 extern char *cp_key_reports(const char *stream, int shard);
 #define CP_KEY_DUTY		"duty"
 #define CP_KEY_ALIVE	"alive"
 #define CP_KEY_STORE_ID	"store_id"	/* {"id": uuid}: this store, written once */
+/* Rewritten whenever a node registers or changes its address. */
+#define CP_KEY_ADDRESSES	"addresses"
 
 /* Records from a key's value (false: malformed, logged at LOG). */
 extern bool cp_node_read(const FelixKV *kv, CpNode *out);
@@ -210,6 +244,8 @@ extern bool cp_duty_read(const FelixKV *kv, CpDuty *out);
 extern bool cp_alive_read(const FelixKV *kv, CpAlive *out);
 extern bool cp_clash_read(const FelixKV *kv, CpClash *out);
 extern bool cp_store_id_read(const FelixKV *kv, char **id);
+extern bool cp_ends_read(const FelixKV *kv, CpNodeEnds *out);
+extern bool cp_claims_read(const FelixKV *kv, CpNodeClaims *out);
 
 /* ... and back (palloc'd JSON). */
 extern char *cp_node_write(const CpNode *n);
@@ -221,6 +257,13 @@ extern char *cp_alive_write(const CpAlive *a);
 extern char *cp_store_id_write(const char *id);
 extern char *cp_clash_write(const CpClash *c);
 extern const char *cp_leads_value(void);
+extern char *cp_ends_write(const char *boot, char *const *ends, int nends);
+extern char *cp_claims_write(const CpClaim *claims, int nclaims);
+extern bool cp_ends_equal(char *const *a, int na, char *const *b, int nb);
+extern bool cp_claims_equal(const CpClaim *a, int na, const CpClaim *b, int nb);
+/* Lookup tables of a node's ends and claims (in CurrentMemoryContext). */
+extern struct HTAB *cp_ends_index(char *const *ends, int nends);
+extern struct HTAB *cp_claims_index(const CpClaim *claims, int nclaims);
 
 /* Helpers over records. */
 extern bool cp_shard_has_replica(const CpShard *s, const char *node);
@@ -270,15 +313,29 @@ typedef struct CpSnapshot
 	int			nclashes;
 	CpClash    *clashes;
 	char	   *store_id;		/* NULL: the store has none yet */
+	int64		addresses_rev;	/* CP_KEY_ADDRESSES's mod_revision (0: none) */
+	int64		deletions_rev;	/* FELIX_STORE_KEY_DELETIONS's (0: none) */
 	struct HTAB *index;			/* nodes, streams, shards and reports by name */
 } CpSnapshot;
 
 /*
- * Read the whole state in one range; false (reported at elevel) if it
- * failed.  guarded: a compare-and-set checks whatever is decided on it
- * (felix_store_range_guarded).
+ * The whole state, as of one revision; false (reported at elevel) if a
+ * read failed.  guarded: a compare-and-set checks whatever is decided on
+ * it (felix_store_range_guarded).  The process keeps a decoded copy of the
+ * state and asks the store only for what changed since (cpstate.c); the
+ * snapshot's strings and arrays are that copy's, valid until the next
+ * cp_snapshot_quiesce, and never to be written to.
  */
 extern bool cp_snapshot_read(CpSnapshot *snap, bool guarded, int elevel);
+
+/*
+ * A background worker that reads snapshots calls cp_snapshot_cache_enable
+ * once, and cp_snapshot_quiesce whenever it holds no snapshot (the top of
+ * its loop); without it, it reads the whole state every time.  A backend
+ * keeps the copy on its own and quiesces at the end of each transaction.
+ */
+extern void cp_snapshot_cache_enable(void);
+extern void cp_snapshot_quiesce(void);
 /* Attempt `attempt` of a rule: back off (after the first), serialize, read it all. */
 extern void cp_snapshot_read_attempt(CpSnapshot *snap, int attempt);
 /*

@@ -66,6 +66,7 @@ typedef struct FelixStoreMethods
 {
 	const char *name;			/* "embedded" or "etcd" */
 	FelixStoreStatus (*range) (const char *key, bool prefix, bool guarded,
+							   int64 changed_after,
 							   FelixKV **kvs, int *nkvs, int64 *revision,
 							   int elevel);
 	FelixStoreStatus (*txn) (const FelixStoreCmp *cmps, int ncmps,
@@ -99,6 +100,29 @@ extern FelixStoreStatus felix_store_range(const char *key, bool prefix,
 extern FelixStoreStatus felix_store_range_guarded(const char *key, bool prefix,
 												  FelixKV **kvs, int *nkvs,
 												  int64 *revision, int elevel);
+
+/*
+ * The keys under prefix whose mod_revision is above changed_after, in no
+ * particular order, and more (the marks, and keys written meanwhile): what
+ * changed since a reader last read them all.  *complete_to: every change
+ * up to this revision is in what was read.  It reads the marks (every
+ * transaction marks each section it writes: FELIX_STORE_MARKS plus the
+ * key up to its first '/', or the whole key), then only the sections
+ * marked after changed_after -- with etcd, whose range reads every key it
+ * spans before it filters them, this is what keeps the cost of a read
+ * with what changed.  A deletion does not show in it; every transaction
+ * that deletes also puts FELIX_STORE_KEY_DELETIONS, so a reader that
+ * finds that key among the changes knows something went away and reads
+ * everything again.  guarded: as felix_store_range_guarded.
+ */
+extern FelixStoreStatus felix_store_range_changed(const char *prefix, int64 changed_after,
+												  bool guarded, FelixKV **kvs, int *nkvs,
+												  int64 *revision, int64 *complete_to,
+												  int elevel);
+
+#define FELIX_STORE_MARKS	"marks/"
+/* Put by every transaction that deletes a key (felix_store_txn). */
+#define FELIX_STORE_KEY_DELETIONS	"deletions"
 
 /* Apply ops at one new revision (*revision) if every compare holds. */
 extern FelixStoreStatus felix_store_txn(const FelixStoreCmp *cmps, int ncmps,

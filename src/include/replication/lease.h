@@ -30,6 +30,15 @@ extern bool felix_is_this_node(const char *node);
 extern void lease_apply_assignment(FelixShard *s, const FelixAssignment *a);
 
 /*
+ * The same word, unchanged since it was applied to the shard in slot
+ * `slot` (shard key): if that shard is still as it left it -- open, at
+ * its generation, in the role it gives this node -- renew the lease it
+ * grants (as above) and return true; otherwise return false, and the
+ * caller applies it anew.  Takes no transaction and no table lock.
+ */
+extern bool lease_reassert(int slot, const FelixShardKey *key, const FelixAssignment *a);
+
+/*
  * Admission (conditions 1-3 of the write rule: a lease for the shard at a
  * generation, this node's clock before its expiry minus epsilon, the shard
  * open at exactly that generation), waiting a little while this node is
