@@ -1,10 +1,13 @@
 /*-------------------------------------------------------------------------
  *
  * store.c
- *	  Which control-plane store this process uses, and the counters every
+ *	  Which control-plane store this process uses, the counters every
  *	  request through it feeds (felix_metrics: store_requests,
  *	  store_failures, store_request_us, store_bytes_read,
- *	  store_bytes_written).  See store.h.
+ *	  store_bytes_written), and what a reader of changes needs of every
+ *	  write, whichever the store: the marks of the sections it writes and
+ *	  the deletions key (felix_store_txn, felix_store_range_changed).  See
+ *	  store.h.
  *
  * Locking rule: none; the counters are atomics (metrics.c).
  *

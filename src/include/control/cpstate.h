@@ -18,6 +18,11 @@
  *	    alive                     the nodes the duty holder sees alive (CpAlive)
  *	    clashes/<name>            the last server refused the name <name>
  *	                              while another held it (CpClash)
+ *	    addresses                 bumped when a node registers or moves
+ *	    store_id                  the store's identity
+ *
+ *	  and the store layer's own, which say what changed: deletions and
+ *	  marks/<section> (store.h).
  *
  *	  Times in records are the writer's wall clock in ms since the Unix
  *	  epoch and are shown, never compared across hosts: every decision
