@@ -150,6 +150,7 @@ cp_report(const char *leader, const CpReportRow *rows, int nrows, int64 token,
 		int			ncmps = 0;
 		int			nops = 0;
 		int			accepted = 0;
+		int			skipped = 0;
 		bool	   *done = palloc0(sizeof(bool) * (nrows + 1));
 		int64		rev;
 		FelixStoreStatus st;
@@ -263,6 +264,7 @@ cp_report(const char *leader, const CpReportRow *rows, int nrows, int64 token,
 				if (have && quorum && same_report(have, &row))
 				{
 					accepted++;
+					skipped++;
 					continue;
 				}
 				if (have)
@@ -335,7 +337,17 @@ cp_report(const char *leader, const CpReportRow *rows, int nrows, int64 token,
 			ops[nops++].value = cp_reports_write(&out);
 		}
 		if (nops == 0)
+		{
+			/*
+			 * Reports taken as already there were compared with a read
+			 * that may be a moment stale (the first, with etcd), and no
+			 * transaction compares them: believe them only from a
+			 * linearizable read.
+			 */
+			if (attempt == 0 && skipped > 0 && felix_store_is_etcd())
+				continue;
 			return accepted;
+		}
 		st = felix_store_txn(cmps, ncmps, ops, nops, &rev, ERROR);
 		if (st == FELIX_STORE_OK)
 			return accepted;
