@@ -106,6 +106,14 @@ runs=(
 	"shard: several shards, old confirm without rows|shard.pml|-DNREC=1 -DMAXGEN=3 -DMAXCRASH=0 -DSEVERAL_SHARDS -DOLD_CONFIRM_WITHOUT_ROWS|O0+prev|P1"
 	"shard: repair at seq 0|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=0 -DPROBE_REPAIR_AT_ZERO|O2|pass"
 	"shard: repair at seq 0, the code before 6fe9809|shard.pml|-DNREC=2 -DMAXGEN=2 -DMAXCRASH=0 -DPROBE_REPAIR_AT_ZERO -DOLD_NO_REPAIR_AT_ZERO|O0+prev|R"
+	# promotion by log (copies_candidate): any node may come back from an
+	# older copy; each guard of the rule deleted in turn
+	"shard: by log, any node restored|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DRESTORE_ANY_NODE|O2|pass"
+	"shard: by log, any node restored, gen<=3|shard.pml|-DNREC=1 -DMAXGEN=3 -DMAXCRASH=1 -DRESTORE_FAULT -DRESTORE_ANY_NODE|O2|pass"
+	"shard: by log, a copy restored, another restarted|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=2 -DRESTORE_FAULT -DRESTORE_ANY_NODE|O2|pass"
+	"shard: by log, guard deleted: token|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DRESTORE_ANY_NODE -DBY_LOG_ANY_COPY|O0|P1"
+	"shard: by log, guard deleted: n - n/2|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=2 -DBY_LOG_NEED_ONE|O0|P1"
+	"shard: by log, guard deleted: past the taken log|shard.pml|-DNREC=1 -DMAXGEN=3 -DMAXCRASH=2 -DRESTORE_FAULT -DRESTORE_ANY_NODE -DBY_LOG_NOT_PAST_TAKEN|O0|P1"
 	"duty: implemented design, rates 1..2|duty.pml||O0|pass"
 	"duty: implemented design, rates 2..3|duty.pml|-DRMIN=2 -DRMAX=3 -DLEASE=6 -DEPS=1 -DMARGIN=2|O0|pass"
 	"duty: BROKEN_GRANT_AT_ONCE|duty.pml|-DBROKEN_GRANT_AT_ONCE|O0+bfs|D1|D2"

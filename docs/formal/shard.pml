@@ -92,6 +92,24 @@
  *                             grantee still in that boot (the code counts
  *                             every grantee that has not claimed as
  *                             started again).
+ * Promotion by log (cp_duty.c, copies_candidate; README "Promotion by
+ * log"), part of the implemented design:
+ *   OLD_NO_BY_LOG             the code before it: a shard with no caught-up
+ *                             row and no qualifying leader stays unplaced.
+ *   RESTORE_ANY_NODE          (with RESTORE_FAULT) any node, not only the
+ *                             one the assignment names, may come back from
+ *                             an older copy, once in a run (two copies put
+ *                             back can take a record from both holders of
+ *                             it: no rule recovers that); its rows are no
+ *                             longer believed caught up (void_reports in
+ *                             cp_heartbeat.c).
+ * Guard deletions of promotion by log (each expected to FAIL):
+ *   BY_LOG_ANY_COPY           copies count whatever their token: a copy
+ *                             restarted (or put back) since the generation
+ *                             was taken counts as having kept its log;
+ *   BY_LOG_NEED_ONE           one counted copy is enough, not n - n/2;
+ *   BY_LOG_NOT_PAST_TAKEN     the newest counted log need not reach the
+ *                             leader's log when it took the generation.
  * Restrictions, not felix, that leave out some paths, so the runs can
  * show what each change closes on the paths it is meant for (README
  * "Findings" 1 and 6):
@@ -201,6 +219,9 @@ byte rgen[NN];
 byte racked[NN];
 bit  rcaught[NN];
 byte ncrash = 0;
+#ifdef RESTORE_ANY_NODE
+bit  restored = 0;          /* a copy was put back in this run */
+#endif
 #if defined(CAUGHT_UP_ALIVE) && !defined(CAUGHT_UP_HEARD)
 byte hbend[NN];             /* the log end node n's last heartbeat of this boot gave (0: none) */
 #endif
@@ -214,6 +235,19 @@ bit  cp_gboot = 0;          /* what-if: grant_boot is the grantee's current boot
                              * grant, cleared when the grantee restarts, until the first claim) */
 #endif
 
+#ifndef OLD_NO_BY_LOG
+#define BY_LOG
+/* what the claim that took the generation recorded (note_taken_copies in
+ * cp_heartbeat.c): the leader's log then (end, last generation) and each
+ * replica's copy token -- here its boot: the model's copies are begun anew
+ * only by a restart (shard_open_locked) */
+byte cp_tend = 0;
+byte cp_tlg = 0;
+byte cp_tok[NN];
+bit  cp_tokset[NN];
+byte cp_glg = 0;            /* grant_last_generation: the grantee's at the grant */
+#endif
+
 /* ---------------- ghosts for the properties ---------------- */
 byte wst[NREC+1];
 byte w_node[NREC+1];
@@ -224,8 +258,13 @@ bit  released[NREC+1];      /* the acknowledged word passed it under a live leas
 /* scratch, not part of the state */
 hidden byte t_i, t_j, t_s, t_g, t_lg, t_mg, t_mm, t_stop, t_from, t_se, t_hp, t_a, t_b, t_c, t_mark, t_best, t_newest, t_rep;
 hidden byte t_ok;
+hidden byte t_bylog;           /* consider chose by log */
 
 /* ===================================================================== */
+
+/* the generation of the last durable record, 0 if none: what a heartbeat
+ * gives with the log end (agent_held_ends) */
+#define LASTGEN(n)  (flushed[n] > 0 -> GEN_OF(LOG(n, flushed[n]-1)) : 0)
 
 /* log.last_generation: the generation of the last record, 0 if none */
 inline log_last_generation(n, res) {
@@ -831,8 +870,24 @@ inline cp_report(n) {
 #elif defined(OLD_CLAIM_FLOOR_ONLY)
 /* the code before C8: acked_floor only */
 #define CLAIM_HOLDS(n)  (cp_floor == 0 || flushed[n] >= cp_floor)
+#elif defined(BY_LOG)
+/* ... and the generation of its last record is at least the grant's
+ * (holds_granted_generation) */
+#define CLAIM_HOLDS(n)  (flushed[n] >= (cp_floor > cp_gend -> cp_floor : cp_gend) && LASTGEN(n) >= cp_glg)
 #else
 #define CLAIM_HOLDS(n)  (flushed[n] >= (cp_floor > cp_gend -> cp_floor : cp_gend))
+#endif
+#ifdef BY_LOG
+/* note_taken_copies (cp_heartbeat.c): the first claim records the
+ * claimer's log and every copy's token.  (The C reads each follower's
+ * token from its last heartbeat before the claim, which can only be
+ * older: a copy restarted since then no longer matches.) */
+#define NOTE_TAKEN(n) \
+	cp_tend = flushed[n]; cp_tlg = LASTGEN(n); \
+	cp_tok[0] = boot[0]; cp_tok[1] = boot[1]; cp_tok[2] = boot[2]; \
+	cp_tokset[0] = 1; cp_tokset[1] = 1; cp_tokset[2] = 1
+#else
+#define NOTE_TAKEN(n)  skip
 #endif
 #ifdef C8_GRANT_END
 /* (model reduction: grant_end is read only by a generation's first claim) */
@@ -853,6 +908,7 @@ inline cp_heartbeat(n, granted) {
 		granted = 1                             /* the boot that took it renews */
 	:: cp_leader == n && !cp_taken && CLAIM_HOLDS(n) ->
 		cp_taken = 1; took[n] = 1; granted = 1; /* the first claim takes it */
+		NOTE_TAKEN(n);
 		GRANT_END_DONE;
 		GRANT_BOOT_DONE
 	:: cp_leader == n && !cp_taken && !CLAIM_HOLDS(n) ->
@@ -1037,11 +1093,20 @@ inline shard_open_locked(n) {
 #elif defined(RESTORE_UNTAKEN_ONLY)
 	/* (only between a grant and its first claim) */
 	:: n == cp_leader && !cp_taken && flushed[n] > 0 -> flushed[n]--
+#elif defined(RESTORE_ANY_NODE)
+	:: !restored && flushed[n] > 0 -> flushed[n]--
 #else
 	:: n == cp_leader && flushed[n] > 0 -> flushed[n]--
 #endif
 	:: true -> break
 	od;
+#ifdef RESTORE_ANY_NODE
+	if :: flushed[n] < t_a -> restored = 1 :: else -> skip fi;
+	/* a new boot: what its rows said is doubted until its leader says it
+	 * again (void_reports, at its first heartbeat of the boot -- before
+	 * which the control plane has not heard from it) */
+	rcaught[n] = 0;
+#endif
 	if
 	:: flushed[n] < t_a ->
 		printf("MSC: node %d comes back from an older copy: its log ends at %d, not %d\n", n, flushed[n], t_a)
@@ -1243,6 +1308,65 @@ inline restarted_leader_check(l, res) {
 	(!QUALIFIES((x+2)%NN) || racked[x] >= racked[(x+2)%NN]))
 #endif
 
+#ifdef BY_LOG
+/* copies_candidate (cp_duty.c): count the copies whose token is the one the
+ * taking claim recorded and that the holder heard from since the lapse --
+ * any copy may not have been (not alive, cut off, its heartbeat not yet
+ * in): each is counted or passed over, both ways searched; a log end is
+ * the one read now, after the lapse.  With n - n/2 of them, the newest log
+ * (last generation, then end) is promoted if it reaches the leader's log
+ * at the taking claim.  best is left NONE otherwise. */
+#ifdef BY_LOG_ANY_COPY
+#define KEPT(x)     (1)
+#else
+#define KEPT(x)     (cp_tokset[x] && cp_tok[x] == boot[x])
+#endif
+#ifdef BY_LOG_NEED_ONE
+#define BY_LOG_NEED 1
+#else
+#define BY_LOG_NEED (NN - NN/2)
+#endif
+#ifdef BY_LOG_NOT_PAST_TAKEN
+#define PAST_TAKEN(x)  (1)
+#else
+#define PAST_TAKEN(x)  (LASTGEN(x) > cp_tlg || (LASTGEN(x) == cp_tlg && flushed[x] >= cp_tend))
+#endif
+inline copies_candidate(best) {
+	best = NONE;
+	t_c = 0;
+	if
+	:: cp_taken ->
+		t_j = 0;
+		do
+		:: t_j < NN ->
+			if
+			:: KEPT(t_j) ->
+				if
+				:: true ->
+					t_c++;
+					if
+					:: best == NONE || LASTGEN(t_j) > LASTGEN(best) ||
+					   (LASTGEN(t_j) == LASTGEN(best) && flushed[t_j] > flushed[best]) -> best = t_j
+					:: else -> skip
+					fi
+				:: true -> skip                 /* not heard from since the lapse */
+				fi
+			:: else -> skip
+			fi;
+			t_j++
+		:: else -> break
+		od;
+		if
+		:: t_c < BY_LOG_NEED || (best != NONE && !PAST_TAKEN(best)) -> best = NONE
+		:: else ->
+			printf("MSC: %d copies kept their log since generation %d was taken: node %d's is the newest (end %d, last generation %d)\n", t_c, cp_gen, best, flushed[best], LASTGEN(best))
+		fi
+	:: else -> skip
+	fi;
+	t_c = 0
+}
+#endif
+
 /* consider (cp_duty.c): promote at G+1 -- the last leader if it holds
  * what it reported (leader_holds_reported) and, if it was started again
  * since it took its generation, every other replica shows it holds theirs
@@ -1266,7 +1390,11 @@ inline consider() {
 		:: FURTHEST(0) -> t_best = 0
 		:: FURTHEST(1) -> t_best = 1
 		:: FURTHEST(2) -> t_best = 2
+#ifdef BY_LOG
+		:: else -> copies_candidate(t_best); t_bylog = (t_best != NONE)   /* by log, or unplaced */
+#else
 		:: else -> skip                      /* unplaced */
+#endif
 		fi
 	fi;
 	if
@@ -1274,6 +1402,7 @@ inline consider() {
 		/* acked_floor: a returning leader held the floor and what was
 		 * reported; a promoted follower holds what its row says */
 		t_a = (t_best == cp_leader -> t_rep : racked[t_best]);
+		if :: t_bylog -> t_a = cp_floor; t_bylog = 0 :: else -> skip fi;   /* by log: the floor stays */
 		if :: t_a > cp_floor -> cp_floor = t_a :: else -> skip fi;
 		printf("MSC: the control plane grants generation %d to node %d (acked_floor %d)\n", cp_gen+1, t_best, cp_floor);
 		holds_every_acked(t_best);           /* P1 at the promotion */
@@ -1282,6 +1411,10 @@ inline consider() {
 #endif
 #ifdef C9_GRANT_BOOT
 		cp_gboot = 1;                        /* what-if: grant_boot, the grantee's boot now */
+#endif
+#ifdef BY_LOG
+		cp_glg = LASTGEN(t_best);            /* grant_last_generation */
+		cp_tokset[0] = 0; cp_tokset[1] = 0; cp_tokset[2] = 0;   /* a generation not yet taken */
 #endif
 		cp_gen++;
 		cp_leader = t_best;
@@ -1333,6 +1466,10 @@ init {
 		od;
 		GM(0, 1) = 0;
 		role[0] = LEADER; gen[0] = 1; lknown[0] = 0; live[0] = 1; took[0] = 1;
+#ifdef BY_LOG
+		/* generation 1 was taken with every copy there, empty */
+		cp_tokset[0] = 1; cp_tokset[1] = 1; cp_tokset[2] = 1;
+#endif
 		gen[1] = 1; lknown[1] = 0;
 		gen[2] = 1; lknown[2] = 0;
 		i = 0;

@@ -868,7 +868,7 @@ agent_note_held(AgentRow *rows, int nrows)
 
 /*
  * The durable log ends, now, of the shards this node was last named a
- * replica of ("stream/shard=end"), for the heartbeat to give; NULL before
+ * replica of ("stream/shard=end[:last_generation:copy_epoch]"), for the heartbeat to give; NULL before
  * the first heartbeat of this boot has named any.  The duty holder gives
  * a lapsed leader its shard back, and promotes a follower, only if its log
  * still ends at or after what the reports say it held: a node whose felix
@@ -893,8 +893,19 @@ agent_held_ends(int *n)
 			continue;			/* forgotten or reused since */
 		if (pos.phase != FELIX_SHARD_OPEN)
 			continue;			/* its positions are not its disk's (a failed discard) */
-		out[(*n)++] = psprintf("%s/%d=" UINT64_FORMAT, held[i].stream, held[i].shard,
-							   pos.flushed_end);
+		/*
+		 * With the generation of its last record and its copy epoch when
+		 * every record written is durable (then last_generation is the
+		 * durable log's): the duty holder may then promote the copy with
+		 * the newest log without a report (cp_duty.c, copies_candidate).
+		 */
+		if (pos.written_end == pos.flushed_end)
+			out[(*n)++] = psprintf("%s/%d=" UINT64_FORMAT ":" UINT64_FORMAT ":" UINT64_FORMAT,
+								   held[i].stream, held[i].shard, pos.flushed_end,
+								   pos.last_generation, pos.copy_epoch);
+		else
+			out[(*n)++] = psprintf("%s/%d=" UINT64_FORMAT, held[i].stream, held[i].shard,
+								   pos.flushed_end);
 	}
 	return out;
 }

@@ -45,6 +45,9 @@
  *	  leader's heartbeats before its last claim, since such a leader
  *	  acknowledges without reporting.  Larger acked_end first; the
  *	  placement score breaks ties.
+ *	  Else, on a quorum stream, promotion by log (copies_candidate): the
+ *	  newest log among at least n - n/2 copies whose token shows they
+ *	  kept their log since the generation was taken.
  *	  Nobody qualifies: the shard is unplaced, with a reason.
  *
  *	  Alive.  The holder keeps the `alive` key: the nodes whose records it
@@ -65,6 +68,7 @@
 #include "common/hashfn.h"
 #include "control/cp.h"
 #include "felix.h"
+#include "mb/pg_wchar.h"
 #include "nodes/value.h"
 #include "utils/hsearch.h"
 #include "utils/memutils.h"
@@ -679,6 +683,107 @@ disqualified(const CpSnapshot *snap, const CpShard *s, const CpStream *st,
 	return NULL;
 }
 
+/*
+ * Promotion by log: the copy that holds every acknowledged record, found
+ * without a report (issue 20; docs/control-plane.md, "Promotion by log").
+ * A quorum shard's leader lapsed at generation G, and no report names a
+ * follower caught up (a new leader that had not reported yet, a report
+ * doubted by a restart, a leader back from an older copy).  Each copy's
+ * heartbeat gives its log end and the generation of its last record;
+ * copies agree up to any record they share a generation and seq of (the
+ * repair rules keep it), so of two copies the one whose last record is of
+ * a newer generation, or of the same one and further, holds all of the
+ * other.  Then:
+ *
+ *   - every record acknowledged before G is in the leader's log when it
+ *     took G (every promotion makes it so), recorded then as taken_end in
+ *     taken_last_generation: a copy at or past that (in the order above)
+ *     holds them all;
+ *   - every record acknowledged at G was stored, before its
+ *     acknowledgement, by a majority of the replicas; a copy whose token
+ *     (boot and copy epoch, cp_node_copy) is the one it had when G was
+ *     taken has lost nothing it stored since -- a restart, a copy put back
+ *     from a backup, a discard each change the token -- and one whose end
+ *     was read after the lapse holds everything it ever will at G (the
+ *     mark moves only under a live lease).  So n - n/2 such copies include
+ *     one of that majority, and the newest of them holds every record it
+ *     holds.
+ *
+ * The newest of at least n - n/2 copies kept since G was taken, read after
+ * the lapse, at or past the leader's log at G, holds every acknowledged
+ * record.  A copy reported halted, or unable to serve, is not counted:
+ * its log may differ from its leader's.  Not during a replica move.
+ * Returns the node (NULL: none; *why says why when it could apply).
+ */
+static const CpNode *
+copies_candidate(const CpSnapshot *snap, const CpShard *s, const CpStream *st,
+				 int64 lapse_ns, int64 now, CpCopy *chosen, char **why)
+{
+	int			need = s->nreplicas - s->nreplicas / 2;
+	int			counted = 0;
+	const CpNode *best = NULL;
+	CpReports  *r = cp_snapshot_reports(snap, s->stream, s->shard);
+
+	*why = NULL;
+	memset(chosen, 0, sizeof(*chosen));
+	if (strcmp(st->consistency, "quorum") != 0 || s->nreplicas < 2 || s->joining)
+		return NULL;
+	if (s->taken_generation != s->generation || s->taken_end < 0 ||
+		s->taken_last_generation < 0)
+	{
+		*why = psprintf("no log by which to promote: generation " INT64_FORMAT " was not taken with the leader's log given",
+						s->generation);
+		return NULL;
+	}
+	for (int i = 0; i < s->nreplicas; i++)
+	{
+		const char *name = s->replicas[i];
+		const char *token = NULL;
+		CpNode	   *n = cp_snapshot_node(snap, name);
+		NodeObs    *no = hash_search(node_obs, name, HASH_FIND, NULL);
+		CpCopy		copy;
+		bool		halted = false;
+
+		for (int k = 0; k < s->ntaken_copies; k++)
+			if (strcmp(s->taken_copy_node[k], name) == 0)
+				token = s->taken_copy_token[k];
+		for (int k = 0; r && k < r->n; k++)
+			if (strcmp(r->rows[k].follower, name) == 0 && r->rows[k].halted)
+				halted = true;
+		if (token == NULL || n == NULL || !is_alive(n, now) || halted ||
+			cp_node_unable(n, s->stream, s->shard) ||
+			!cp_node_copy(n, s->stream, s->shard, &copy) ||
+			strcmp(copy.token, token) != 0 ||
+			no == NULL || ends_read_after(no) <= lapse_ns)
+			continue;
+		counted++;
+		if (best == NULL || copy.last_generation > chosen->last_generation ||
+			(copy.last_generation == chosen->last_generation &&
+			 (copy.end > chosen->end ||
+			  (copy.end == chosen->end &&
+			   cp_score(name, s->stream, s->shard) > cp_score(best->name, s->stream, s->shard)))))
+		{
+			best = n;
+			*chosen = copy;
+		}
+	}
+	if (counted < need)
+	{
+		*why = psprintf("%d of its %d copies are known to have kept their log since generation " INT64_FORMAT " was taken and have given it since the lapse; promotion by log needs %d",
+						counted, s->nreplicas, s->generation, need);
+		return NULL;
+	}
+	if (chosen->last_generation < s->taken_last_generation ||
+		(chosen->last_generation == s->taken_last_generation && chosen->end < s->taken_end))
+	{
+		*why = psprintf("the newest of those logs (%s's, ending at " INT64_FORMAT " in generation " INT64_FORMAT ") is older than the leader's when it took generation " INT64_FORMAT " (ending at " INT64_FORMAT " in generation " INT64_FORMAT ")",
+						best->name, chosen->end, chosen->last_generation, s->generation,
+						s->taken_end, s->taken_last_generation);
+		return NULL;
+	}
+	return best;
+}
+
 static bool
 better(const Candidate *a, const Candidate *b, const CpShard *s)
 {
@@ -700,7 +805,7 @@ better(const Candidate *a, const Candidate *b, const CpShard *s)
 
 static char *
 unplaced_reason(const CpSnapshot *snap, const CpShard *s, const CpStream *st,
-				const ShardObs *obs, int64 lapse_ns, int64 now)
+				const ShardObs *obs, int64 lapse_ns, int64 now, const char *log_why)
 {
 	const char *how = s->taken_generation == s->generation ? "lost its lease" : "never took its lease";
 	const CpNode *leader = s->leader ? cp_snapshot_node(snap, s->leader) : NULL;
@@ -738,8 +843,22 @@ unplaced_reason(const CpSnapshot *snap, const CpShard *s, const CpStream *st,
 		appendStringInfo(&details, "%s%s: %s", details.len ? "; " : "", s->replicas[i],
 						 why ? why : "report too old");
 	}
+	if (log_why)
+		appendStringInfo(&details, "%s%s", details.len ? "; " : "", log_why);
 	full = details.len ? psprintf("%s (%s)", main, details.data) : main;
-	return strlen(full) < CP_REASON_LEN ? full : main;
+	return full;
+}
+
+/* A reason as a shard slot holds it (FELIX_REASON_LEN): the log says it all. */
+static char *
+clip_reason(const char *reason)
+{
+	int			len = strlen(reason);
+
+	if (len < CP_REASON_LEN)
+		return (char *) reason;
+	len = pg_mbcliplen(reason, len, CP_REASON_LEN - 4);
+	return psprintf("%.*s...", len, reason);
 }
 
 /* One shard: promote it if its lease lapsed and someone qualifies. */
@@ -771,6 +890,9 @@ consider(const CpSnapshot *snap, CpShard *s, int64 now, Grant *g)
 	CpNode	   *leader;
 	Candidate	best = {NULL, false, 0};
 	bool		gone;
+	bool		by_log = false;
+	char	   *log_why = NULL;
+
 	if (st == NULL)
 		return false;
 	obs = shard_seen(snap, s, now);
@@ -839,6 +961,15 @@ consider(const CpSnapshot *snap, CpShard *s, int64 now, Grant *g)
 			best = c;
 	}
 
+	if (best.node == NULL)
+	{
+		CpCopy		copy;
+
+		best.node = copies_candidate(snap, s, st, lapse_ns, now, &copy, &log_why);
+		best.acked_end = s->acked_floor;
+		by_log = best.node != NULL;
+	}
+
 	memset(g, 0, sizeof(*g));
 	g->s = s;
 	if (best.node)
@@ -851,6 +982,7 @@ consider(const CpSnapshot *snap, CpShard *s, int64 now, Grant *g)
 		next.unplaced_reason = NULL;
 		next.assigned_ms = cp_now_ms();
 		next.grant_end = Max(0, cp_node_end(best.node, s->stream, s->shard));
+		next.grant_last_generation = cp_node_last_generation(best.node, s->stream, s->shard);
 		/*
 		 * What every later leader must hold: a returning leader held the
 		 * floor and what it reported; a promoted follower holds what its
@@ -876,9 +1008,10 @@ consider(const CpSnapshot *snap, CpShard *s, int64 now, Grant *g)
 		 */
 		g->candidate = best.is_leader ? best.node : NULL;
 		g->grantee = best.node->name;
-		g->log = psprintf("felix: stream \"%s\" shard %d: %s leads generation " INT64_FORMAT " (was %s at generation " INT64_FORMAT ")",
+		g->log = psprintf("felix: stream \"%s\" shard %d: %s leads generation " INT64_FORMAT " (was %s at generation " INT64_FORMAT ")%s",
 						  s->stream, s->shard, best.node->name, next.generation,
-						  s->leader ? s->leader : "nobody", s->generation);
+						  s->leader ? s->leader : "nobody", s->generation,
+						  by_log ? ", promoted by its log: the newest of the copies kept since that generation was taken" : "");
 		return true;
 	}
 	else
@@ -888,12 +1021,12 @@ consider(const CpSnapshot *snap, CpShard *s, int64 now, Grant *g)
 		 * that does not hold the log would serve an empty shard at a newer
 		 * generation -- data loss nobody sees; unavailable is visible.
 		 */
-		char	   *reason = unplaced_reason(snap, s, st, obs, lapse_ns, now);
+		char	   *reason = unplaced_reason(snap, s, st, obs, lapse_ns, now, log_why);
 		CpShard		next = *s;
 
-		if (s->unplaced_reason && strcmp(s->unplaced_reason, reason) == 0)
+		next.unplaced_reason = clip_reason(reason);
+		if (s->unplaced_reason && strcmp(s->unplaced_reason, next.unplaced_reason) == 0)
 			return false;
-		next.unplaced_reason = reason;
 		g->value = cp_shard_write(&next);
 		g->log = psprintf("felix: stream \"%s\" shard %d is unplaced: %s",
 						  s->stream, s->shard, reason);

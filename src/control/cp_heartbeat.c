@@ -135,6 +135,55 @@ validate(const CpHeartbeatArgs *a)
 				 errhint("felix.lease_duration is at least 100 ms.")));
 }
 
+/*
+ * Does the claiming node's log still end in the generation it ended in
+ * when the grant was made (grant_last_generation)?  The end alone can be
+ * met by a copy put back from before a repair cut an unadopted tail.
+ * Unknown on either side (not given: records not yet durable), it holds.
+ */
+static bool
+holds_granted_generation(const CpNode *me, const CpShard *s)
+{
+	CpCopy		copy;
+
+	if (s->grant_last_generation < 0 || !cp_node_copy(me, s->stream, s->shard, &copy))
+		return true;
+	return copy.last_generation >= s->grant_last_generation;
+}
+
+/*
+ * What the claim that takes a generation records for promotion by log
+ * (copies_candidate in cp_duty.c): the leader's log as this heartbeat
+ * gave it, and the token of each replica's copy as the state read here
+ * holds it.  Every record of the generation is written after this claim
+ * commits (the lease starts with it), so a copy whose token is the same
+ * later has kept every record of the generation it stored.  Without the
+ * leader's own log (records not yet durable) nothing is recorded, and the
+ * generation is promoted on reports alone.
+ */
+static void
+note_taken_copies(const CpSnapshot *snap, const CpNode *me, CpShard *taken)
+{
+	CpCopy		copy;
+
+	taken->ntaken_copies = 0;
+	taken->taken_end = taken->taken_last_generation = -1;
+	if (!cp_node_copy(me, taken->stream, taken->shard, &copy))
+		return;
+	taken->taken_end = copy.end;
+	taken->taken_last_generation = copy.last_generation;
+	for (int i = 0; i < taken->nreplicas; i++)
+	{
+		const CpNode *r = strcmp(taken->replicas[i], me->name) == 0 ? me :
+			cp_snapshot_node(snap, taken->replicas[i]);
+
+		if (r == NULL || !cp_node_copy(r, taken->stream, taken->shard, &copy))
+			continue;
+		taken->taken_copy_node[taken->ntaken_copies] = taken->replicas[i];
+		taken->taken_copy_token[taken->ntaken_copies++] = copy.token;
+	}
+}
+
 /* Reports about `node` as a follower: dropped (new incarnation) or doubted (new boot). */
 static void
 void_reports(const CpSnapshot *snap, const char *node, bool drop,
@@ -496,10 +545,13 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 				 */
 				if (need > 0 && cp_node_end(&me, s->stream, s->shard) < need)
 					continue;
+				if (!holds_granted_generation(&me, s))
+					continue;
 				takes++;
 				taken = *s;
 				taken.taken_generation = s->generation;
 				taken.taken_boot = pstrdup(a->boot);
+				note_taken_copies(&snap, &me, &taken);
 				taken.unplaced_reason = NULL;
 				cmps[ncmps].key = cp_key_shard(s->stream, s->shard);
 				cmps[ncmps++].mod_revision = s->rev;

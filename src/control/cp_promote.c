@@ -179,6 +179,7 @@ cp_promote_copy(const char *stream, int shard, const char *node)
 		 * operator accepted that what lies beyond it is gone.
 		 */
 		next.grant_end = end;
+		next.grant_last_generation = cp_node_last_generation(n, stream, shard);
 		next.acked_floor = end;
 		old = cp_snapshot_node(&snap, s->leader);
 		if (s->leader && strcmp(s->leader, node) != 0)

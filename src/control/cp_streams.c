@@ -268,6 +268,7 @@ cp_create_stream(const CpCreateArgs *a)
 		first = cp_snapshot_node(&snap, sh.leader);
 		sh.leader_incarnation = first ? first->incarnation : NULL;
 		sh.assigned_ms = st.created_ms;
+		sh.grant_last_generation = -1;
 		ops[k + 1].key = cp_key_shard(a->name, k);
 		ops[k + 1].value = cp_shard_write(&sh);
 	}
@@ -422,6 +423,8 @@ cp_transfer(const char *stream, int shard, int64 generation, const char *from_no
 		from = cp_snapshot_node(&snap, from_node);
 		next.grant_end = Max(0, Max(cp_node_end(to, stream, shard),
 									from ? cp_node_end(from, stream, shard) : -1));
+		/* the target's own may trail the old leader's: not compared */
+		next.grant_last_generation = -1;
 		cmps[0].key = cp_key_shard(stream, shard);
 		cmps[0].mod_revision = s->rev;
 		cmps[1].key = cp_key_node(to_node);

@@ -15,6 +15,7 @@
  */
 #include "postgres.h"
 
+#include <ctype.h>
 #include <sys/time.h>
 
 #include "common/pg_prng.h"
@@ -400,6 +401,8 @@ typedef struct CpIndexEntry
 	void	   *ptr;			/* node: its claim */
 	int			pos;			/* snapshot: the record's place in its array */
 	int64		end;			/* node: its log end (-1: none given) */
+	int64		last_generation;	/* node: of its last record (-1: not given) */
+	int64		copy_epoch;		/* node: its copy's epoch (0: not given) */
 	bool		unable;			/* node: it cannot serve the shard */
 } CpIndexEntry;
 
@@ -446,6 +449,8 @@ index_probe(HTAB *index, bool enter, char tag, const char *name, int len, int sh
 		e->ptr = NULL;
 		e->pos = -1;
 		e->end = -1;
+		e->last_generation = -1;
+		e->copy_epoch = 0;
 		e->unable = false;
 	}
 	return e;
@@ -478,21 +483,59 @@ cp_ends_index(char *const *ends, int nends)
 
 	for (int i = 0; i < nends; i++)
 	{
-		/* "stream/shard=next_seq": the end follows the last '=' */
+		/*
+		 * "stream/shard=next_seq[:last_generation:copy_epoch]": the end
+		 * follows the last '='; the generation of the last record and the
+		 * copy's epoch (agent_held_ends) come with it when every record
+		 * written was durable.
+		 */
 		const char *eq = strrchr(ends[i], '=');
-		int64		end;
-		char	   *tail;
+		int64		nums[3] = {-1, -1, 0};
+		int			nnums = 0;
+		bool		bad = false;
+		const char *p;
 		CpIndexEntry *e;
 
 		if (eq == NULL)
 			continue;
-		errno = 0;
-		end = strtoll(eq + 1, &tail, 10);
-		if (errno != 0 || *tail != '\0' || tail == eq + 1 || end < 0)
+		for (p = eq + 1;;)
+		{
+			char	   *tail;
+
+			if (!isdigit((unsigned char) *p))
+			{
+				bad = true;
+				break;
+			}
+			errno = 0;
+			nums[nnums++] = strtoll(p, &tail, 10);
+			if (errno != 0)
+			{
+				bad = true;
+				break;
+			}
+			p = tail;
+			if (*p == '\0')
+				break;
+			if (*p != ':' || nnums == 3)
+			{
+				bad = true;
+				break;
+			}
+			p++;
+		}
+		if (bad || (nnums != 1 && nnums != 3))
 			continue;
 		e = index_probe(index, true, 0, ends[i], (int) (eq - ends[i]), -1);
 		if (e->end < 0)
-			e->end = end;
+		{
+			e->end = nums[0];
+			if (nnums == 3 && nums[2] > 0)
+			{
+				e->last_generation = nums[1];
+				e->copy_epoch = nums[2];
+			}
+		}
 	}
 	return index;
 }
@@ -529,6 +572,30 @@ cp_node_end(const CpNode *n, const char *stream, int shard)
 		((CpNode *) n)->ends_index = cp_ends_index(n->ends, n->nends);
 	e = index_probe(n->ends_index, false, 0, stream, -1, shard);
 	return e != NULL ? e->end : -1;
+}
+
+bool
+cp_node_copy(const CpNode *n, const char *stream, int shard, CpCopy *copy)
+{
+	CpIndexEntry *e;
+
+	if (n->ends_index == NULL)
+		((CpNode *) n)->ends_index = cp_ends_index(n->ends, n->nends);
+	e = index_probe(n->ends_index, false, 0, stream, -1, shard);
+	if (e == NULL || e->end < 0 || e->copy_epoch <= 0)
+		return false;
+	copy->end = e->end;
+	copy->last_generation = e->last_generation;
+	copy->token = psprintf("%s#" INT64_FORMAT, n->boot, e->copy_epoch);
+	return true;
+}
+
+int64
+cp_node_last_generation(const CpNode *n, const char *stream, int shard)
+{
+	CpCopy		copy;
+
+	return cp_node_copy(n, stream, shard, &copy) ? copy.last_generation : -1;
 }
 
 const CpClaim *
@@ -667,6 +734,25 @@ cp_shard_read(const FelixKV *kv, CpShard *s)
 	s->assigned_ms = opt_int64(o, "assigned_ms", 0);
 	s->acked_floor = opt_int64(o, "acked_floor", 0);
 	s->grant_end = opt_int64(o, "grant_end", 0);
+	s->grant_last_generation = opt_int64(o, "grant_last_generation", -1);
+	s->taken_end = opt_int64(o, "taken_end", -1);
+	s->taken_last_generation = opt_int64(o, "taken_last_generation", -1);
+	if (felix_json_array(o, "taken_copy_nodes") != NULL)
+	{
+		char	  **nodes;
+		char	  **tokens;
+		int			ntokens;
+
+		if (!string_array(o, "taken_copy_nodes", &nodes, &s->ntaken_copies, CP_MAX_REPLICAS + 1) ||
+			!string_array(o, "taken_copy_tokens", &tokens, &ntokens, CP_MAX_REPLICAS + 1) ||
+			ntokens != s->ntaken_copies)
+			return malformed(kv, "shard assignment");
+		for (int i = 0; i < s->ntaken_copies; i++)
+		{
+			s->taken_copy_node[i] = nodes[i];
+			s->taken_copy_token[i] = tokens[i];
+		}
+	}
 	/* nothing outside the replica set ever leads: it holds no copy */
 	if (s->leader && !cp_shard_has_replica(s, s->leader))
 		return malformed(kv, "shard assignment");
@@ -706,6 +792,15 @@ cp_shard_write(const CpShard *s)
 		felix_json_put_int64(&b, "acked_floor", s->acked_floor);
 	if (s->grant_end > 0)
 		felix_json_put_int64(&b, "grant_end", s->grant_end);
+	if (s->grant_last_generation >= 0)
+		felix_json_put_int64(&b, "grant_last_generation", s->grant_last_generation);
+	if (s->taken_generation > 0 && s->taken_end >= 0 && s->taken_last_generation >= 0)
+	{
+		felix_json_put_int64(&b, "taken_end", s->taken_end);
+		felix_json_put_int64(&b, "taken_last_generation", s->taken_last_generation);
+		put_string_array(&b, "taken_copy_nodes", s->taken_copy_node, s->ntaken_copies);
+		put_string_array(&b, "taken_copy_tokens", s->taken_copy_token, s->ntaken_copies);
+	}
 	appendStringInfoChar(&b, '}');
 	return b.data;
 }

@@ -50,6 +50,7 @@ typedef struct FelixShardRegistry
 	int			mark_tranche_id;	/* every shard's mark_lock */
 	pg_atomic_uint64 streams_changes; /* streams come or gone so far (shard.h) */
 	pg_atomic_uint32 slots_used;	/* slots [0, slots_used) were ever used */
+	pg_atomic_uint64 copies_begun;	/* logs opened or begun anew so far (copy_epoch) */
 	int			nslots;
 	FelixShard	slots[FLEXIBLE_ARRAY_MEMBER];
 } FelixShardRegistry;
@@ -99,6 +100,7 @@ shard_registry_init(void)
 		registry->mark_tranche_id = LWLockNewTrancheId();
 		pg_atomic_init_u64(&registry->streams_changes, 0);
 		pg_atomic_init_u32(&registry->slots_used, 0);
+		pg_atomic_init_u64(&registry->copies_begun, 0);
 		registry->nslots = felix_max_shards;
 		LWLockInitialize(&registry->lock, registry->tranche_id);
 		for (int i = 0; i < felix_max_shards; i++)
@@ -220,6 +222,7 @@ shard_allocate(const FelixShardSpec *spec)
 	strlcpy(s->stream_name, spec->stream_name, NAMEDATALEN);
 	s->phase = FELIX_SHARD_CLOSED;
 	s->start_seq = s->written_end = s->written_base = 0;
+	s->last_generation = s->copy_epoch = 0;
 	s->flushed_end = s->hwm_end = s->total_bytes = 0;
 	s->retention_bytes = spec->retention_bytes;
 	s->retention_ms = spec->retention_ms;
@@ -298,6 +301,8 @@ shard_read_positions(FelixShard *s, FelixShardPositions *p)
 	p->phase = s->phase;
 	p->start_seq = s->start_seq;
 	p->written_end = s->written_end;
+	p->last_generation = s->last_generation;
+	p->copy_epoch = s->copy_epoch;
 	p->flushed_end = s->flushed_end;
 	p->hwm_end = s->hwm_end;
 	p->total_bytes = s->total_bytes;
@@ -357,9 +362,21 @@ shard_mirror_log(FelixShard *s)
 	SpinLockAcquire(&s->mutex);
 	s->start_seq = s->log.start_seq;
 	s->written_end = s->log.next_seq;
+	s->last_generation = s->log.last_generation;
 	s->written_base = s->log.active_base;
 	s->total_bytes = s->log.total_bytes;
 	SpinLockRelease(&s->mutex);
+}
+
+/*
+ * A new copy epoch: the log of a slot is continuous -- nothing it held
+ * since was lost -- for as long as its copy_epoch stays the same (shard.h).
+ * Numbers are unique within a server start and never reused in it.
+ */
+static uint64
+next_copy_epoch(void)
+{
+	return pg_atomic_add_fetch_u64(&registry->copies_begun, 1);
 }
 
 static FelixShardPhase
@@ -504,6 +521,7 @@ shard_open_locked(FelixShard *s)
 	LWLockAcquire(&s->mark_lock, LW_EXCLUSIVE);
 	s->hwm_persisted = persisted;
 	SpinLockAcquire(&s->mutex);
+	s->copy_epoch = next_copy_epoch();
 	s->role = FELIX_ROLE_FOLLOWER;
 	s->generation = generation;
 	s->lease_expiry_ns = 0;
@@ -1108,6 +1126,7 @@ shard_begin_at_locked(FelixShard *s, uint64 start_seq, uint64 generation)
 	PG_END_TRY();
 	shard_mirror_log(s);
 	SpinLockAcquire(&s->mutex);
+	s->copy_epoch = next_copy_epoch();
 	s->flushed_end = s->hwm_end = start_seq;
 	s->copy_stale = false;
 	s->diverged_at = PG_UINT64_MAX;

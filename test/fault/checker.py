@@ -25,14 +25,24 @@ The properties:
      watcher sees a grant after it happens, so this never accuses wrongly;
      a publish that began just before the grant is not judged by it, the
      lease rules keep that case, and 1 catches any loss.)
-  5. no payload twice: a record published once is stored once.
+  5. no payload twice: a record published once is stored once;
+  6. no shard unplaced by mistake: a shard nobody serves at the end while
+     one of its copies stores every acknowledged record is a violation
+     when no fault restarted or replaced any of its replicas (kill9, wipe,
+     restore_old) -- nothing could then have made a copy doubtful, and
+     felix must place it.  Otherwise it is counted
+     (unplaced_with_full_copy): after a restart, felix cannot tell a copy
+     that kept its log from one put back from a backup, and promotes by
+     log only from copies known to have kept theirs (docs/control-plane.md,
+     "Promotion by log").
 Committed transactions (INSERT through any node) are held to 1: each of
 their records is in the shard it named, at some seq.
 
 A shard that no node serves at the end (unplaced: no copy the control
-plane may promote) is reported as unavailable, not as a violation: felix
-chooses to wait rather than lead from a copy that may lack acknowledged
-records.  Such a shard is judged on what its copies store on disk.
+plane may promote) is reported as unavailable, and is a violation only as
+6 says: felix chooses to wait rather than lead from a copy that may lack
+acknowledged records.  Such a shard is judged on what its copies store on
+disk.
 
 Run alone: checker.py RUN_DIR re-checks the history.json and final.json a
 run left there.
@@ -43,6 +53,8 @@ import collections
 import json
 import sys
 
+# Faults after which a node's copies may have lost what they stored.
+RESTARTING = ("kill9", "wipe", "restore_old")
 
 def _grants_by_shard(history):
     g = collections.defaultdict(list)
@@ -75,6 +87,7 @@ def check(history, final, consistency):
     ref_gens = {}
     unavailable = []
     on_disk = {}
+    stored_unplaced = {}
 
     # 2. contiguity and agreement of the replicas
     for skey, f in final.items():
@@ -87,6 +100,7 @@ def check(history, final, consistency):
             stored = f.get("stored", {})
             ref = max(stored, key=lambda n: len(stored[n]), default=None)
             on_disk[key] = {(s, i) for rr in stored.values() for s, i in rr}
+            stored_unplaced[key] = stored
             # the copies of a shard nobody leads need not agree yet
             f = dict(f, replicas={ref: stored[ref]} if ref else {})
         else:
@@ -114,6 +128,7 @@ def check(history, final, consistency):
                     break
 
     # 1, 4: acknowledged records
+    acked = collections.defaultdict(set)
     for ev in history:
         if ev["k"] != "pub":
             continue
@@ -123,6 +138,7 @@ def check(history, final, consistency):
             continue
         figures["acknowledged"] += 1
         key = (ev["stream"], ev["shard"])
+        acked[key].add((ev["seq"], ev["id"]))
         got = final_map.get(key, {}).get(ev["seq"])
         if (ev["seq"], ev["id"]) in on_disk.get(key, ()):
             # kept, on a copy of a shard nobody serves yet
@@ -162,6 +178,17 @@ def check(history, final, consistency):
             figures["lost"] += 1
             v.append("%s shard %d: record %s of a transaction committed through %s (%.2f-%.2f s) is lost" %
                      (key[0], key[1], i, ev["node"], ev["inv"], ev["ret"]))
+
+    # 6: no shard unplaced by mistake
+    restarted = {ev["target"] for ev in history if ev["k"] == "fault" and ev["kind"] in RESTARTING}
+    for key, stored in stored_unplaced.items():
+        full = sorted(n for n, rr in stored.items() if acked[key] <= {(s, i) for s, i in rr})
+        if not full:
+            continue
+        figures["unplaced_with_full_copy"] += 1
+        if not set(stored) & restarted:
+            v.append("%s shard %d: unplaced at the end, although %s stores every acknowledged record "
+                     "and no fault restarted or replaced any of its replicas" % (key[0], key[1], full[0]))
 
     # 3: what readers saw
     pubs = {ev["id"]: ev for ev in history if ev["k"] == "pub"}

@@ -56,6 +56,7 @@ def main(paths):
                      ("lost_in_leader_window", "acknowledged on a leader stream, lost to a failover (allowed)"),
                      ("acknowledged_unavailable", "acknowledged, kept on a shard nobody serves at the end"),
                      ("deposed_acks", "acknowledged by a deposed leader"),
+                     ("unplaced_with_full_copy", "shards unplaced at the end with a copy holding every acknowledged record (after a restart or a replaced copy)"),
                      ("reads", "reads checked")):
         print("| %s | %d |" % (label, totals.get(k, 0)))
     print()

@@ -308,7 +308,8 @@ def main():
                 seed, store, "FAIL" if r["violations"] else "ok  ", r["seconds"],
                 f.get("acknowledged", 0), f.get("lost", 0), f.get("lost_in_leader_window", 0),
                 f.get("deposed_acks", 0),
-                "  UNAVAILABLE %s" % ",".join(r["unavailable"]) if r.get("unavailable") else "",
+                "  UNAVAILABLE %s (with a full copy %d)" % (",".join(r["unavailable"]), f.get("unplaced_with_full_copy", 0))
+                if r.get("unavailable") else "",
                 ",".join(r.get("faults", []))), flush=True)
             # after every schedule, so that an interrupted run keeps its figures
             with open(os.path.join(args.dir, "results.json"), "w") as f:

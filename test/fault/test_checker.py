@@ -21,6 +21,10 @@ def grant(gen, leader, t, stream="q", shard=0):
     return {"k": "grant", "stream": stream, "shard": shard, "gen": gen, "leader": leader, "t": t}
 
 
+def fault(kind, target, t0=2.0, t1=3.0):
+    return {"k": "fault", "kind": kind, "target": target, "t0": t0, "t1": t1, "extra": None, "note": None}
+
+
 def final(recs, stream="q", leader="node1", others=None, gens=None, converged=True):
     reps = {leader: [[s, i] for s, i in recs]}
     for n, rr in (others or {}).items():
@@ -108,14 +112,36 @@ class Checks(unittest.TestCase):
         self.assertTrue(any("stored 2 times" in x for x in v), v)
 
     def test_not_served(self):
-        # judged on what the copies store; unavailable, not lost
+        # judged on what the copies store; unavailable, not lost (a copy
+        # may be doubtful after the restart)
         f = final([(0, "a")], converged=False)
         f["q/0"]["stored"] = {"node1": [[0, "a"], [1, "b"]], "node2": [[0, "a"]]}
-        h = [grant(1, "node1", 0.5), pub("a", 0), pub("b", 1)]
+        h = [grant(1, "node1", 0.5), pub("a", 0), pub("b", 1), fault("kill9", "node2")]
         v, fig, unavailable = checker.check(h, f, CONS)
         self.assertEqual(v, [])
         self.assertEqual(unavailable, ["q/0"])
         self.assertEqual(fig["acknowledged_unavailable"], 2)
+        self.assertEqual(fig["unplaced_with_full_copy"], 1)
+
+    def test_unplaced_by_mistake(self):
+        # a copy stores every acknowledged record and nothing restarted
+        # or replaced a replica: felix had to place it
+        f = final([(0, "a")], converged=False)
+        f["q/0"]["stored"] = {"node1": [[0, "a"]], "node2": [[0, "a"], [1, "b"]]}
+        h = [grant(1, "node1", 0.5), pub("a", 0), pub("b", 1), fault("pause", "node1"),
+             fault("kill9", "node3")]
+        v, _, _ = checker.check(h, f, CONS)
+        self.assertTrue(any("unplaced at the end, although node2 stores every acknowledged" in x
+                            for x in v), v)
+
+    def test_unplaced_without_full_copy(self):
+        # each copy lacks an acknowledged record: lost, not placeable
+        f = final([(0, "a")], converged=False)
+        f["q/0"]["stored"] = {"node1": [[0, "a"]], "node2": [[1, "b"]]}
+        h = [grant(1, "node1", 0.5), pub("a", 0), pub("b", 1)]
+        v, fig, _ = checker.check(h, f, CONS)
+        self.assertFalse(any("unplaced at the end" in x for x in v), v)
+        self.assertEqual(fig["unplaced_with_full_copy"], 0)
 
     def test_not_served_and_lost(self):
         f = final([(0, "a")], converged=False)

@@ -335,6 +335,24 @@ sub shard_row
 	return \%h;
 }
 
+# Where node $k's log of (stream, shard) ends (felix_shards.next_seq).
+sub next_seq
+{
+	my ($self, $k, $stream, $shard) = @_;
+	return $self->node($k)->safe_psql('postgres',
+		"SELECT next_seq FROM felix_shards WHERE stream = '$stream' AND shard = " . ($shard // 0));
+}
+
+# Replace directory $to with a copy of $from (cp -a): a test taking, or
+# putting back, a copy of a felix directory.
+sub copy_tree
+{
+	my ($from, $to) = @_;
+	system('rm', '-rf', $to) == 0 or die "rm -rf $to";
+	system('cp', '-a', $from, $to) == 0 or die "cp -a $from $to";
+	return;
+}
+
 # Leader name and generation of (stream, shard) as node $k's felix_shards
 # says (default node1).
 sub leader_of

@@ -169,6 +169,22 @@ typedef struct CpShard
 	 * grantee's end may include a tail nobody acknowledged.
 	 */
 	int64		grant_end;
+	int64		grant_last_generation;	/* ... and the generation of its last
+										 * record then (-1: unknown) */
+
+	/*
+	 * Of the generation taken (taken_generation), as the heartbeat that
+	 * took it gave them: the leader's log then (its end and the generation
+	 * of its last record; -1: not given), and the token (CpCopy) of each
+	 * replica's copy then, for the replicas that had given one.  The duty
+	 * holder's promotion by log (cp_duty.c, copies_candidate) counts only
+	 * copies whose token is still the same.
+	 */
+	int64		taken_end;
+	int64		taken_last_generation;
+	int			ntaken_copies;
+	char	   *taken_copy_node[CP_MAX_REPLICAS + 1];
+	char	   *taken_copy_token[CP_MAX_REPLICAS + 1];
 	int64		rev;
 } CpShard;
 
@@ -284,6 +300,22 @@ extern bool cp_node_unable(const CpNode *n, const char *stream, int shard);
 
 /* The log end n last gave for (stream, shard) in this boot; -1 if none. */
 extern int64 cp_node_end(const CpNode *n, const char *stream, int shard);
+
+/*
+ * A node's copy of a shard, as its heartbeat of this boot gave it with
+ * the generation of its last record and its copy epoch
+ * (agent_held_ends).  token is "<boot>#<copy epoch>": while a node's
+ * token for a shard stays the same, its log there has lost nothing.
+ */
+typedef struct CpCopy
+{
+	int64		end;
+	int64		last_generation;
+	char	   *token;
+} CpCopy;
+extern bool cp_node_copy(const CpNode *n, const char *stream, int shard, CpCopy *copy);
+/* the generation of the copy's last record (-1: not given) */
+extern int64 cp_node_last_generation(const CpNode *n, const char *stream, int shard);
 extern const CpClaim *cp_node_claim(const CpNode *n, const char *stream, int shard);
 extern bool cp_alive_has(const CpAlive *a, const char *node);
 extern int64 cp_now_ms(void);

@@ -98,6 +98,18 @@ typedef struct FelixShard
 	uint64		start_seq;		/* copy of log.start_seq */
 	uint64		written_end;	/* copy of log.next_seq (tail) */
 	uint64		written_base;	/* copy of log.active_base (tail) */
+	uint64		last_generation;	/* copy of log.last_generation: of the
+									 * record before written_end (tail) */
+	/*
+	 * (mutex; written with the tail held) which beginning of this log the
+	 * slot holds: a number from a counter of the server start, taken anew
+	 * each time the log is opened from its files or begun again empty
+	 * (shard_begin_at_locked).  While it stays the same, this start of the
+	 * server has lost nothing the log held: the control plane counts a
+	 * copy whose epoch and boot are those it recorded when a generation
+	 * was taken as holding whatever it stored since (cp_duty.c).
+	 */
+	uint64		copy_epoch;
 	uint64		flushed_end;	/* durable on this node (flush_lock) */
 	uint64		hwm_end;		/* readers see [start_seq, hwm_end) */
 	uint64		total_bytes;	/* copy of log.total_bytes */
@@ -207,6 +219,8 @@ typedef struct FelixShardPositions
 	FelixShardPhase phase;
 	uint64		start_seq;
 	uint64		written_end;
+	uint64		last_generation;
+	uint64		copy_epoch;
 	uint64		flushed_end;
 	uint64		hwm_end;
 	uint64		total_bytes;

@@ -1,0 +1,132 @@
+# Promotion by log (issue 20): a quorum shard whose leader is lost while
+# no report names a follower caught up is promoted to the copy with the
+# newest log, when enough copies are known to have kept their log since
+# the generation was taken -- and only then.
+#
+# The fault harness left such shards unplaced for good (seeds 8011 and
+# 9016, embedded): a leader came back from an older copy of itself while
+# its reports still said its followers held nothing, although they held
+# every acknowledged record.
+#
+# Four nodes, node1 hosting the embedded control plane and no replica; a
+# quorum stream on nodes 2-4.  Leadership is handed from A to B (B takes
+# generation 2 while A and C hold copies: the claim records their copies'
+# tokens), 100 records are published, B's felix directory is copied, 1000
+# more are acknowledged.  Then B is killed, the report is forged back to
+# what B's first reports of generation 2 said (nobody holds anything
+# yet; the race is narrow in a real run), and B is started from its copy.
+#   1. A and C kept their logs: one of them, holding all 1100 records,
+#      leads generation 3, promoted by its log; B, back with 100 records,
+#      does not lead, and the stream serves all 1100 and takes more.
+#   2. The same, but C was started again after B took generation 2: only
+#      A is known to have kept its log, one copy of three is not enough
+#      (C could be a copy put back from a backup), so the shard stays
+#      unplaced and says why.
+use strict;
+use warnings;
+
+use FindBin;
+use lib $FindBin::RealBin;
+use FelixTest;
+use FelixCluster;
+
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+sub shard_json
+{
+	my ($c, $stream, $expr) = @_;
+	my $key = sprintf('shards/%s/%06d', $stream, 0);
+	return $c->state_query(
+		"SELECT $expr FROM (SELECT value::jsonb AS v FROM felix.store_read('$key') WHERE key = '$key') s");
+}
+
+# Returns (cluster, stream, A, B, C) with B leading generation 2 and B's
+# copy at 100 of 1100 acknowledged records killed, the report forged, and
+# B started from the copy.  $between is called after B took generation 2.
+sub setup
+{
+	my ($prefix, $between) = @_;
+	my $c = FelixCluster->new(nodes => 4, prefix => $prefix, store => 'embedded');
+	my ($stream, @set) = $c->pick_stream_name("pl$prefix", 3, sub { !grep { $_ eq 'node1' } @_ });
+	$c->create_stream(1, $stream, replication_factor => 3, consistency => 'quorum');
+	my ($a) = $c->wait_leader($stream, 0);
+	$c->wait_shipping($a, $stream, 0, 2);
+	my ($bn) = grep { $_ ne $a->{felix_name} } @set;
+	my ($cn) = grep { $_ ne $a->{felix_name} && $_ ne $bn } @set;
+	my ($b, $cc) = ($c->node($bn), $c->node($cn));
+	# every copy has given its log with its token before B's claim
+	FelixCluster::poll(30, sub {
+		$c->state_query("SELECT count(*) FROM felix.nodes, unnest(ends) e WHERE e LIKE '$stream/0=%:%:%'") eq '3' }, 0.1)
+	  or die 'the copies gave no tokens';
+	$a->safe_psql('postgres', "SELECT felix_transfer_leadership('$stream', 0, '$bn')");
+	my ($lead, $g) = $c->wait_leader($stream, 0, min_generation => 2, timeout => 30);
+	is($lead->{felix_name}, $bn, "$prefix: $bn takes generation $g from $a->{felix_name}");
+	ok(FelixCluster::poll(10, sub { shard_json($c, $stream, "jsonb_array_length(v->'taken_copy_tokens')") eq '3' }, 0.1),
+		"$prefix: the claim of generation $g recorded the tokens of the three copies")
+	  or diag(shard_json($c, $stream, 'v::text'));
+	$between->($c, $stream, $a, $b, $cc) if $between;
+	$c->wait_shipping($b, $stream, 0, 2);
+	$b->safe_psql('postgres', "SELECT count(felix_publish('$stream', to_jsonb(i), shard => 0)) FROM generate_series(1, 100) i");
+	FelixCluster::poll(30, sub { !grep { $c->next_seq($_, $stream) ne '100' } @set }, 0.1) or die 'no 100 everywhere';
+	my $copy = "$PostgreSQL::Test::Utils::tmp_check/felix_copy_$prefix";
+	$c->pause_node($b);
+	FelixCluster::copy_tree($b->data_dir . '/felix', $copy);
+	$c->resume_node($b);
+	is($b->safe_psql('postgres',
+		"SELECT count(felix_publish('$stream', to_jsonb(i), shard => 0)) FROM generate_series(101, 1100) i"),
+		'1000', "$prefix: 1000 more acknowledged (quorum) after $bn was copied at 100");
+	FelixCluster::poll(30, sub { !grep { $c->next_seq($_, $stream) ne '1100' } @set }, 0.1) or die 'not level';
+	$c->kill_node($b);
+	# B's first reports of generation 2, made before its followers answered
+	$c->store_edit(sprintf('reports/%s/%06d', $stream, 0),
+		"jsonb_build_object('rows', (SELECT jsonb_agg(r || '{\"acked_end\": 0, \"caught_up\": false}') "
+		  . "FROM jsonb_array_elements(v->'rows') r))");
+	FelixCluster::copy_tree($copy, $b->data_dir . '/felix');
+	$c->start_node($b);
+	return ($c, $stream, $a, $b, $cc, $g);
+}
+
+# 1. Both followers kept their logs.
+{
+	my ($c, $stream, $a, $b, $cc, $g) = setup('k');
+	my ($lead, $g3) = eval { $c->wait_leader($stream, 0, min_generation => $g + 1, timeout => 30) };
+	ok($lead && $lead != $b, "a copy that kept its log leads generation " . ($g + 1) . ' ('
+		  . ($lead ? $lead->{felix_name} : 'none') . ')')
+	  or $c->diag_shard($stream, 0);
+	ok($lead && $c->next_seq($lead->{felix_name}, $stream) eq '1100', 'it holds all 1100 acknowledged records');
+	like(slurp_file($c->cp->logfile), qr/shard 0: \S+ leads generation \d+ \(was \S+ at generation $g\), promoted by its log/,
+		'the control plane says it promoted by log');
+	if ($lead)
+	{
+		is($lead->safe_psql('postgres', "SELECT count(*) FROM $stream WHERE shard = 0"), '1100',
+			'the new leader serves all 1100 records');
+		is($lead->safe_psql('postgres', "SELECT seq FROM felix_publish('$stream', '{\"after\": 1}', shard => 0)"), '1100',
+			'and takes the next publish at seq 1100');
+		ok(FelixCluster::poll(30, sub { $c->next_seq($b->{felix_name}, $stream) eq '1101' }, 0.2),
+			"$b->{felix_name}, back from its copy, is brought level as a follower");
+	}
+	$c->teardown;
+}
+
+# 2. C was started again after B took generation 2.
+{
+	my ($c, $stream, $a, $b, $cc, $g) = setup('r', sub {
+		my ($c, $stream, $a, $b, $cc) = @_;
+		$c->kill_node($cc);
+		$c->start_node($cc);
+	});
+	my ($who, $g3) = eval { $c->wait_leader($stream, 0, min_generation => $g + 1, timeout => 8) };
+	ok(!defined $who, 'with one copy known to have kept its log, nobody is promoted')
+	  or diag("$who->{felix_name} leads generation $g3");
+	like($c->state_query("SELECT unplaced_reason FROM felix_shards WHERE stream = '$stream' AND shard = 0"),
+		qr/^no replica was reported caught up at generation $g/, 'the shard is unplaced');
+	like(slurp_file($c->cp->logfile),
+		qr/stream "$stream" shard 0 is unplaced: .*1 of its 3 copies are known to have kept their log since generation $g was taken and have given it since the lapse; promotion by log needs 2/,
+		'and the control plane says why it is not promoted by log');
+	ok($c->next_seq($a->{felix_name}, $stream) eq '1100' && $c->next_seq($cc->{felix_name}, $stream) eq '1100',
+		'the followers still hold all 1100 records');
+	$c->teardown;
+}
+
+done_testing();
