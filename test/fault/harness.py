@@ -173,6 +173,10 @@ def final_state(c, state, ok):
         f = {"leader": leader, "replicas": {}, "gens": {}, "stored": {}, "converged": ok.get((stream, shard), False)}
         if not f["converged"]:
             f["why"] = why_unconverged(c, stream, shard, replicas)
+            # led (its leader serves it under a lease), only not level
+            row = f["why"].get(leader) if leader else None
+            f["led"] = bool(isinstance(row, list) and row and row[0][0] == "leader" and
+                            row[0][5] not in ("None", "") and int(row[0][5]) > 0)
         for r in replicas:
             try:
                 rows = c.node(r).sql("SELECT seq, payload->>'id' FROM %s WHERE shard = %%s ORDER BY seq"

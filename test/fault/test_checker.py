@@ -134,6 +134,16 @@ class Checks(unittest.TestCase):
         self.assertTrue(any("unplaced at the end, although node2 stores every acknowledged" in x
                             for x in v), v)
 
+    def test_led_but_not_level(self):
+        # led at the end, a copy not level yet: not unplaced
+        f = final([(0, "a")], converged=False)
+        f["q/0"]["stored"] = {"node1": [[0, "a"]], "node2": [[0, "a"], [1, "b"]]}
+        f["q/0"]["led"] = True
+        h = [grant(1, "node1", 0.5), pub("a", 0), pub("b", 1)]
+        v, fig, _ = checker.check(h, f, CONS)
+        self.assertFalse(any("unplaced at the end" in x for x in v), v)
+        self.assertEqual(fig["unplaced_with_full_copy"], 0)
+
     def test_unplaced_without_full_copy(self):
         # each copy lacks an acknowledged record: lost, not placeable
         f = final([(0, "a")], converged=False)
