@@ -439,7 +439,7 @@ newest_reported_generation(const CpReports *r)
 static int64
 newest_reported_end(const CpSnapshot *snap, const CpShard *s)
 {
-	CpReports  *r = cp_snapshot_reports(snap, s->stream, s->shard);
+	const CpReports *r = cp_snapshot_reports(snap, s->stream, s->shard);
 	int64		newest = newest_reported_generation(r);
 	int64		reported = 0;
 
@@ -472,7 +472,7 @@ leader_holds_reported(const CpSnapshot *snap, const CpShard *s, const CpNode *le
 {
 	int64		reported = Max(s->acked_floor, newest_reported_end(snap, s));
 	int64		end = cp_node_end(leader, s->stream, s->shard);
-	CpReports  *r = cp_snapshot_reports(snap, s->stream, s->shard);
+	const CpReports *r = cp_snapshot_reports(snap, s->stream, s->shard);
 	int64		newest = newest_reported_generation(r);
 
 	if (reported > 0 && end < reported)
@@ -606,7 +606,7 @@ disqualified(const CpSnapshot *snap, const CpShard *s, const CpStream *st,
 			 const ShardObs *obs, const char *follower, bool leader_gone,
 			 int64 lapse_ns, int64 now, int64 *acked_end)
 {
-	CpReports  *r = cp_snapshot_reports(snap, s->stream, s->shard);
+	const CpReports *r = cp_snapshot_reports(snap, s->stream, s->shard);
 	int64		newest = newest_reported_generation(r);
 	CpNode	   *n = cp_snapshot_node(snap, follower);
 	const CpReport *row = NULL;
@@ -722,7 +722,7 @@ copies_candidate(const CpSnapshot *snap, const CpShard *s, const CpStream *st,
 	int			need = s->nreplicas - s->nreplicas / 2;
 	int			counted = 0;
 	const CpNode *best = NULL;
-	CpReports  *r = cp_snapshot_reports(snap, s->stream, s->shard);
+	const CpReports *r = cp_snapshot_reports(snap, s->stream, s->shard);
 
 	*why = NULL;
 	memset(chosen, 0, sizeof(*chosen));

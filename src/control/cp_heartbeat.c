@@ -191,7 +191,7 @@ void_reports(const CpSnapshot *snap, const char *node, bool drop,
 {
 	for (int i = 0; i < snap->nreports; i++)
 	{
-		CpReports  *r = &snap->reports[i];
+		const CpReports *r = snap->reports[i];
 		CpReports	out;
 		bool		changed = false;
 

@@ -36,7 +36,7 @@
 static int64
 reported_end(const CpSnapshot *snap, const CpShard *s)
 {
-	CpReports  *r = cp_snapshot_reports(snap, s->stream, s->shard);
+	const CpReports *r = cp_snapshot_reports(snap, s->stream, s->shard);
 	int64		newest = 0;
 	int64		end = 0;
 

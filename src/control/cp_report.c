@@ -177,7 +177,7 @@ cp_report(const char *leader, const CpReportRow *rows, int nrows, int64 token,
 			const char *stream = rows[i].stream;
 			int			shard = rows[i].shard;
 			CpShard    *s;
-			CpReports  *stored;
+			const CpReports *stored;
 			CpReports	out;
 			int			nnamed = 0;
 			const char **named = palloc0(sizeof(char *) * (nrows + 1));

@@ -637,7 +637,7 @@ cp_list_halted(const CpSnapshot *snap, CpHaltRow **rows)
 	*rows = palloc0(sizeof(CpHaltRow) * (snap->nreports * (CP_MAX_REPLICAS + 1) + 1));
 	for (int i = 0; i < snap->nreports; i++)
 	{
-		const CpReports *r = &snap->reports[i];
+		const CpReports *r = snap->reports[i];
 		const CpShard *s = cp_snapshot_shard(snap, snap->report_stream[i], snap->report_shard[i]);
 
 		if (s == NULL)

@@ -1080,7 +1080,7 @@ typedef struct CachedKey
 		CpNodeClaims claims;
 		CpStream	stream;
 		CpShard		shard;
-		CpReports	reports;
+		CpReports  *reports;	/* its own allocation: snapshots point at it */
 		CpClash		clash;
 		CpDuty		duty;
 		CpAlive		alive;
@@ -1110,13 +1110,14 @@ typedef struct CachedKey
  * is not believed for long.  A whole read keeps a record
  * only for the very value it was decoded from.
  *
- * Lifetime rule.  A snapshot copies records by value, but their strings
- * and arrays stay in this copy: a replaced record's memory is freed only
- * at cp_snapshot_quiesce, which a process calls when no snapshot is in
- * use -- a backend at the end of each transaction, a worker that called
- * cp_snapshot_cache_enable at the top of each loop.  Other background
- * workers read without a copy.  Nothing a snapshot points at is in a
- * hash entry (entries are reused).
+ * Lifetime rule.  A snapshot copies records by value (a report it points
+ * at instead: the largest record, in an allocation of its own), but their
+ * strings and arrays stay in this copy: a replaced record's memory is
+ * freed only at cp_snapshot_quiesce, which a process calls when no
+ * snapshot is in use -- a backend at the end of each transaction, a worker
+ * that called cp_snapshot_cache_enable at the top of each loop.  Other
+ * background workers read without a copy.  Nothing a snapshot points at
+ * is in a hash entry (entries are reused).
  */
 typedef struct StateCache
 {
@@ -1152,7 +1153,8 @@ static StateCache cache;
 static int64
 cost_of(const CachedKey *e)
 {
-	return e->text ? 3 * (int64) strlen(e->text) + 256 : 0;
+	return e->text ? 3 * (int64) strlen(e->text) + 256 +
+		(e->kind == CK_REPORTS ? (int64) sizeof(CpReports) : 0) : 0;
 }
 
 /* Decode kv into e (kind CK_NONE when it holds no record felix reads). */
@@ -1195,8 +1197,9 @@ decode_kv(const FelixKV *kv, CachedKey *e)
 	}
 	else if (strncmp(k, "reports/", 8) == 0)
 	{
+		e->rec.reports = palloc(sizeof(CpReports));
 		if (split_shard_key(k + 8, &stream, &shard) &&
-			cp_reports_read(kv, &e->rec.reports))
+			cp_reports_read(kv, e->rec.reports))
 		{
 			e->kind = CK_REPORTS;
 			e->report_stream = stream;
@@ -1225,7 +1228,7 @@ snap_alloc(CpSnapshot *snap, const int *count)
 	snap->nodes = palloc0(sizeof(CpNode) * (count[CK_NODE] + 1));
 	snap->streams = palloc0(sizeof(CpStream) * (count[CK_STREAM] + 1));
 	snap->shards = palloc0(sizeof(CpShard) * (count[CK_SHARD] + 1));
-	snap->reports = palloc0(sizeof(CpReports) * (count[CK_REPORTS] + 1));
+	snap->reports = palloc0(sizeof(CpReports *) * (count[CK_REPORTS] + 1));
 	snap->report_stream = palloc0(sizeof(char *) * (count[CK_REPORTS] + 1));
 	snap->report_shard = palloc0(sizeof(int) * (count[CK_REPORTS] + 1));
 	snap->leads_node = palloc0(sizeof(char *) * (count[CK_LEADS] + 1));
@@ -1763,12 +1766,12 @@ cp_snapshot_shard(const CpSnapshot *snap, const char *stream, int shard)
 	return e ? &snap->shards[e->pos] : NULL;
 }
 
-CpReports *
+const CpReports *
 cp_snapshot_reports(const CpSnapshot *snap, const char *stream, int shard)
 {
 	CpIndexEntry *e = index_probe(snap->index, false, 'r', stream, -1, shard);
 
-	return e ? &snap->reports[e->pos] : NULL;
+	return e ? snap->reports[e->pos] : NULL;
 }
 
 int64

@@ -337,7 +337,14 @@ typedef struct CpSnapshot
 	int			nshards;
 	CpShard    *shards;
 	int			nreports;
-	CpReports  *reports;		/* reports[i] of (report_stream[i], report_shard[i]) */
+	/*
+	 * reports[i] of (report_stream[i], report_shard[i]): the records
+	 * themselves, shared with this process's copy of the state (or the
+	 * uncached read that made the snapshot), never copied -- a report is
+	 * the largest record and most reads use few of them -- so they are
+	 * read-only; a writer changes a copy of its own.
+	 */
+	const CpReports **reports;
 	char	  **report_stream;
 	int		   *report_shard;
 	bool		have_duty;
@@ -387,7 +394,7 @@ extern bool cp_snapshot_read_parts(CpSnapshot *snap, const char *const *prefixes
 extern CpNode *cp_snapshot_node(const CpSnapshot *snap, const char *name);
 extern CpStream *cp_snapshot_stream(const CpSnapshot *snap, const char *name);
 extern CpShard *cp_snapshot_shard(const CpSnapshot *snap, const char *stream, int shard);
-extern CpReports *cp_snapshot_reports(const CpSnapshot *snap, const char *stream, int shard);
+extern const CpReports *cp_snapshot_reports(const CpSnapshot *snap, const char *stream, int shard);
 extern int64 cp_snapshot_leads_rev(const CpSnapshot *snap, const char *node);
 extern CpClash *cp_snapshot_clash(const CpSnapshot *snap, const char *node);
 
