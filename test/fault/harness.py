@@ -48,7 +48,8 @@ BATCH_MAGIC = 0x31425846
 BATCH_RECORDS = 1
 
 
-ID = re.compile(rb"w\d+-\d+")
+# a record's id: w<writer>-<n>, and -s<shard> for a transaction's records
+ID = re.compile(rb"w\d+-\d+(?:-s\d+)?")
 
 
 def read_segments(shard_dir):
