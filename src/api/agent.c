@@ -131,9 +131,10 @@ typedef struct KnownRow
 	RowErrorKey id;				/* hash key */
 	FelixCpShard row;
 	bool		applied;		/* reached the local shard as told */
-	int			slot;			/* ... that shard's slot (-1: none) */
+	int			slot;			/* the local shard's slot (-1: none), as
+								 * the last row applied left it */
 	FelixShardKey key;
-	bool		holds;			/* the row names this node a replica */
+	bool		holds;			/* ... that row named this node a replica */
 	bool		in_answer;		/* (while a full answer is taken in) */
 } KnownRow;
 
@@ -318,6 +319,23 @@ apply_row_guts(void *arg)
 	if (!SearchSysCacheExists1(RELOID, ObjectIdGetDatum(stream.relid)))
 		return;					/* dropped meanwhile */
 
+	if (r->defer_costly)
+	{
+		/* only if its shard is open here, and it takes no new lead */
+		FelixShardKey key;
+		FelixShard *open;
+
+		memset(&key, 0, sizeof(key));
+		key.dboid = MyDatabaseId;
+		key.relid = stream.relid;
+		key.shard = r->c.shard;
+		open = shard_lookup(&key);
+		if (open == NULL || lease_assignment_takes_lead(open, &r->c.a))
+		{
+			r->deferred = true;
+			return;
+		}
+	}
 	s = felix_stream_shard(&stream, r->c.shard);
 	lease_apply_assignment(s, &r->c.a);
 	r->applied = true;
@@ -445,12 +463,17 @@ agent_take_answer(FelixCpShard *shards, int n, const FelixCpAnswer *answer, int6
 		k = hash_search(known_rows, &key, HASH_ENTER, &found);
 		if (found)
 			known_row_free(k);
+		else
+		{
+			k->slot = -1;
+			memset(&k->key, 0, sizeof(k->key));
+			k->holds = false;
+		}
 		k->row = shards[i];
 		k->row.leader_conninfo = shards[i].leader_conninfo ? pstrdup(shards[i].leader_conninfo) : NULL;
 		k->row.bad = shards[i].bad ? pstrdup(shards[i].bad) : NULL;
+		/* to apply; the copy it found (slot, holds) is the one until then */
 		k->applied = false;
-		k->slot = -1;
-		k->holds = false;
 		k->in_answer = true;
 	}
 	MemoryContextSwitchTo(caller);
@@ -701,8 +724,14 @@ end_work(void)
  * renewals must not wait behind a table creation), then create the missing
  * streams, then apply their rows, each step in its own transaction.
  */
+static bool
+past(int64 deadline_ns)
+{
+	return deadline_ns > 0 && felix_monotonic_ns() >= deadline_ns;
+}
+
 void
-agent_apply(AgentRow *rows, int nrows)
+agent_apply(AgentRow *rows, int nrows, int64 deadline_ns)
 {
 	int			nmissing = 0;
 	int			ncreated = 0;
@@ -722,6 +751,7 @@ agent_apply(AgentRow *rows, int nrows)
 				nmissing++;
 				continue;
 			}
+			r->defer_costly = past(deadline_ns);
 			(void) run_isolated(apply_row_guts, r, r->c.shard,
 								psprintf("applying the control plane's assignment of stream \"%s\" shard %d",
 										 r->c.stream, r->c.shard));
@@ -734,8 +764,14 @@ agent_apply(AgentRow *rows, int nrows)
 	}
 	end_work();
 
-	if (nmissing == 0)
+	/* a stream's creation is costly: the next heartbeat's, if late */
+	if (nmissing == 0 || past(deadline_ns))
+	{
+		for (int i = 0; i < nrows; i++)
+			if (rows[i].missing)
+				rows[i].deferred = true;
 		return;
+	}
 
 	begin_work("felix: creating streams defined at the control plane");
 	{
@@ -787,6 +823,7 @@ agent_apply(AgentRow *rows, int nrows)
 		if (!r->created)
 			continue;
 		CHECK_FOR_INTERRUPTS();
+		r->defer_costly = past(deadline_ns);
 		(void) run_isolated(apply_row_guts, r, r->c.shard,
 							psprintf("applying the control plane's assignment of stream \"%s\" shard %d",
 									 r->c.stream, r->c.shard));
@@ -811,7 +848,7 @@ agent_note_served(AgentRow *rows, int nrows)
 		UnservedEntry *e;
 		bool		found;
 
-		if (r->c.bad != NULL || (r->missing && !r->created))
+		if (r->c.bad != NULL || (r->missing && !r->created) || r->deferred)
 			continue;
 		row_error_key(&key, r->c.stream, r->c.shard);
 		if (r->applied)
@@ -839,6 +876,8 @@ agent_note_held(AgentRow *rows, int nrows)
 	{
 		RowErrorKey key;
 
+		if (rows[i].deferred)
+			continue;			/* still to apply; its copy is as it was */
 		row_error_key(&key, rows[i].c.stream, rows[i].c.shard);
 		k = hash_search(known_rows, &key, HASH_FIND, NULL);
 		if (k == NULL)

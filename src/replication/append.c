@@ -327,7 +327,7 @@ append_shipped(FelixShard *s, const char *dir, const char *what,
 				}
 				if (b->hdr.generation > map_generation)
 				{
-					genmap_note(dir, what, b->hdr.generation, b->hdr.base_seq);
+					genmap_note(dir, what, b->hdr.generation, b->hdr.base_seq, true);
 					map_generation = b->hdr.generation;
 				}
 			}

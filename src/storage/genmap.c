@@ -7,8 +7,10 @@
  *
  * The file is a sequence of 24-byte entries, each with its own CRC, in
  * increasing generation order.  An entry is appended and fdatasync'd before
- * genmap_note returns; the first one also creates the file and syncs the
- * directory.  A torn last entry (bad CRC with nothing valid after it) ends
+ * genmap_note returns (the first one also creates the file and syncs the
+ * directory) -- or, if the caller asks, written only, and made durable by
+ * genmap_sync: a leader taking a thousand shards at once makes each entry
+ * durable at the shard's first write instead (replication/lease.c).  A torn last entry (bad CRC with nothing valid after it) ends
  * the map and is overwritten by the next note; a bad entry followed by a
  * valid one is damage and is reported, never skipped.
  *
@@ -127,9 +129,24 @@ genmap_load(const char *dir, const char *what, FelixGenEntry **entries)
 	return genmap_read(dir, what, entries, &raw_len);
 }
 
+/* Open the map of dir (its path into path), or report why not. */
+static int
+genmap_open(const char *dir, const char *what, char *path, int flags)
+{
+	int			fd;
+
+	genmap_path(path, dir);
+	fd = OpenTransientFilePerm(path, flags | PG_BINARY, pg_file_create_mode);
+	if (fd < 0)
+		ereport(ERROR,
+				(errcode_for_file_access(),
+				 errmsg("%s: could not open generation map \"%s\": %m", what, path)));
+	return fd;
+}
+
 void
 genmap_note(const char *dir, const char *what, uint64 generation,
-			uint64 first_seq)
+			uint64 first_seq, bool sync)
 {
 	FelixGenEntry *entries;
 	FelixGenEntry e;
@@ -165,11 +182,7 @@ genmap_note(const char *dir, const char *what, uint64 generation,
 	felix_ensure_dir(dir, what);
 	genmap_path(path, dir);
 	created = (raw_len == 0 && access(path, F_OK) != 0);
-	fd = OpenTransientFilePerm(path, O_RDWR | O_CREAT | PG_BINARY, pg_file_create_mode);
-	if (fd < 0)
-		ereport(ERROR,
-				(errcode_for_file_access(),
-				 errmsg("%s: could not open generation map \"%s\": %m", what, path)));
+	fd = genmap_open(dir, what, path, O_RDWR | O_CREAT);
 	/* over a torn last entry, if any, and drop whatever followed it */
 	if (!felix_pwrite_all(fd, &e, sizeof(e), n * GEN_ENTRY_SIZE) ||
 		(raw_len > (n + 1) * GEN_ENTRY_SIZE &&
@@ -178,10 +191,24 @@ genmap_note(const char *dir, const char *what, uint64 generation,
 				(errcode_for_file_access(),
 				 errmsg("%s: could not write generation map \"%s\": %m", what, path),
 				 errhint("Check free space and permissions of the felix data directory.")));
+	if (sync)
+		felix_fdatasync(fd, path, what);
+	CloseTransientFile(fd);
+	if (sync && created)
+		fsync_fname(dir, true);
+}
+
+void
+genmap_sync(const char *dir, const char *what)
+{
+	char		path[MAXPGPATH];
+	int			fd;
+
+	fd = genmap_open(dir, what, path, O_RDWR);
 	felix_fdatasync(fd, path, what);
 	CloseTransientFile(fd);
-	if (created)
-		fsync_fname(dir, true);
+	/* (it may have been created unsynced) */
+	fsync_fname(dir, true);
 }
 
 void
@@ -201,12 +228,7 @@ genmap_truncate(const char *dir, const char *what, uint64 cut)
 	if (keep == n && raw_len == n * GEN_ENTRY_SIZE)
 		return;
 
-	genmap_path(path, dir);
-	fd = OpenTransientFile(path, O_RDWR | PG_BINARY);
-	if (fd < 0)
-		ereport(ERROR,
-				(errcode_for_file_access(),
-				 errmsg("%s: could not open generation map \"%s\": %m", what, path)));
+	fd = genmap_open(dir, what, path, O_RDWR);
 	if (ftruncate(fd, (off_t) (keep * GEN_ENTRY_SIZE)) != 0)
 		ereport(ERROR,
 				(errcode_for_file_access(),

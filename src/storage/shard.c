@@ -235,6 +235,7 @@ shard_allocate(const FelixShardSpec *spec)
 	s->role = FELIX_ROLE_FOLLOWER;
 	s->generation = 0;
 	s->lease_expiry_ns = 0;
+	s->genmap_unsynced = false;
 	s->consistency = spec->consistency;
 	s->replication_factor = spec->replication_factor;
 	s->leader[0] = '\0';

@@ -14,7 +14,10 @@
  *		 applies each to its local shard, with the lease anchored at t_send
  *		 -- the instant the heartbeat was sent, before its claim was
  *		 written, so the round trip comes out of this node's lease and
- *		 never out of the duty holder's safety margin;
+ *		 never out of the duty holder's safety margin.  Costly rows (a
+ *		 shard to open, a lead to take) wait for the next beat once an
+ *		 interval is spent: a failover that hands this node a thousand
+ *		 shards must not keep it from renewing the leases it holds;
  *	  3. (the agent, too) creates the tables of streams the control plane
  *		 lists but this node does not have yet, after the leases of
  *		 existing streams were applied, so a user's long transaction can
@@ -369,6 +372,20 @@ run_duties(void)
 	return Max(tick.promoted, 0);
 }
 
+/*
+ * How long a heartbeat may spend on costly assignments: an interval, and
+ * at most a quarter of what a lease leaves after epsilon, so the beat
+ * that follows (after the call and the duties) still renews in time.
+ */
+static int64
+apply_budget_ns(void)
+{
+	int			ms = Min(felix_heartbeat_interval,
+						 (felix_lease_duration - felix_lease_epsilon) / 4);
+
+	return (int64) Max(ms, 1) * 1000000;
+}
+
 static void
 heartbeat_once(void)
 {
@@ -473,7 +490,12 @@ heartbeat_once(void)
 	agent_ends_sent(ends, nends, ends_same, &answer);
 	rows = agent_take_answer(shards, nrows, &answer, t_send, &napply);
 	agent_note_leaders(rows, napply);
-	agent_apply(rows, napply);
+	/*
+	 * The next heartbeat must come before the leases this one renewed run
+	 * out (t_send + lease - epsilon): costly work beyond the budget (a
+	 * failover's new leads, a stream's creation) waits for it.
+	 */
+	agent_apply(rows, napply, felix_monotonic_ns() + apply_budget_ns());
 	agent_note_served(rows, napply);
 	agent_note_held(rows, napply);
 

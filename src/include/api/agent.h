@@ -27,6 +27,8 @@ typedef struct AgentRow
 	int			slot;			/* its local shard's slot (-1: not reached) */
 	FelixShardKey key;			/* ... and that shard */
 	bool		holds;			/* it names this node a replica */
+	bool		defer_costly;	/* past the budget: leave costly work */
+	bool		deferred;		/* ... and this row was left for later */
 } AgentRow;
 
 
@@ -67,9 +69,12 @@ extern void agent_note_leaders(AgentRow *rows, int nrows);
  * Apply every row: first the shards of streams that exist here (lease
  * renewals must not wait behind a table creation), then create the
  * missing streams (and replace older creations), then apply their rows,
- * each step in its own transaction.
+ * each step in its own transaction.  Past deadline_ns (0: none) only
+ * what is cheap is done -- renewals, a word on the replicas -- and the
+ * rest (opening a shard, taking the lead, creating a stream) is left
+ * for the next heartbeat, so that heartbeat is not late.
  */
-extern void agent_apply(AgentRow *rows, int nrows);
+extern void agent_apply(AgentRow *rows, int nrows, int64 deadline_ns);
 /* Remember which rows reached their local shard (and, of the rows held,
  * which shards this node was named a replica of). */
 extern void agent_note_served(AgentRow *rows, int nrows);

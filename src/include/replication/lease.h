@@ -30,6 +30,13 @@ extern bool felix_is_this_node(const char *node);
 extern void lease_apply_assignment(FelixShard *s, const FelixAssignment *a);
 
 /*
+ * Would applying a to s take the lead at a new generation (the costly
+ * case: a durable write of the generation map)?  A hint for scheduling
+ * only; lease_apply_assignment decides again under the tail.
+ */
+extern bool lease_assignment_takes_lead(FelixShard *s, const FelixAssignment *a);
+
+/*
  * The same word, unchanged since it was applied to the shard in slot
  * `slot` (shard key): if that shard is still as it left it -- open, at
  * its generation, in the role it gives this node -- renew the lease it

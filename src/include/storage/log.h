@@ -185,9 +185,12 @@ extern void log_hwm_reset(const char *dir, const char *what);
 /* ---- generation map (genmap.c): generation -> first seq ---- */
 
 /* Record that `generation` begins at first_seq unless the map's last entry
- * already names that generation; durable (fsync) before returning. */
+ * already names that generation; durable (fsync) before returning if
+ * `sync`, else once genmap_sync has returned. */
 extern void genmap_note(const char *dir, const char *what, uint64 generation,
-						uint64 first_seq);
+						uint64 first_seq, bool sync);
+/* Make the map, and its entry in dir, durable. */
+extern void genmap_sync(const char *dir, const char *what);
 /* Load the map; returns entry count, *entries palloc'd in CurrentMemoryContext. */
 extern int	genmap_load(const char *dir, const char *what,
 						FelixGenEntry **entries);

@@ -144,6 +144,9 @@ typedef struct FelixShard
 	int64		lease_expiry_ns;	/* felix_monotonic_ns() after which this
 									 * node must not write (epsilon already
 									 * taken off); 0: no lease */
+	/* (tail) the generation map's entry for the generation this node took
+	 * the lead at is written, not yet durable (lease_recheck syncs it) */
+	bool		genmap_unsynced;
 	/* (mutex) the stream's replication settings */
 	int			consistency;	/* FelixConsistency */
 	int			replication_factor;
