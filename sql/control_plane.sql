@@ -285,15 +285,18 @@ SELECT generation, leader = :'l0' AS l0_leads FROM felix.assignments WHERE strea
 SELECT value::jsonb->'acked_floor' AS acked_floor FROM felix.store_read('shards/orders/000000');
 SELECT lease_granted FROM pg_temp.hb(:'l0') WHERE stream = 'orders' AND shard = 0;
 SELECT lease_granted FROM pg_temp.hb(:'l0', ends => ARRAY['orders/0=9']) WHERE stream = 'orders' AND shard = 0;
--- A log end comes with the generation of its last record and the copy's
--- epoch, or alone: anything else is not believed (no end, no claim).
+-- A log end comes with the generation of its last record, the copy's
+-- epoch and whether that is its first in the boot (0 or 1; or without
+-- it), or alone: anything else is not believed (no end, no claim).
 SELECT lease_granted FROM pg_temp.hb(:'l0', ends => ARRAY['orders/0=10:2']) WHERE stream = 'orders' AND shard = 0;
-SELECT lease_granted FROM pg_temp.hb(:'l0', ends => ARRAY['orders/0=10:2:7:1']) WHERE stream = 'orders' AND shard = 0;
+SELECT lease_granted FROM pg_temp.hb(:'l0', ends => ARRAY['orders/0=10:2:7:2']) WHERE stream = 'orders' AND shard = 0;
+SELECT lease_granted FROM pg_temp.hb(:'l0', ends => ARRAY['orders/0=10:2:7:1:1']) WHERE stream = 'orders' AND shard = 0;
 SELECT lease_granted FROM pg_temp.hb(:'l0', ends => ARRAY['orders/0=10:-2:7']) WHERE stream = 'orders' AND shard = 0;
 -- f0 gives its copy's token; then the claim that takes generation 3
--- records l0's log and the token of every copy the state holds (g0 gave
--- none: it does not count for promotion by log).
-SELECT count(*) > 0 AS beat FROM pg_temp.hb(:'f0', ends => ARRAY['orders/0=10:2:3']);
+-- records l0's log and the token of every copy the state holds; g0 gave
+-- none, so its boot is recorded ("#0"): it counts for promotion by log
+-- only with its copy's first epoch in that boot.
+SELECT count(*) > 0 AS beat FROM pg_temp.hb(:'f0', ends => ARRAY['orders/0=10:2:3:1']);
 SELECT lease_granted FROM pg_temp.hb(:'l0', ends => ARRAY['orders/0=10:2:7']) WHERE stream = 'orders' AND shard = 0;
 SELECT v->'taken_end' AS taken_end, v->'taken_last_generation' AS taken_last_generation,
        ARRAY(SELECT n = :'l0' FROM jsonb_array_elements_text(v->'taken_copy_nodes') n) AS l0_first,

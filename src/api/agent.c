@@ -907,7 +907,9 @@ agent_note_held(AgentRow *rows, int nrows)
 
 /*
  * The durable log ends, now, of the shards this node was last named a
- * replica of ("stream/shard=end[:last_generation:copy_epoch]"), for the heartbeat to give; NULL before
+ * replica of ("stream/shard=end[:last_generation:copy_epoch:first]", first
+ * 1 while the copy's epoch is its first in this server start), for the
+ * heartbeat to give; NULL before
  * the first heartbeat of this boot has named any.  The duty holder gives
  * a lapsed leader its shard back, and promotes a follower, only if its log
  * still ends at or after what the reports say it held: a node whose felix
@@ -939,9 +941,9 @@ agent_held_ends(int *n)
 		 * the newest log without a report (cp_duty.c, copies_candidate).
 		 */
 		if (pos.written_end == pos.flushed_end)
-			out[(*n)++] = psprintf("%s/%d=" UINT64_FORMAT ":" UINT64_FORMAT ":" UINT64_FORMAT,
+			out[(*n)++] = psprintf("%s/%d=" UINT64_FORMAT ":" UINT64_FORMAT ":" UINT64_FORMAT ":%d",
 								   held[i].stream, held[i].shard, pos.flushed_end,
-								   pos.last_generation, pos.copy_epoch);
+								   pos.last_generation, pos.copy_epoch, pos.copy_first ? 1 : 0);
 		else
 			out[(*n)++] = psprintf("%s/%d=" UINT64_FORMAT, held[i].stream, held[i].shard,
 								   pos.flushed_end);

@@ -705,9 +705,13 @@ disqualified(const CpSnapshot *snap, const CpShard *s, const CpStream *st,
  *     taken has lost nothing it stored since -- a restart, a copy put back
  *     from a backup, a discard each change the token -- and one whose end
  *     was read after the lapse holds everything it ever will at G (the
- *     mark moves only under a live lease).  So n - n/2 such copies include
- *     one of that majority, and the newest of them holds every record it
- *     holds.
+ *     mark moves only under a live lease).  A replica that had given no
+ *     token when G was taken (a new stream's copies come after its first
+ *     claim) was recorded by its boot: it counts with the first epoch of
+ *     its copy in that boot, which stored every record of G the replica
+ *     ever stored and lost none (cp_copy_kept).  So n - n/2 such copies
+ *     include one of that majority, and the newest of them holds every
+ *     record it holds.
  *
  * The newest of at least n - n/2 copies kept since G was taken, read after
  * the lapse, at or past the leader's log at G, holds every acknowledged
@@ -753,7 +757,7 @@ copies_candidate(const CpSnapshot *snap, const CpShard *s, const CpStream *st,
 		if (token == NULL || n == NULL || !is_alive(n, now) || halted ||
 			cp_node_unable(n, s->stream, s->shard) ||
 			!cp_node_copy(n, s->stream, s->shard, &copy) ||
-			strcmp(copy.token, token) != 0 ||
+			!cp_copy_kept(&copy, token) ||
 			no == NULL || ends_read_after(no) <= lapse_ns)
 			continue;
 		counted++;

@@ -157,9 +157,15 @@ holds_granted_generation(const CpNode *me, const CpShard *s)
  * gave it, and the token of each replica's copy as the state read here
  * holds it.  Every record of the generation is written after this claim
  * commits (the lease starts with it), so a copy whose token is the same
- * later has kept every record of the generation it stored.  Without the
- * leader's own log (records not yet durable) nothing is recorded, and the
- * generation is promoted on reports alone.
+ * later has kept every record of the generation it stored.  A replica
+ * that gave no token (no copy yet, as in a new stream; records not yet
+ * durable) is recorded as "<its boot>#0": it counts later only as the
+ * first epoch of its copy in that same boot -- every record of the
+ * generation it stored, it stored in that boot, after this claim, and a
+ * copy that never began again in the boot lost none of them.  Without
+ * the leader's own log nothing is recorded, and the generation is
+ * promoted on reports alone -- unless it is a new shard's first (no grant
+ * end, no acknowledged floor): nothing was written before it.
  */
 static void
 note_taken_copies(const CpSnapshot *snap, const CpNode *me, CpShard *taken)
@@ -168,19 +174,26 @@ note_taken_copies(const CpSnapshot *snap, const CpNode *me, CpShard *taken)
 
 	taken->ntaken_copies = 0;
 	taken->taken_end = taken->taken_last_generation = -1;
-	if (!cp_node_copy(me, taken->stream, taken->shard, &copy))
+	if (cp_node_copy(me, taken->stream, taken->shard, &copy))
+	{
+		taken->taken_end = copy.end;
+		taken->taken_last_generation = copy.last_generation;
+	}
+	else if (taken->generation == 1 && taken->grant_end <= 0 && taken->acked_floor <= 0)
+		taken->taken_end = taken->taken_last_generation = 0;
+	else
 		return;
-	taken->taken_end = copy.end;
-	taken->taken_last_generation = copy.last_generation;
 	for (int i = 0; i < taken->nreplicas; i++)
 	{
 		const CpNode *r = strcmp(taken->replicas[i], me->name) == 0 ? me :
 			cp_snapshot_node(snap, taken->replicas[i]);
 
-		if (r == NULL || !cp_node_copy(r, taken->stream, taken->shard, &copy))
+		if (r == NULL)
 			continue;
 		taken->taken_copy_node[taken->ntaken_copies] = taken->replicas[i];
-		taken->taken_copy_token[taken->ntaken_copies++] = copy.token;
+		taken->taken_copy_token[taken->ntaken_copies++] =
+			cp_node_copy(r, taken->stream, taken->shard, &copy) ? copy.token :
+			cp_first_copy_token(r);
 	}
 }
 

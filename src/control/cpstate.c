@@ -403,6 +403,7 @@ typedef struct CpIndexEntry
 	int64		end;			/* node: its log end (-1: none given) */
 	int64		last_generation;	/* node: of its last record (-1: not given) */
 	int64		copy_epoch;		/* node: its copy's epoch (0: not given) */
+	bool		copy_first;		/* node: ... its first in the node's boot */
 	bool		unable;			/* node: it cannot serve the shard */
 } CpIndexEntry;
 
@@ -451,6 +452,7 @@ index_probe(HTAB *index, bool enter, char tag, const char *name, int len, int sh
 		e->end = -1;
 		e->last_generation = -1;
 		e->copy_epoch = 0;
+		e->copy_first = false;
 		e->unable = false;
 	}
 	return e;
@@ -484,13 +486,14 @@ cp_ends_index(char *const *ends, int nends)
 	for (int i = 0; i < nends; i++)
 	{
 		/*
-		 * "stream/shard=next_seq[:last_generation:copy_epoch]": the end
-		 * follows the last '='; the generation of the last record and the
-		 * copy's epoch (agent_held_ends) come with it when every record
-		 * written was durable.
+		 * "stream/shard=next_seq[:last_generation:copy_epoch[:first]]":
+		 * the end follows the last '='; the generation of the last record,
+		 * the copy's epoch and whether it is the copy's first in the boot
+		 * (agent_held_ends) come with it when every record written was
+		 * durable.
 		 */
 		const char *eq = strrchr(ends[i], '=');
-		int64		nums[3] = {-1, -1, 0};
+		int64		nums[4] = {-1, -1, 0, 0};
 		int			nnums = 0;
 		bool		bad = false;
 		const char *p;
@@ -517,23 +520,24 @@ cp_ends_index(char *const *ends, int nends)
 			p = tail;
 			if (*p == '\0')
 				break;
-			if (*p != ':' || nnums == 3)
+			if (*p != ':' || nnums == 4)
 			{
 				bad = true;
 				break;
 			}
 			p++;
 		}
-		if (bad || (nnums != 1 && nnums != 3))
+		if (bad || nnums == 2 || (nnums == 4 && nums[3] > 1))
 			continue;
 		e = index_probe(index, true, 0, ends[i], (int) (eq - ends[i]), -1);
 		if (e->end < 0)
 		{
 			e->end = nums[0];
-			if (nnums == 3 && nums[2] > 0)
+			if (nnums >= 3 && nums[2] > 0)
 			{
 				e->last_generation = nums[1];
 				e->copy_epoch = nums[2];
+				e->copy_first = nums[3] == 1;
 			}
 		}
 	}
@@ -587,7 +591,21 @@ cp_node_copy(const CpNode *n, const char *stream, int shard, CpCopy *copy)
 	copy->end = e->end;
 	copy->last_generation = e->last_generation;
 	copy->token = psprintf("%s#" INT64_FORMAT, n->boot, e->copy_epoch);
+	copy->first_token = e->copy_first ? cp_first_copy_token(n) : NULL;
 	return true;
+}
+
+char *
+cp_first_copy_token(const CpNode *n)
+{
+	return psprintf("%s#0", n->boot);
+}
+
+bool
+cp_copy_kept(const CpCopy *copy, const char *token)
+{
+	return strcmp(copy->token, token) == 0 ||
+		(copy->first_token != NULL && strcmp(copy->first_token, token) == 0);
 }
 
 int64

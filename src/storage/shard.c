@@ -223,6 +223,7 @@ shard_allocate(const FelixShardSpec *spec)
 	s->phase = FELIX_SHARD_CLOSED;
 	s->start_seq = s->written_end = s->written_base = 0;
 	s->last_generation = s->copy_epoch = 0;
+	s->copy_beginnings = 0;
 	s->flushed_end = s->hwm_end = s->total_bytes = 0;
 	s->retention_bytes = spec->retention_bytes;
 	s->retention_ms = spec->retention_ms;
@@ -304,6 +305,7 @@ shard_read_positions(FelixShard *s, FelixShardPositions *p)
 	p->written_end = s->written_end;
 	p->last_generation = s->last_generation;
 	p->copy_epoch = s->copy_epoch;
+	p->copy_first = s->copy_beginnings == 1;
 	p->flushed_end = s->flushed_end;
 	p->hwm_end = s->hwm_end;
 	p->total_bytes = s->total_bytes;
@@ -523,6 +525,7 @@ shard_open_locked(FelixShard *s)
 	s->hwm_persisted = persisted;
 	SpinLockAcquire(&s->mutex);
 	s->copy_epoch = next_copy_epoch();
+	s->copy_beginnings++;
 	s->role = FELIX_ROLE_FOLLOWER;
 	s->generation = generation;
 	s->lease_expiry_ns = 0;
@@ -1128,6 +1131,7 @@ shard_begin_at_locked(FelixShard *s, uint64 start_seq, uint64 generation)
 	shard_mirror_log(s);
 	SpinLockAcquire(&s->mutex);
 	s->copy_epoch = next_copy_epoch();
+	s->copy_beginnings++;
 	s->flushed_end = s->hwm_end = start_seq;
 	s->copy_stale = false;
 	s->diverged_at = PG_UINT64_MAX;

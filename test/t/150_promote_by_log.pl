@@ -22,6 +22,7 @@
 #      A is known to have kept its log, one copy of three is not enough
 #      (C could be a copy put back from a backup), so the shard stays
 #      unplaced and says why.
+# Parts 3 and 4 (below) do the same for a new stream's first generation.
 use strict;
 use warnings;
 
@@ -126,6 +127,75 @@ sub setup
 		'and the control plane says why it is not promoted by log');
 	ok($c->next_seq($a->{felix_name}, $stream) eq '1100' && $c->next_seq($cc->{felix_name}, $stream) eq '1100',
 		'the followers still hold all 1100 records');
+	$c->teardown;
+}
+
+# 3-4. A new stream's first generation: its copies come after the first
+# claim, which records each replica by its boot ("<boot>#0").  The leader
+# is killed after 1000 acknowledged records, with the reports forged to
+# "nobody caught up".
+#   3. The followers' copies are their first in the boot recorded: one of
+#      them leads generation 2, promoted by its log, with all 1000.
+#   4. One follower was started again after the claim (its boot is not
+#      the one recorded): one copy of three counts, nobody is promoted.
+{
+	my $c = FelixCluster->new(nodes => 4, prefix => 'f', store => 'embedded');
+	for my $part (3, 4)
+	{
+		my ($stream, @set) = $c->pick_stream_name("first$part", 3, sub { !grep { $_ eq 'node1' } @_ });
+		$c->create_stream(1, $stream, replication_factor => 3, consistency => 'quorum');
+		my ($l) = $c->wait_leader($stream, 0);
+		my @f = map { $c->node($_) } grep { $_ ne $l->{felix_name} } @set;
+		like(shard_json($c, $stream, "(SELECT string_agg(t, ',') FROM jsonb_array_elements_text(v->'taken_copy_tokens') t)"),
+			qr/^[^,]+#0,[^,]+#0,[^,]+#0$/,
+			"$part: the first claim recorded each of the three replicas by its boot")
+		  or diag(shard_json($c, $stream, 'v::text'));
+		is(shard_json($c, $stream, "v->>'taken_end' || '/' || (v->>'taken_last_generation')"), '0/0',
+			"$part: and the leader's log at the claim as empty (a new shard)");
+		if ($part == 4)
+		{
+			$c->kill_node($f[1]);
+			$c->start_node($f[1]);
+		}
+		$c->wait_shipping($l, $stream, 0, 2, 30);
+		is($l->safe_psql('postgres',
+			"SELECT count(felix_publish('$stream', to_jsonb(i), shard => 0)) FROM generate_series(1, 1000) i"),
+			'1000', "$part: 1000 acknowledged at $l->{felix_name}");
+		FelixCluster::poll(30, sub { !grep { $c->next_seq($_, $stream) ne '1000' } @set }, 0.1) or die 'not level';
+		# the followers' copies have given their logs since (the lapse comes after)
+		$c->kill_node($l);
+		$c->store_edit(sprintf('reports/%s/%06d', $stream, 0),
+			"jsonb_build_object('rows', (SELECT jsonb_agg(r || '{\"acked_end\": 0, \"caught_up\": false}') "
+			  . "FROM jsonb_array_elements(v->'rows') r))");
+		if ($part == 3)
+		{
+			my ($lead, $g2) = eval { $c->wait_leader($stream, 0, min_generation => 2, timeout => 30) };
+			ok($lead && $lead != $l, '3: a follower leads generation 2 ('
+				  . ($lead ? $lead->{felix_name} : 'none') . ')')
+			  or $c->diag_shard($stream, 0);
+			like(slurp_file($c->cp->logfile),
+				qr/stream "$stream" shard 0: \S+ leads generation 2 \(was \S+ at generation 1\), promoted by its log/,
+				'3: promoted by its log');
+			# (readers see up to its mark, which its follower's first answer
+			# at generation 2 brings to the end)
+			my $n = '';
+			FelixCluster::poll(10, sub {
+				$n = $lead ? $lead->safe_psql('postgres', "SELECT count(*) FROM $stream WHERE shard = 0") : '';
+				$n eq '1000' }, 0.1);
+			is($n, '1000', '3: the new leader serves all 1000 records');
+		}
+		else
+		{
+			my ($who, $g2) = eval { $c->wait_leader($stream, 0, min_generation => 2, timeout => 8) };
+			ok(!defined $who, '4: with one copy known to have kept its log, nobody is promoted')
+			  or diag("$who->{felix_name} leads generation $g2");
+			like(slurp_file($c->cp->logfile),
+				qr/stream "$stream" shard 0 is unplaced: .*1 of its 3 copies are known to have kept their log since generation 1 was taken and have given it since the lapse; promotion by log needs 2/,
+				'4: and the control plane says why');
+		}
+		$c->start_node($l);
+		$c->wait_alive([ map { $c->name_of($_) } 1 .. 4 ], 60);
+	}
 	$c->teardown;
 }
 

@@ -306,14 +306,22 @@ extern int64 cp_node_end(const CpNode *n, const char *stream, int shard);
  * the generation of its last record and its copy epoch
  * (agent_held_ends).  token is "<boot>#<copy epoch>": while a node's
  * token for a shard stays the same, its log there has lost nothing.
+ * first_token is "<boot>#0" while that epoch is the copy's first in the
+ * boot (else NULL): a copy that never began again since the boot started
+ * has lost nothing it stored in that boot.
  */
 typedef struct CpCopy
 {
 	int64		end;
 	int64		last_generation;
 	char	   *token;
+	char	   *first_token;
 } CpCopy;
 extern bool cp_node_copy(const CpNode *n, const char *stream, int shard, CpCopy *copy);
+/* "<boot>#0" of n's current boot: any copy's first epoch in it */
+extern char *cp_first_copy_token(const CpNode *n);
+/* Is copy the one a recorded token names (the same, or a first one)? */
+extern bool cp_copy_kept(const CpCopy *copy, const char *token);
 /* the generation of the copy's last record (-1: not given) */
 extern int64 cp_node_last_generation(const CpNode *n, const char *stream, int shard);
 extern const CpClaim *cp_node_claim(const CpNode *n, const char *stream, int shard);

@@ -110,6 +110,9 @@ typedef struct FelixShard
 	 * was taken as holding whatever it stored since (cp_duty.c).
 	 */
 	uint64		copy_epoch;
+	/* (mutex; written with the tail held) how many epochs the slot's log
+	 * had in this server start: 1 while its first beginning lasts */
+	uint32		copy_beginnings;
 	uint64		flushed_end;	/* durable on this node (flush_lock) */
 	uint64		hwm_end;		/* readers see [start_seq, hwm_end) */
 	uint64		total_bytes;	/* copy of log.total_bytes */
@@ -224,6 +227,7 @@ typedef struct FelixShardPositions
 	uint64		written_end;
 	uint64		last_generation;
 	uint64		copy_epoch;
+	bool		copy_first;		/* copy_beginnings == 1 */
 	uint64		flushed_end;
 	uint64		hwm_end;
 	uint64		total_bytes;
