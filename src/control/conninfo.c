@@ -318,10 +318,37 @@ felix_cp_conninfo(void)
 	return merge(felix_control_conninfo, false);
 }
 
+/*
+ * The ship worker asks for the same few peers' conninfo for every
+ * follower it ships to, each heartbeat interval: what merge made of each
+ * address is kept.  It depends on the address alone, as this node's own
+ * conninfo (felix.node_conninfo) is fixed at server start.
+ */
+#define PEER_CONNINFO_KEPT	64
+
 char *
 felix_peer_conninfo(const char *peer)
 {
-	return merge(peer, true);
+	static char *address[PEER_CONNINFO_KEPT];
+	static char *merged[PEER_CONNINFO_KEPT];
+	static int	next = 0;
+	int			i;
+
+	for (i = 0; i < PEER_CONNINFO_KEPT && address[i] != NULL; i++)
+		if (strcmp(address[i], peer) == 0)
+			return pstrdup(merged[i]);
+	if (i == PEER_CONNINFO_KEPT)
+	{
+		/* full: the oldest entry makes room */
+		i = next;
+		next = (next + 1) % PEER_CONNINFO_KEPT;
+		pfree(address[i]);
+		pfree(merged[i]);
+		address[i] = NULL;
+	}
+	merged[i] = MemoryContextStrdup(TopMemoryContext, merge(peer, true));
+	address[i] = MemoryContextStrdup(TopMemoryContext, peer);
+	return pstrdup(merged[i]);
 }
 
 /* ---------------------------------------------------------------------
