@@ -719,17 +719,21 @@ end_work(void)
 	MemoryContextSwitchTo(work_caller_cxt);
 }
 
-/*
- * Apply every row: first the shards of streams that exist here (lease
- * renewals must not wait behind a table creation), then create the missing
- * streams, then apply their rows, each step in its own transaction.
- */
+/* Is the heartbeat's budget for costly rows spent?  (0: no budget) */
 static bool
 past(int64 deadline_ns)
 {
 	return deadline_ns > 0 && felix_monotonic_ns() >= deadline_ns;
 }
 
+/*
+ * Apply every row: first the shards of streams that exist here (lease
+ * renewals must not wait behind a table creation), then create the missing
+ * streams, then apply their rows, each step in its own transaction.  Once
+ * deadline_ns is past, rows that would open a shard, take a lead or create
+ * a stream are marked deferred and left as they were: the next heartbeat
+ * brings them again (their known rows stay unapplied).
+ */
 void
 agent_apply(AgentRow *rows, int nrows, int64 deadline_ns)
 {
