@@ -195,10 +195,15 @@ SELECT felix.cp_report(:'l0', format('[{"stream":"orders","shard":0,"generation"
        :'f0', pg_temp.inc(:'f0'))::jsonb, 50) AS accepted_older_token;
 SELECT acked_end, caught_up FROM felix.replica_reports WHERE stream = 'orders' AND shard = 0 AND follower = :'f0';
 -- A quorum shard's report that says what the store holds lands without a
--- write (the leader's periodic refresh).
+-- write (the leader's periodic refresh).  A call's rows on one shard are
+-- taken together wherever they are in it: here another shard's row comes
+-- between them (taken apart, the first row's follower would count as left
+-- out of the second's report, no longer caught up, and be rewritten).
 SELECT mod_revision AS rr FROM felix.store_read('reports/orders/000000') \gset
-SELECT felix.cp_report(:'l0', format('[{"stream":"orders","shard":0,"generation":1,"follower":"%s","incarnation":"%s","acked_end":10,"caught_up":true},{"stream":"orders","shard":0,"generation":1,"follower":"%s","incarnation":"%s","acked_end":4,"caught_up":false}]',
-       :'f0', pg_temp.inc(:'f0'), :'g0', pg_temp.inc(:'g0'))::jsonb, 110, pg_temp.inc(:'l0')) AS accepted_same;
+SELECT felix.cp_report(:'l0', format('[{"stream":"orders","shard":0,"generation":1,"follower":"%s","incarnation":"%s","acked_end":10,"caught_up":true},{"stream":"orders","shard":1,"generation":1,"follower":"%s","incarnation":"%s","acked_end":0,"caught_up":false},{"stream":"orders","shard":0,"generation":1,"follower":"%s","incarnation":"%s","acked_end":4,"caught_up":false}]',
+       :'f0', pg_temp.inc(:'f0'), :'f0', pg_temp.inc(:'f0'), :'g0', pg_temp.inc(:'g0'))::jsonb, 110, pg_temp.inc(:'l0')) AS accepted_same;
+SELECT follower = :'f0' AS is_f0, acked_end, caught_up FROM felix.replica_reports
+ WHERE stream = 'orders' AND shard = 0 ORDER BY acked_end DESC;
 SELECT mod_revision = :rr AS not_rewritten FROM felix.store_read('reports/orders/000000');
 -- Malformed calls are refused whole (22023).
 SELECT felix.cp_report(:'l0', '{}'::jsonb);

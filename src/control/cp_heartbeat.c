@@ -281,6 +281,19 @@ holder_silent(const CpNode *holder)
 }
 
 /*
+ * The stream of s, *last if it is that one: a snapshot's shards come in
+ * key order, a stream's together, so a loop over them looks up each
+ * stream once.
+ */
+static CpStream *
+stream_of(const CpSnapshot *snap, const CpShard *s, CpStream **last)
+{
+	if (*last == NULL || strcmp((*last)->name, s->stream) != 0)
+		*last = cp_snapshot_stream(snap, s->stream);
+	return *last;
+}
+
+/*
  * Does the lease claimed at the node's last answer (claims/<node> as prev
  * holds it) say the node holds s at its generation, with this lease?
  */
@@ -340,11 +353,13 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 		int			nops = 0;
 		int			takes = 0;
 		bool	   *granted;
+		bool	   *unclaimed;
+		CpStream   *last = NULL;
 		int64		rev;
 		FelixStoreStatus st;
 		int			room;
 
-		felix_store_serialize();
+		cp_serialize();
 		(void) cp_snapshot_read(&snap, false, ERROR);
 		prev = cp_snapshot_node(&snap, a->node);
 		room = snap.nreports + snap.nshards + 5;
@@ -360,6 +375,14 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 		if (a->seen_store_id && snap.store_id &&
 			strcmp(a->seen_store_id, snap.store_id) == 0 &&
 			a->seen_revision > snap.revision)
+		{
+			/*
+			 * Revisions drawn from the older copy's sequence name other
+			 * writes than the same revisions of the latest state did:
+			 * once that is back, a read of what changed since would miss
+			 * some.  So the next read reads everything.
+			 */
+			cp_snapshot_forget();
 			ereport(ERROR,
 					(errcode(MAKE_SQLSTATE('5', '5', 'F', '0', '7')),
 					 errmsg("the control-plane store is older than what node \"%s\" has seen of it: it is at revision " INT64_FORMAT ", and the node saw revision " INT64_FORMAT,
@@ -367,6 +390,7 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 					 errdetail("The store %s was put back from an older copy (a backup, or a standby that was behind); serving it would hand out generations and leases that were handed out already.",
 							   snap.store_id),
 					 errhint("Bring back the store's latest state: its synchronous standby, or the etcd members' data.  If that is lost for good, see \"The control-plane store went back in time\" in docs/operations.md.")));
+		}
 		cmps = palloc0(sizeof(FelixStoreCmp) * (room + 3));
 		ops = palloc0(sizeof(FelixStoreOp) * (room + 3));
 		granted = palloc0(sizeof(bool) * (snap.nshards + 1));
@@ -514,7 +538,7 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 			CpClaim    *c;
 
 			if (s->leader == NULL || strcmp(s->leader, a->node) != 0 ||
-				cp_snapshot_stream(&snap, s->stream) == NULL)
+				stream_of(&snap, s, &last) == NULL)
 				continue;
 			/* only the incarnation granted, and only while it can serve it */
 			if (s->leader_incarnation == NULL ||
@@ -652,18 +676,34 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 		out->rows = palloc0(sizeof(CpAssignment) * (snap.nshards + 1));
 		out->snap = palloc(sizeof(CpSnapshot));
 		*out->snap = snap;
+
+		/*
+		 * A lease claimed at the node's last answer and not now: only a
+		 * shard in claims/<node> can be one (the loop below looks up
+		 * claims only for the shards claimed now).
+		 */
+		unclaimed = palloc0(sizeof(bool) * (snap.nshards + 1));
+		for (int k = 0; prev && k < prev->nclaims; k++)
+		{
+			CpShard    *s = cp_snapshot_shard(&snap, prev->claims[k].stream, prev->claims[k].shard);
+
+			if (s != NULL && !granted[s - snap.shards])
+				unclaimed[s - snap.shards] = claimed_before(prev, s, a->lease_ms);
+		}
+		last = NULL;
 		for (int i = 0; i < snap.nshards; i++)
 		{
 			CpShard    *s = &snap.shards[i];
-			CpStream   *st2 = cp_snapshot_stream(&snap, s->stream);
-			CpNode	   *leader = cp_snapshot_node(&snap, s->leader);
+			CpStream   *st2 = stream_of(&snap, s, &last);
+			CpNode	   *leader;
 			CpAssignment *r;
 
 			if (st2 == NULL)
 				continue;
 			if (!out->full && s->rev <= a->known_state && st2->rev <= a->known_state &&
-				granted[i] == claimed_before(prev, s, a->lease_ms))
+				!unclaimed[i] && (!granted[i] || claimed_before(prev, s, a->lease_ms)))
 				continue;
+			leader = cp_snapshot_node(&snap, s->leader);
 			r = &out->rows[out->n++];
 			r->shard = s;
 			r->stream = st2;
@@ -695,7 +735,7 @@ cp_name_clash(const char *node, const char *incarnation, const char *conninfo)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("node \"%s\": a name clash names the refused server's incarnation and address", node),
 				 errhint("This is felix's internal protocol; node and control plane may run different felix versions.")));
-	felix_store_serialize();
+	cp_serialize();
 	(void) cp_snapshot_read(&snap, false, ERROR);
 	holder = cp_snapshot_node(&snap, node);
 	if (holder == NULL || strcmp(holder->incarnation, incarnation) == 0 ||

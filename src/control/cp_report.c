@@ -138,10 +138,61 @@ same_report(const CpReport *stored, const CpReport *row)
 		stored->position == row->position;
 }
 
+static int
+row_order(const void *a, const void *b, void *arg)
+{
+	const CpReportRow *rows = arg;
+	const CpReportRow *x = &rows[*(const int *) a];
+	const CpReportRow *y = &rows[*(const int *) b];
+	int			c = strcmp(x->stream, y->stream);
+
+	if (c != 0)
+		return c;
+	if (x->shard != y->shard)
+		return x->shard < y->shard ? -1 : 1;
+	return *(const int *) a - *(const int *) b;
+}
+
+/*
+ * Chain the rows shard by shard: next[i] is the next row after i (in the
+ * call's order) on the same shard, -1 after the last.  Returns the most
+ * rows one shard has.  A leader's call names thousands of rows: looking
+ * for each one's companions in all of them was quadratic.
+ */
+static int
+chain_rows(const CpReportRow *rows, int nrows, int *next)
+{
+	int		   *order = palloc(sizeof(int) * (nrows + 1));
+	int			most = 0;
+	int			run = 0;
+
+	for (int i = 0; i < nrows; i++)
+		order[i] = i;
+	qsort_arg(order, nrows, sizeof(int), row_order, (void *) rows);
+	for (int k = 0; k < nrows; k++)
+	{
+		bool		same = k + 1 < nrows &&
+			rows[order[k + 1]].shard == rows[order[k]].shard &&
+			strcmp(rows[order[k + 1]].stream, rows[order[k]].stream) == 0;
+
+		next[order[k]] = same ? order[k + 1] : -1;
+		run++;
+		most = Max(most, run);
+		if (!same)
+			run = 0;
+	}
+	pfree(order);
+	return most;
+}
+
 int
 cp_report(const char *leader, const CpReportRow *rows, int nrows, int64 token,
 		  const char *incarnation)
 {
+	int		   *next = palloc(sizeof(int) * (nrows + 1));
+	int			most = chain_rows(rows, nrows, next);
+	const char **named = palloc0(sizeof(char *) * (most + 1));
+
 	for (int attempt = 0; attempt < CP_MAX_ATTEMPTS; attempt++)
 	{
 		CpSnapshot	snap;
@@ -158,7 +209,7 @@ cp_report(const char *leader, const CpReportRow *rows, int nrows, int64 token,
 		CpNode	   *me;
 		int64		leader_beat;
 
-		felix_store_serialize();
+		cp_serialize();
 		/*
 		 * The first read may be a moment stale: the transaction compares the
 		 * shard's assignment and the reports key as read, so a stale read
@@ -180,7 +231,6 @@ cp_report(const char *leader, const CpReportRow *rows, int nrows, int64 token,
 			const CpReports *stored;
 			CpReports	out;
 			int			nnamed = 0;
-			const char **named = palloc0(sizeof(char *) * (nrows + 1));
 			bool		changed = false;
 			int64		now = cp_now_ms();
 			CpStream   *def;
@@ -197,14 +247,12 @@ cp_report(const char *leader, const CpReportRow *rows, int nrows, int64 token,
 			else
 				memset(&out, 0, sizeof(out));
 
-			for (int j = i; j < nrows; j++)
+			for (int j = i; j >= 0; j = next[j])
 			{
 				const CpReportRow *r = &rows[j];
 				CpReport   *have;
 				CpReport	row;
 
-				if (done[j] || r->shard != shard || strcmp(r->stream, stream) != 0)
-					continue;
 				done[j] = true;
 				/*
 				 * Compare-and-set: the reporter leads this shard at exactly the

@@ -171,7 +171,7 @@ cp_create_stream(const CpCreateArgs *a)
 	FelixStoreStatus rc;
 
 	cp_validate_create(a);
-	felix_store_serialize();
+	cp_serialize();
 	/* what placement needs: the stream's key, the nodes, who is alive */
 	(void) cp_snapshot_read_parts(&snap, (const char *[]) {cp_key_stream(a->name), "nodes/", CP_KEY_ALIVE},
 								  3, ERROR);
@@ -313,7 +313,7 @@ cp_drop_stream(const char *name, const char *creation_id, bool missing_ok)
 					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 					 errmsg("a stream name and creation id must not be NULL"),
 					 errhint("Pass the name and creation_id of the stream to drop.")));
-		felix_store_serialize();
+		cp_serialize();
 		(void) cp_snapshot_read(&snap, false, ERROR);
 		st = cp_snapshot_stream(&snap, name);
 		if (st == NULL || strcmp(st->creation_id, creation_id) != 0)
@@ -472,7 +472,7 @@ cp_move_replica(const char *stream, int shard, const char *from_node, const char
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("stream \"%s\" shard %d: from_node and to_node must not be NULL", stream, shard),
 				 errhint("Name the replica that goes and the node that replaces it.")));
-	felix_store_serialize();
+	cp_serialize();
 	(void) cp_snapshot_read(&snap, false, ERROR);
 	s = cp_snapshot_shard(&snap, stream, shard);
 	if (s == NULL)
@@ -558,7 +558,7 @@ cp_remove_node(const char *node)
 	int64		rev;
 
 	cp_check_node_name(node);
-	felix_store_serialize();
+	cp_serialize();
 	(void) cp_snapshot_read(&snap, false, ERROR);
 	n = cp_snapshot_node(&snap, node);
 	if (n == NULL)

@@ -72,11 +72,13 @@ felix_cp_open(FelixCpSession *s, const char *application_name, int timeout_ms, i
 	felix_require_preload();
 	s->timeout_ms = timeout_ms;
 	s->conn = NULL;
+	s->warm = false;
 	if (felix_store_is_etcd())
 		return true;
 	s->conn = felix_conn_open(felix_cp_conninfo(), CP_PURPOSE, application_name,
 							  timeout_ms, elevel);
-	if (s->conn != NULL && !felix_conn_set_statement_timeout(s->conn, timeout_ms, elevel))
+	if (s->conn != NULL &&
+		!felix_conn_set_statement_timeout(s->conn, Max(timeout_ms, FELIX_CP_CALL_TIMEOUT_MS), elevel))
 	{
 		felix_conn_close(s->conn);
 		s->conn = NULL;
@@ -97,15 +99,41 @@ felix_cp_usable(FelixCpSession *s)
 	return felix_store_is_etcd() || felix_conn_usable(s->conn);
 }
 
-/* An embedded call on the session; NULL (reported at elevel) on failure. */
+/*
+ * An embedded call on the session; NULL (reported at elevel) on failure.
+ *
+ * The first call that reads the state (every one but LISTEN) may take up
+ * to FELIX_CP_CALL_TIMEOUT_MS, whatever the session's own timeout: the
+ * backend serving a new session reads and decodes the whole state, most
+ * of a second at thousands of shards on a busy host.  Cut at the
+ * heartbeat's 1 s, the session closed with its copy, and the next one
+ * started cold again: after the host restarted, no heartbeat got through.
+ * Once one has, the session's own timeout applies, on both ends.
+ */
 static PGresult *
 remote(FelixCpSession *s, const char *fn, const char *sql, int nparams,
 	   const char *const *values, int elevel)
 {
-	PGresult   *res = felix_conn_exec(s->conn, fn, sql, nparams, values, s->timeout_ms, elevel);
+	bool		reads = strcmp(fn, "LISTEN") != 0;
+	bool		cold = !s->warm && reads;
+	PGresult   *res = felix_conn_exec(s->conn, fn, sql, nparams, values,
+									  cold ? Max(s->timeout_ms, FELIX_CP_CALL_TIMEOUT_MS) : s->timeout_ms,
+									  elevel);
 
 	if (res == NULL && !felix_conn_usable(s->conn))
 		felix_cp_close(s);
+	else if (cold && felix_conn_usable(s->conn))
+	{
+		s->warm = true;
+		if (s->timeout_ms < FELIX_CP_CALL_TIMEOUT_MS &&
+			!felix_conn_set_statement_timeout(s->conn, s->timeout_ms, elevel))
+		{
+			if (res != NULL)
+				PQclear(res);
+			felix_cp_close(s);
+			return NULL;
+		}
+	}
 	return res;
 }
 

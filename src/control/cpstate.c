@@ -117,7 +117,7 @@ cp_snapshot_read_attempt(CpSnapshot *snap, int attempt)
 {
 	if (attempt > 0)
 		cp_backoff(attempt);
-	felix_store_serialize();
+	cp_serialize();
 	(void) cp_snapshot_read(snap, false, ERROR);
 }
 
@@ -1149,6 +1149,8 @@ typedef struct StateCache
 	int64		since;			/* newest mod_revision held */
 	int64		revision;		/* the store's revision at the last read */
 	bool		need_full;
+	bool		read_own_writes;	/* read after this transaction wrote */
+	uint64		conflicts;		/* felix_store_conflicts() as of the last read */
 	int64		full_at_ns;
 	uint64		reads;			/* whole reads so far */
 	int64		live_bytes;		/* about what the records in use take */
@@ -1306,12 +1308,21 @@ snap_add(CpSnapshot *snap, const CachedKey *e)
 	}
 }
 
+/*
+ * An abort undoes this transaction's writes to the embedded store; if the
+ * copy read after one of them, it may hold values that never were.  (An
+ * abort before any write -- a heartbeat that timed out reading -- leaves
+ * the copy good: throwing it away then made the next call slower still.)
+ */
 static void
 cache_xact_callback(XactEvent event, void *arg)
 {
 	if ((event == XACT_EVENT_ABORT || event == XACT_EVENT_PARALLEL_ABORT) &&
-		!felix_store_is_etcd())
+		cache.read_own_writes)
 		cache.need_full = true;
+	if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_ABORT ||
+		event == XACT_EVENT_PARALLEL_COMMIT || event == XACT_EVENT_PARALLEL_ABORT)
+		cache.read_own_writes = false;
 	if ((event == XACT_EVENT_COMMIT || event == XACT_EVENT_ABORT) && !IsBackgroundWorker)
 		cp_snapshot_quiesce();
 }
@@ -1320,7 +1331,7 @@ static void
 cache_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 					   SubTransactionId parentSubid, void *arg)
 {
-	if (event == SUBXACT_EVENT_ABORT_SUB && !felix_store_is_etcd())
+	if (event == SUBXACT_EVENT_ABORT_SUB && cache.read_own_writes)
 		cache.need_full = true;
 }
 
@@ -1500,6 +1511,15 @@ cache_refresh(bool guarded, int64 *revision, int elevel)
 		cache.store = MemoryContextStrdup(cache.cxt, tag);
 		cache.need_full = true;
 	}
+	/*
+	 * The embedded store's rules compare under its lock, which no other
+	 * writer holds meanwhile: a compare that failed since the last read
+	 * compared this copy with a store that holds something else (keys
+	 * rewritten by hand, the store put back).
+	 */
+	if (!felix_store_is_etcd() && felix_store_conflicts() != cache.conflicts)
+		cache.need_full = true;
+	cache.conflicts = felix_store_conflicts();
 	full = cache.need_full || now - cache.full_at_ns >= CACHE_FULL_READ_NS;
 	if (!full)
 	{
@@ -1515,6 +1535,7 @@ cache_refresh(bool guarded, int64 *revision, int elevel)
 			full = strcmp(kvs[i].key, FELIX_STORE_KEY_DELETIONS) == 0;
 		if (!full)
 		{
+			cache.read_own_writes |= !felix_store_is_etcd() && felix_store_table_wrote();
 			for (int i = 0; i < n; i++)
 				cache_put(&kvs[i], false);
 			cache.since = Max(cache.since, complete_to);
@@ -1527,6 +1548,7 @@ cache_refresh(bool guarded, int64 *revision, int elevel)
 		: felix_store_range("", true, &kvs, &n, revision, elevel);
 	if (st != FELIX_STORE_OK)
 		return false;
+	cache.read_own_writes |= !felix_store_is_etcd() && felix_store_table_wrote();
 	cache.reads++;
 	cache.since = 0;
 	for (int i = 0; i < n; i++)
@@ -1645,6 +1667,39 @@ snap_build_uncached(CpSnapshot *snap, const FelixKV *kvs, int n)
 	}
 	snap_build(snap, entries, m);
 	snap->index = index_snapshot(snap);
+}
+
+/*
+ * Serialize with the store's other writers (felix_store_serialize), this
+ * process's copy of the state brought up to date first.  A cold copy (a
+ * new session, or a whole read due) decodes every record, which takes
+ * most of a second at thousands of shards: done under the embedded
+ * store's lock, it held up every other caller, and after the host
+ * restarted each heartbeat timed out behind the others, its session
+ * closed, and the next one was cold again.  Read here, outside the lock,
+ * the read under it brings only what changed meanwhile.  A copy that is
+ * warm is left to that read.  (On etcd there is no lock.)
+ */
+void
+cp_serialize(void)
+{
+	if (!felix_store_is_etcd())
+	{
+		int64		revision;
+
+		if (!cache.enabled && !IsBackgroundWorker)
+			cp_snapshot_cache_enable();
+		if (cache.enabled && (cache.keys == NULL || cache.need_full ||
+							  felix_monotonic_ns() - cache.full_at_ns >= CACHE_FULL_READ_NS))
+			(void) cache_refresh(false, &revision, DEBUG1);
+	}
+	felix_store_serialize();
+}
+
+void
+cp_snapshot_forget(void)
+{
+	cache.need_full = true;
 }
 
 bool

@@ -145,6 +145,15 @@ felix_store_range_changed(const char *prefix, int64 changed_after, bool guarded,
 	return FELIX_STORE_OK;
 }
 
+/* Transactions of this process whose compares failed (felix_store_conflicts). */
+static uint64 conflicts = 0;
+
+uint64
+felix_store_conflicts(void)
+{
+	return conflicts;
+}
+
 FelixStoreStatus
 felix_store_txn(const FelixStoreCmp *cmps, int ncmps, const FelixStoreOp *ops, int nops,
 				int64 *revision, int elevel)
@@ -191,6 +200,8 @@ felix_store_txn(const FelixStoreCmp *cmps, int ncmps, const FelixStoreOp *ops, i
 		nops = n;
 	}
 	st = felix_store()->txn(cmps, ncmps, ops, nops, revision, elevel);
+	if (st == FELIX_STORE_CONFLICT)
+		conflicts++;
 
 	count(st, start);
 	for (int i = 0; i < nops; i++)

@@ -27,7 +27,94 @@
 #include "catalog/pg_type.h"
 #include "control/store.h"
 #include "executor/spi.h"
+#include "storage/proc.h"
 #include "utils/builtins.h"
+
+/*
+ * The statements, each planned once per process: a control-plane host
+ * runs them thousands of times a second, and planning them every time was
+ * a tenth of its idle CPU.  (Plancache plans again when felix.cp_store
+ * changes.)
+ */
+typedef enum TableStmt
+{
+	STMT_ALL,					/* every key, in key order */
+	STMT_ALL_CHANGED,			/* every key written after $1 */
+	STMT_RANGE,					/* keys in [$1, $2), in key order */
+	STMT_RANGE_CHANGED,			/* ... written after $3 */
+	STMT_FROM,					/* keys from $1 on, in key order */
+	STMT_FROM_CHANGED,			/* ... written after $2 */
+	STMT_KEY_CHANGED,			/* key $1, written after $2 */
+	STMT_REVISION_OF,			/* key $1's mod_revision */
+	STMT_PUT,
+	STMT_DELETE,
+	STMT_REVISION,				/* the store's revision */
+	STMT_COUNT
+} TableStmt;
+
+#define KV_COLS		"SELECT key, value, mod_revision FROM felix.cp_store "
+
+/*
+ * Each planned once, for any arguments (CURSOR_OPT_GENERIC_PLAN): every
+ * condition is one an index answers whatever its value.  (What changed
+ * comes in no order: that index is on mod_revision.)
+ */
+static const struct
+{
+	const char *sql;
+	int			nargs;
+	Oid			types[3];
+}			stmt_def[STMT_COUNT] = {
+	[STMT_ALL] = {KV_COLS "ORDER BY key", 0, {InvalidOid}},
+	[STMT_ALL_CHANGED] = {KV_COLS "WHERE mod_revision OPERATOR(pg_catalog.>) $1", 1, {INT8OID}},
+	[STMT_RANGE] = {KV_COLS "WHERE key OPERATOR(pg_catalog.>=) $1 AND key OPERATOR(pg_catalog.<) $2 "
+	"ORDER BY key", 2, {TEXTOID, TEXTOID}},
+	[STMT_RANGE_CHANGED] = {KV_COLS "WHERE key OPERATOR(pg_catalog.>=) $1 AND key OPERATOR(pg_catalog.<) $2 "
+	"AND mod_revision OPERATOR(pg_catalog.>) $3", 3, {TEXTOID, TEXTOID, INT8OID}},
+	[STMT_FROM] = {KV_COLS "WHERE key OPERATOR(pg_catalog.>=) $1 ORDER BY key", 1, {TEXTOID}},
+	[STMT_FROM_CHANGED] = {KV_COLS "WHERE key OPERATOR(pg_catalog.>=) $1 "
+	"AND mod_revision OPERATOR(pg_catalog.>) $2", 2, {TEXTOID, INT8OID}},
+	[STMT_KEY_CHANGED] = {KV_COLS "WHERE key OPERATOR(pg_catalog.=) $1 "
+	"AND mod_revision OPERATOR(pg_catalog.>) $2", 2, {TEXTOID, INT8OID}},
+	[STMT_REVISION_OF] = {"SELECT mod_revision FROM felix.cp_store "
+	"WHERE key OPERATOR(pg_catalog.=) $1", 1, {TEXTOID}},
+	[STMT_PUT] = {"INSERT INTO felix.cp_store AS s (key, value, mod_revision) "
+		"VALUES ($1, $2, $3) ON CONFLICT (key) DO UPDATE "
+	"SET value = EXCLUDED.value, mod_revision = EXCLUDED.mod_revision", 3, {TEXTOID, TEXTOID, INT8OID}},
+	[STMT_DELETE] = {"DELETE FROM felix.cp_store WHERE key OPERATOR(pg_catalog.=) $1", 1, {TEXTOID}},
+	[STMT_REVISION] = {"SELECT CASE WHEN is_called THEN last_value ELSE 0 END "
+	"FROM felix.cp_store_revision", 0, {InvalidOid}},
+};
+
+static SPIPlanPtr stmt_plan[STMT_COUNT];
+
+/* Run statement which (inside SPI_connect) with its arguments. */
+static int
+run_stmt(TableStmt which, Datum *values, long count)
+{
+	if (stmt_plan[which] == NULL)
+	{
+		SPIPlanPtr	plan;
+
+		plan = SPI_prepare_cursor(stmt_def[which].sql, stmt_def[which].nargs,
+								  (Oid *) stmt_def[which].types, CURSOR_OPT_GENERIC_PLAN);
+		if (plan == NULL || SPI_keepplan(plan) != 0)
+			elog(ERROR, "felix: could not prepare a statement on felix.cp_store: %s",
+				 SPI_result_code_string(SPI_result));
+		stmt_plan[which] = plan;
+	}
+	return SPI_execute_plan(stmt_plan[which], values, NULL, false, count);
+}
+
+/* The local transaction that last wrote (felix_store_table_wrote). */
+static LocalTransactionId wrote_lxid = InvalidLocalTransactionId;
+
+bool
+felix_store_table_wrote(void)
+{
+	return wrote_lxid != InvalidLocalTransactionId && MyProc != NULL &&
+		wrote_lxid == MyProc->lxid;
+}
 
 static int64
 current_revision(void)
@@ -35,9 +122,7 @@ current_revision(void)
 	bool		isnull;
 	int64		rev;
 
-	if (SPI_execute("SELECT CASE WHEN is_called THEN last_value ELSE 0 END "
-					"FROM felix.cp_store_revision", false, 1) != SPI_OK_SELECT ||
-		SPI_processed != 1)
+	if (run_stmt(STMT_REVISION, NULL, 1) != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "felix: could not read felix.cp_store_revision");
 	rev = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 	return isnull ? 0 : rev;
@@ -47,44 +132,44 @@ static FelixStoreStatus
 table_range(const char *key, bool prefix, bool guarded, int64 changed_after,
 			FelixKV **kvs, int *nkvs, int64 *revision, int elevel)
 {
-	Oid			types[3] = {TEXTOID, TEXTOID, INT8OID};
 	Datum		values[3];
 	int			rc;
 	MemoryContext caller = CurrentMemoryContext;
 
 	SPI_connect();
-	values[0] = CStringGetTextDatum(key);
-	values[2] = Int64GetDatum(changed_after);
-	if (prefix)
+	if (prefix && key[0] == '\0')
 	{
-		/* the first key past the prefix, in byte ("C") order */
+		values[0] = Int64GetDatum(changed_after);
+		rc = run_stmt(changed_after > 0 ? STMT_ALL_CHANGED : STMT_ALL, values, 0);
+	}
+	else if (prefix)
+	{
+		/* the first key past the prefix, in byte ("C") order, if any */
 		char	   *end = pstrdup(key);
 		int			len = strlen(end);
 
 		while (len > 0 && (unsigned char) end[len - 1] == 0xff)
 			end[--len] = '\0';
+		values[0] = CStringGetTextDatum(key);
 		if (len > 0)
+		{
 			end[len - 1]++;
-		values[1] = CStringGetTextDatum(len > 0 ? end : key);
-		/* what changed comes in no order: its index is on mod_revision */
-		rc = SPI_execute_with_args(changed_after > 0
-								   ? "SELECT key, value, mod_revision FROM felix.cp_store "
-								   "WHERE mod_revision OPERATOR(pg_catalog.>) $3 "
-								   "AND key OPERATOR(pg_catalog.>=) $1 "
-								   "AND ($2 OPERATOR(pg_catalog.=) $1 OR key OPERATOR(pg_catalog.<) $2)"
-								   : "SELECT key, value, mod_revision FROM felix.cp_store "
-								   "WHERE key OPERATOR(pg_catalog.>=) $1 "
-								   "AND ($2 OPERATOR(pg_catalog.=) $1 OR key OPERATOR(pg_catalog.<) $2) "
-								   "ORDER BY key",
-								   3, types, values, NULL, false, 0);
+			values[1] = CStringGetTextDatum(end);
+			values[2] = Int64GetDatum(changed_after);
+			rc = run_stmt(changed_after > 0 ? STMT_RANGE_CHANGED : STMT_RANGE, values, 0);
+		}
+		else
+		{
+			/* every key from an all-0xff prefix on has that prefix */
+			values[1] = Int64GetDatum(changed_after);
+			rc = run_stmt(changed_after > 0 ? STMT_FROM_CHANGED : STMT_FROM, values, 0);
+		}
 	}
 	else
 	{
-		values[1] = values[0];
-		rc = SPI_execute_with_args("SELECT key, value, mod_revision FROM felix.cp_store "
-								   "WHERE key OPERATOR(pg_catalog.=) $1 "
-								   "AND mod_revision OPERATOR(pg_catalog.>) $3",
-								   3, types, values, NULL, false, 0);
+		values[0] = CStringGetTextDatum(key);
+		values[1] = Int64GetDatum(changed_after);
+		rc = run_stmt(STMT_KEY_CHANGED, values, 0);
 	}
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "felix: could not read felix.cp_store");
@@ -111,7 +196,6 @@ static FelixStoreStatus
 table_txn(const FelixStoreCmp *cmps, int ncmps, const FelixStoreOp *ops, int nops,
 		  int64 *revision, int elevel)
 {
-	Oid			types[3] = {TEXTOID, TEXTOID, INT8OID};
 	Datum		values[3];
 	int64		rev;
 
@@ -123,9 +207,7 @@ table_txn(const FelixStoreCmp *cmps, int ncmps, const FelixStoreOp *ops, int nop
 		int64		have = 0;
 
 		values[0] = CStringGetTextDatum(cmps[i].key);
-		if (SPI_execute_with_args("SELECT mod_revision FROM felix.cp_store "
-								  "WHERE key OPERATOR(pg_catalog.=) $1",
-								  1, types, values, NULL, false, 1) != SPI_OK_SELECT)
+		if (run_stmt(STMT_REVISION_OF, values, 1) != SPI_OK_SELECT)
 			elog(ERROR, "felix: could not read felix.cp_store");
 		if (SPI_processed == 1)
 		{
@@ -155,6 +237,7 @@ table_txn(const FelixStoreCmp *cmps, int ncmps, const FelixStoreOp *ops, int nop
 
 		rev = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 	}
+	wrote_lxid = MyProc->lxid;
 	for (int i = 0; i < nops; i++)
 	{
 		int			rc;
@@ -164,17 +247,13 @@ table_txn(const FelixStoreCmp *cmps, int ncmps, const FelixStoreOp *ops, int nop
 		{
 			values[1] = CStringGetTextDatum(ops[i].value);
 			values[2] = Int64GetDatum(rev);
-			rc = SPI_execute_with_args("INSERT INTO felix.cp_store AS s (key, value, mod_revision) "
-									   "VALUES ($1, $2, $3) ON CONFLICT (key) DO UPDATE "
-									   "SET value = EXCLUDED.value, mod_revision = EXCLUDED.mod_revision",
-									   3, types, values, NULL, false, 0);
+			rc = run_stmt(STMT_PUT, values, 0);
 			if (rc != SPI_OK_INSERT)
 				elog(ERROR, "felix: could not write felix.cp_store");
 		}
 		else
 		{
-			rc = SPI_execute_with_args("DELETE FROM felix.cp_store WHERE key OPERATOR(pg_catalog.=) $1",
-									   1, types, values, NULL, false, 0);
+			rc = run_stmt(STMT_DELETE, values, 0);
 			if (rc != SPI_OK_DELETE)
 				elog(ERROR, "felix: could not write felix.cp_store");
 		}

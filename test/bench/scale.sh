@@ -45,7 +45,11 @@
 #       session publishes one shard at a time, and a quorum publish takes
 #       some 20 ms on a busy 2-core machine: with 2 sessions a node the
 #       probes alone needed 5 s for a thousand shards (6.8 s measured,
-#       4.0 s with 8), so 8 is the default.
+#       4.0 s with 8), so 8 is the default;
+#   restart (3-node clusters, at RESTART_POINTS): every node stopped
+#       (fast) and started again at once; the time until the cluster has
+#       settled again.  With the embedded store every control-plane
+#       session starts cold then (it once never settled at 3000 shards).
 #
 # Targets (issue 20), judged on the 3-node clusters: idle CPU <= 5% of one
 # core per node (the busiest node) at 30 shards, and at 3000 shards <= 2x
@@ -61,9 +65,10 @@
 # Usage:   test/bench/scale.sh            (as root or as a normal user)
 # Env:     QUICK=1         smoke run, <= 10 minutes: 3 nodes, points 10 and
 #                          300, both stores, 5 s windows, failovers at both
-#                          points (60 s bound)
+#                          points (60 s bound), a restart at 300
 #          STORES="embedded etcd"   NODES="3 5"
 #          POINTS="10 30 300 1000 3000"   FAILOVER_POINTS="10 1000 3000"
+#          RESTART_POINTS="3000"
 #          IDLE_SECONDS=20 LOAD_SECONDS=10 LOAD_RATE=400 LOAD_CLIENTS=4
 #          FO_BOUND=120 PROBE_SESSIONS=8 STREAM_SHARDS=100 MAX_SHARDS=4096
 #          CREATE_FROM=1000 CREATE_N=1000
@@ -92,11 +97,11 @@ ETCD_CLIENT=(23571 23572 23573)
 ETCD_PEER=(23671 23672 23673)
 QUICK=${QUICK:-0}
 if [[ $QUICK == 1 ]]; then
-	NODES=${NODES:-3}; POINTS=${POINTS:-10 300}; FAILOVER_POINTS=${FAILOVER_POINTS:-10 300}
+	NODES=${NODES:-3}; POINTS=${POINTS:-10 300}; FAILOVER_POINTS=${FAILOVER_POINTS:-10 300}; RESTART_POINTS=${RESTART_POINTS:-300}
 	IDLE_SECONDS=${IDLE_SECONDS:-5}; LOAD_SECONDS=${LOAD_SECONDS:-5}; FO_BOUND=${FO_BOUND:-60}
 	BUDGET_MIN=${BUDGET_MIN:-9}; CREATE_FROM=${CREATE_FROM:-10}; CREATE_N=${CREATE_N:-290}
 else
-	NODES=${NODES:-3 5}; POINTS=${POINTS:-10 30 300 1000 3000}; FAILOVER_POINTS=${FAILOVER_POINTS:-10 1000 3000}
+	NODES=${NODES:-3 5}; POINTS=${POINTS:-10 30 300 1000 3000}; FAILOVER_POINTS=${FAILOVER_POINTS:-10 1000 3000}; RESTART_POINTS=${RESTART_POINTS:-3000}
 	IDLE_SECONDS=${IDLE_SECONDS:-20}; LOAD_SECONDS=${LOAD_SECONDS:-10}; FO_BOUND=${FO_BOUND:-120}
 	BUDGET_MIN=${BUDGET_MIN:-55}; CREATE_FROM=${CREATE_FROM:-1000}; CREATE_N=${CREATE_N:-1000}
 fi
@@ -110,11 +115,11 @@ SETTLE_MAX=${SETTLE_MAX:-120}
 KEEP=${KEEP:-0}
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-CMDLINE="QUICK=$QUICK STORES='$STORES' NODES='$NODES' POINTS='$POINTS' FAILOVER_POINTS='$FAILOVER_POINTS' IDLE_SECONDS=$IDLE_SECONDS LOAD_SECONDS=$LOAD_SECONDS LOAD_RATE=$LOAD_RATE FO_BOUND=$FO_BOUND BUDGET_MIN=$BUDGET_MIN $0${*:+ $*}"
+CMDLINE="QUICK=$QUICK STORES='$STORES' NODES='$NODES' POINTS='$POINTS' FAILOVER_POINTS='$FAILOVER_POINTS' RESTART_POINTS='$RESTART_POINTS' IDLE_SECONDS=$IDLE_SECONDS LOAD_SECONDS=$LOAD_SECONDS LOAD_RATE=$LOAD_RATE FO_BOUND=$FO_BOUND BUDGET_MIN=$BUDGET_MIN $0${*:+ $*}"
 
 for arg in "$@"; do
 	case $arg in
-		-h|--help) sed -n '2,75p' "$0"; exit 0 ;;
+		-h|--help) sed -n '2,86p' "$0"; exit 0 ;;
 		*) echo "scale.sh: unknown argument '$arg' (parameters are environment variables; see --help)" >&2; exit 2 ;;
 	esac
 done
@@ -122,7 +127,7 @@ isnum() { [[ $1 =~ ^[0-9]+$ ]]; }
 for v in IDLE_SECONDS LOAD_SECONDS LOAD_RATE LOAD_CLIENTS FO_BOUND PROBE_SESSIONS STREAM_SHARDS MAX_SHARDS BUDGET_MIN CREATE_FROM CREATE_N SETTLE_MAX; do
 	isnum "${!v}" && (( ${!v} >= 1 )) || { echo "scale.sh: $v must be a positive integer" >&2; exit 2; }
 done
-for p in $POINTS $FAILOVER_POINTS; do
+for p in $POINTS $FAILOVER_POINTS $RESTART_POINTS; do
 	isnum "$p" && (( p >= 1 && p <= 20000 )) || { echo "scale.sh: shard points must be 1..20000" >&2; exit 2; }
 done
 for n in $NODES; do [[ $n == 3 || $n == 5 ]] || { echo "scale.sh: NODES holds 3 and/or 5" >&2; exit 2; }; done
@@ -189,7 +194,7 @@ left_s() { awk -v d="$1" -v n="$(now)" 'BEGIN { printf "%d", d - n }'; }	# secon
 # ---------------------------------------------------------------------------
 # Results (keys: <store>-<nodes>-<point>, or <store>-<nodes>)
 # ---------------------------------------------------------------------------
-declare -A ACT IDLE LOADR MEM SETTLE FO CRE GROW SKIP LOAD_ERRS
+declare -A ACT IDLE LOADR MEM SETTLE FO CRE GROW SKIP LOAD_ERRS RS
 HELD=(); LED=()	# per node (1..NN): copies held, shards led, as of the last settle
 ROWS=()			# point keys, in the order measured
 CFGS=()			# configuration keys
@@ -672,6 +677,29 @@ failover() {	# key
 	return 0
 }
 
+# restart_all key: stop every node at once (fast shutdown) and start them
+# again; the time until the cluster has settled (every copy open, every
+# lead with a live lease) is the figure.  With the embedded store every
+# control-plane session then starts with an empty copy of the state.
+restart_all() {
+	local key=$1 k t0
+	PHASE="$key restart of every node"
+	log "  restart of every node at once"
+	for (( k = 1; k <= NN; k++ )); do
+		"${AS_USER[@]}" "$PGBIN/pg_ctl" -D "$(node_dir "$k")" -m fast -w -t 120 stop >/dev/null 2>&1 || true
+	done
+	t0=$(now)
+	for (( k = 1; k <= NN; k++ )); do
+		"${AS_USER[@]}" "$PGBIN/pg_ctl" -D "$(node_dir "$k")" -l "$WORK/server-$FPREFIX$k.log" -w -t 300 start >/dev/null 2>&1 ||
+			{ RS[$key]="node$k did NOT start again"; SANITY+=("$key: node$k did not start again after the restart of every node"); return 0; }
+	done
+	settle
+	RS[$key]=$( ((SETTLED)) && echo "settled $(secs_since "$t0") s after the start" || echo "**NOT settled** $(secs_since "$t0") s after the start: $SETTLE_WHY")
+	log "  restart of every node: ${RS[$key]}"
+	(( SETTLED )) || SANITY+=("$key: after the restart of every node the cluster did not settle within $SETTLE_MAX s ($SETTLE_WHY)")
+	return 0
+}
+
 # ---------------------------------------------------------------------------
 # One point
 # ---------------------------------------------------------------------------
@@ -729,6 +757,13 @@ measure_point() {	# point deadline
 		else
 			FO[$key-run]=1
 			failover "$key"
+		fi
+	fi
+	if [[ $NN == 3 && " $RESTART_POINTS " == *" $P "* ]]; then
+		if (( $(left_s "$deadline") < 60 )); then
+			RS[$key]="skipped (time budget)"; log "  restart of every node skipped (time budget)"
+		else
+			restart_all "$key"
 		fi
 	fi
 	return 0
@@ -856,6 +891,12 @@ write_report() {
 			echo
 			echo "- $key: errors the probes got (count, first 20 distinct per session): ${FO[$key-errs]:-none}"
 			[[ -n ${FO[$key-why]:-} ]] && echo "  - the shards still not publishing at the bound, as felix.assignments had them (leader, generation, reason: count): ${FO[$key-why]}"
+		done
+		echo
+		echo "### Restart of every node at once (3-node clusters, at RESTART_POINTS)"
+		echo
+		for key in "${ROWS[@]}"; do
+			[[ -n ${RS[$key]:-} ]] && echo "- $key: ${RS[$key]}"
 		done
 		echo
 		echo "### Notes"

@@ -49,6 +49,7 @@ typedef struct FelixCpSession
 {
 	PGconn	   *conn;
 	int			timeout_ms;		/* per call */
+	bool		warm;			/* a call that read the state has returned */
 } FelixCpSession;
 
 /* Open; false (reported at elevel) when the control plane cannot be reached. */

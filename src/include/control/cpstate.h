@@ -388,6 +388,16 @@ extern bool cp_snapshot_read(CpSnapshot *snap, bool guarded, int elevel);
  */
 extern void cp_snapshot_cache_enable(void);
 extern void cp_snapshot_quiesce(void);
+/*
+ * The next read reads everything again: the store was found put back
+ * from an older copy, and what this process holds may mix its lines.
+ */
+extern void cp_snapshot_forget(void);
+/*
+ * felix_store_serialize, with this process's copy of the state brought up
+ * to date before (not while) the embedded store's lock is held.
+ */
+extern void cp_serialize(void);
 /* Attempt `attempt` of a rule: back off (after the first), serialize, read it all. */
 extern void cp_snapshot_read_attempt(CpSnapshot *snap, int attempt);
 /*

@@ -124,6 +124,13 @@ extern FelixStoreStatus felix_store_range_changed(const char *prefix, int64 chan
 /* Put by every transaction that deletes a key (felix_store_txn). */
 #define FELIX_STORE_KEY_DELETIONS	"deletions"
 
+/*
+ * How many of this process's transactions found a compare that did not
+ * hold.  With the embedded store, whose rules compare under its lock,
+ * one means the state they read was not the store's.
+ */
+extern uint64 felix_store_conflicts(void);
+
 /* Apply ops at one new revision (*revision) if every compare holds. */
 extern FelixStoreStatus felix_store_txn(const FelixStoreCmp *cmps, int ncmps,
 										const FelixStoreOp *ops, int nops,
@@ -136,6 +143,12 @@ extern FelixStoreStatus felix_store_txn(const FelixStoreCmp *cmps, int ncmps,
  * nothing, and a rule that loses a compare reads again.
  */
 extern void felix_store_serialize(void);
+
+/*
+ * Has this transaction written to the embedded store?  Its reads after
+ * that saw writes that an abort undoes.
+ */
+extern bool felix_store_table_wrote(void);
 
 /* The store this process uses (etcd, or the table in this database). */
 extern const FelixStoreMethods *felix_store(void);
