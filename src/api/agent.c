@@ -321,16 +321,26 @@ apply_row_guts(void *arg)
 
 	if (r->defer_costly)
 	{
-		/* only if its shard is open here, and it takes no new lead */
+		/*
+		 * Only if its shard is open here, and it takes no new lead.  A
+		 * slot another process is still opening (a leader's first
+		 * shipment often comes before the assignment) is not open: its
+		 * opener holds the tail through every sync, and waiting for it is
+		 * the very cost the budget defers.
+		 */
 		FelixShardKey key;
 		FelixShard *open;
+		FelixShardPositions pos;
 
 		memset(&key, 0, sizeof(key));
 		key.dboid = MyDatabaseId;
 		key.relid = stream.relid;
 		key.shard = r->c.shard;
 		open = shard_lookup(&key);
-		if (open == NULL || lease_assignment_takes_lead(open, &r->c.a))
+		if (open != NULL)
+			shard_read_positions(open, &pos);
+		if (open == NULL || !pos.in_use || pos.phase != FELIX_SHARD_OPEN ||
+			lease_assignment_takes_lead(open, &r->c.a))
 		{
 			r->deferred = true;
 			return;
@@ -445,6 +455,7 @@ agent_take_answer(FelixCpShard *shards, int n, const FelixCpAnswer *answer, int6
 	HASH_SEQ_STATUS seq;
 	KnownRow   *k;
 	AgentRow   *rows;
+	int			room;
 	MemoryContext caller = CurrentMemoryContext;
 
 	if (answer->full)
@@ -497,7 +508,9 @@ agent_take_answer(FelixCpShard *shards, int n, const FelixCpAnswer *answer, int6
 	 * t_send, renewed on the spot where the local shard is as the row
 	 * left it, else applied anew with the rest.
 	 */
-	rows = palloc0(sizeof(AgentRow) * (hash_get_num_entries(known_rows) + 1));
+	/* grown as needed: most heartbeats renew every lease on the spot */
+	room = 16;
+	rows = palloc0(sizeof(AgentRow) * room);
 	*nrows = 0;
 	hash_seq_init(&seq, known_rows);
 	while ((k = hash_seq_search(&seq)) != NULL)
@@ -508,6 +521,12 @@ agent_take_answer(FelixCpShard *shards, int n, const FelixCpAnswer *answer, int6
 		if (k->applied && k->slot >= 0 && k->row.bad == NULL &&
 			lease_reassert(k->slot, &k->key, &k->row.a))
 			continue;
+		if (*nrows == room)
+		{
+			rows = repalloc(rows, sizeof(AgentRow) * room * 2);
+			memset(rows + room, 0, sizeof(AgentRow) * room);
+			room *= 2;
+		}
 		r = &rows[(*nrows)++];
 		r->c = k->row;
 		r->c.leader_conninfo = k->row.leader_conninfo ? pstrdup(k->row.leader_conninfo) : pstrdup("");
@@ -740,6 +759,8 @@ agent_apply(AgentRow *rows, int nrows, int64 deadline_ns)
 	int			nmissing = 0;
 	int			ncreated = 0;
 
+	if (nrows == 0)
+		return;					/* every lease renewed in place: no transaction */
 	begin_work("felix: applying the control plane's assignments");
 	{
 		HTAB	   *local = local_stream_names();
