@@ -399,6 +399,45 @@ SELECT count(*) AS header FROM pg_temp.hb_ends(NULL, NULL, :'sid', ARRAY['x/0=6'
 SELECT full_answer AS full_when_stale FROM pg_temp.hb_ends(:e_s, :e_c, :'sid', NULL, true);
 SELECT pg_temp.ends_beat() - :eb AS ends_beats, (SELECT ends FROM felix.nodes WHERE name = 'node_b') AS ends;
 
+-- A leader told what changed since its last answer: nothing while it
+-- claims what it claimed then (however many shards it leads, the
+-- heartbeat then looks only at what changed); a lease it stops claiming,
+-- because it says it cannot serve the shard, and the same lease claimed
+-- again are each in the answer, and nothing else is.
+CREATE TEMP TABLE lead_known (s bigint, c bigint, id text);
+INSERT INTO lead_known VALUES (NULL, NULL, NULL);
+CREATE FUNCTION pg_temp.lead_beat(node text, unable text[])
+    RETURNS TABLE (rows text, full_answer boolean) LANGUAGE plpgsql AS $$
+DECLARE
+    k lead_known;
+    n record;
+BEGIN
+    SELECT * INTO k FROM lead_known;
+    SELECT * INTO n FROM felix.nodes WHERE name = node;
+    CREATE TEMP TABLE beat ON COMMIT DROP AS
+      SELECT h.* FROM felix.cp_heartbeat(node, n.conninfo, n.incarnation, n.starts, n.boot,
+                 unable, lease_ms => 100, seen_store_id => k.id,
+                 known_state => k.s, known_commit => k.c) h;
+    UPDATE lead_known SET s = b.state_revision, c = b.store_revision, id = b.store_id
+      FROM beat b WHERE b.stream IS NULL;
+    RETURN QUERY SELECT coalesce(string_agg(b.stream || '/' || b.shard || ' granted ' || b.lease_granted,
+                                            ', ' ORDER BY b.stream, b.shard)
+                                   FILTER (WHERE b.stream = 'lead2'), '') || ' of '
+                        || count(*) FILTER (WHERE b.stream IS NOT NULL),
+                        bool_or(b.full_answer)
+                   FROM beat b;
+    DROP TABLE beat;
+END $$;
+SELECT felix.cp_create_stream('lead2', 2, 1) IS NOT NULL AS created;
+SELECT leader AS ll FROM felix.assignments WHERE stream = 'lead2' AND shard = 0 \gset
+SELECT full_answer AS first_answer_full FROM pg_temp.lead_beat(:'ll', ARRAY[]::text[]);
+SELECT full_answer FROM pg_temp.lead_beat(:'ll', NULL);
+SELECT rows AS when_nothing_changed, full_answer FROM pg_temp.lead_beat(:'ll', NULL);
+SELECT rows AS when_it_stops_claiming, full_answer FROM pg_temp.lead_beat(:'ll', ARRAY['lead2/0']);
+SELECT rows AS when_nothing_changed, full_answer FROM pg_temp.lead_beat(:'ll', NULL);
+SELECT rows AS when_it_claims_again, full_answer FROM pg_temp.lead_beat(:'ll', ARRAY[]::text[]);
+SELECT rows AS when_nothing_changed, full_answer FROM pg_temp.lead_beat(:'ll', NULL);
+
 -- ---------------------------------------------------------------------
 -- Removing a node
 -- ---------------------------------------------------------------------

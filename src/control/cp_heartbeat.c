@@ -281,19 +281,6 @@ holder_silent(const CpNode *holder)
 }
 
 /*
- * The stream of s, *last if it is that one: a snapshot's shards come in
- * key order, a stream's together, so a loop over them looks up each
- * stream once.
- */
-static CpStream *
-stream_of(const CpSnapshot *snap, const CpShard *s, CpStream **last)
-{
-	if (*last == NULL || strcmp((*last)->name, s->stream) != 0)
-		*last = cp_snapshot_stream(snap, s->stream);
-	return *last;
-}
-
-/*
  * Does the lease claimed at the node's last answer (claims/<node> as prev
  * holds it) say the node holds s at its generation, with this lease?
  */
@@ -317,6 +304,55 @@ ends_unchanged_holds(const CpHeartbeatArgs *a, const CpNode *prev)
 	return a->ends_unchanged && !a->ends_given && a->known_commit > 0 && prev != NULL &&
 		strcmp(prev->boot, a->boot) == 0 && strcmp(prev->incarnation, a->incarnation) == 0 &&
 		prev->ends_rev > 0 && prev->ends_rev <= a->known_commit;
+}
+
+/*
+ * Which shards' assignments the answer holds, by place (see "What the
+ * answer holds" above): every one in a full answer; else those written
+ * after known_state (the shard, or its stream), and those whose lease this
+ * call claims or stops claiming unlike the answer at known_commit left
+ * it.  When the claims written are those claims/<node> held (claims_same)
+ * there is no such lease, so an idle heartbeat looks at what changed only.
+ */
+static bool *
+answered_shards(const CpHeartbeatArgs *a, const CpSnapshot *snap, const CpNode *prev,
+				bool full, bool claims_same, const bool *granted, const int *led, int nled)
+{
+	bool	   *answer = palloc0(sizeof(bool) * (snap->nshards + 1));
+	const int  *since;
+	int			nsince;
+
+	if (full)
+	{
+		memset(answer, true, sizeof(bool) * snap->nshards);
+		return answer;
+	}
+	since = cp_snapshot_shards_since(snap, a->known_state, &nsince);
+	for (int k = 0; k < nsince; k++)
+		answer[since[k]] = true;
+	for (int j = 0; j < snap->nstreams; j++)
+	{
+		if (snap->streams[j].rev <= a->known_state)
+			continue;
+		for (int i = 0; i < snap->nshards; i++)
+			if (cp_snapshot_stream_at(snap, i) == &snap->streams[j])
+				answer[i] = true;
+	}
+	if (claims_same)
+		return answer;
+	/* a lease claimed now, not at the last answer */
+	for (int k = 0; k < nled; k++)
+		if (granted[led[k]] && !claimed_before(prev, &snap->shards[led[k]], a->lease_ms))
+			answer[led[k]] = true;
+	/* ... and one claimed then, not now: only a shard in claims/<node> */
+	for (int k = 0; prev && k < prev->nclaims; k++)
+	{
+		const CpShard *s = cp_snapshot_shard(snap, prev->claims[k].stream, prev->claims[k].shard);
+
+		if (s != NULL && !granted[s - snap->shards] && claimed_before(prev, s, a->lease_ms))
+			answer[s - snap->shards] = true;
+	}
+	return answer;
 }
 
 /* Must the answer be every assignment?  (See "What the answer holds" above.) */
@@ -353,8 +389,10 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 		int			nops = 0;
 		int			takes = 0;
 		bool	   *granted;
-		bool	   *unclaimed;
-		CpStream   *last = NULL;
+		bool	   *answer;
+		bool		claims_same;
+		const int  *led;
+		int			nled;
 		int64		rev;
 		FelixStoreStatus st;
 		int			room;
@@ -506,7 +544,8 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 			me.ends = prev->ends;
 			me.ends_beat = prev->ends_beat;
 		}
-		me.claims = palloc0(sizeof(CpClaim) * (snap.nshards + 1));
+		led = cp_snapshot_led_by(&snap, a->node, &nled);
+		me.claims = palloc0(sizeof(CpClaim) * (nled + 1));
 
 		cmps[ncmps].key = cp_key_node(a->node);
 		cmps[ncmps++].mod_revision = prev ? prev->rev : 0;
@@ -531,14 +570,14 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 			void_reports(&snap, a->node, false, cmps, &ncmps, ops, &nops);
 		}
 
-		for (int i = 0; i < snap.nshards; i++)
+		for (int k = 0; k < nled; k++)
 		{
+			int			i = led[k];
 			CpShard    *s = &snap.shards[i];
 			CpShard		taken;
 			CpClaim    *c;
 
-			if (s->leader == NULL || strcmp(s->leader, a->node) != 0 ||
-				stream_of(&snap, s, &last) == NULL)
+			if (cp_snapshot_stream_at(&snap, i) == NULL)
 				continue;
 			/* only the incarnation granted, and only while it can serve it */
 			if (s->leader_incarnation == NULL ||
@@ -637,8 +676,9 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 		}
 		cmps[ncmps].key = cp_key_claims(a->node);
 		cmps[ncmps++].mod_revision = prev ? prev->claims_rev : 0;
-		if (prev == NULL || prev->claims_rev == 0 ||
-			!cp_claims_equal(me.claims, me.nclaims, prev->claims, prev->nclaims))
+		claims_same = prev != NULL && prev->claims_rev != 0 &&
+			cp_claims_equal(me.claims, me.nclaims, prev->claims, prev->nclaims);
+		if (!claims_same)
 		{
 			ops[nops].key = cmps[ncmps - 1].key;
 			ops[nops++].value = cp_claims_write(me.claims, me.nclaims);
@@ -673,35 +713,18 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 		out->full = full_answer(a, &snap, prev) ||
 			(a->ends_unchanged && !ends_unchanged_holds(a, prev));
 		out->n = 0;
-		out->rows = palloc0(sizeof(CpAssignment) * (snap.nshards + 1));
 		out->snap = palloc(sizeof(CpSnapshot));
 		*out->snap = snap;
-
-		/*
-		 * A lease claimed at the node's last answer and not now: only a
-		 * shard in claims/<node> can be one (the loop below looks up
-		 * claims only for the shards claimed now).
-		 */
-		unclaimed = palloc0(sizeof(bool) * (snap.nshards + 1));
-		for (int k = 0; prev && k < prev->nclaims; k++)
-		{
-			CpShard    *s = cp_snapshot_shard(&snap, prev->claims[k].stream, prev->claims[k].shard);
-
-			if (s != NULL && !granted[s - snap.shards])
-				unclaimed[s - snap.shards] = claimed_before(prev, s, a->lease_ms);
-		}
-		last = NULL;
+		answer = answered_shards(a, &snap, prev, out->full, claims_same, granted, led, nled);
+		out->rows = palloc0(sizeof(CpAssignment) * (snap.nshards + 1));
 		for (int i = 0; i < snap.nshards; i++)
 		{
 			CpShard    *s = &snap.shards[i];
-			CpStream   *st2 = stream_of(&snap, s, &last);
+			CpStream   *st2;
 			CpNode	   *leader;
 			CpAssignment *r;
 
-			if (st2 == NULL)
-				continue;
-			if (!out->full && s->rev <= a->known_state && st2->rev <= a->known_state &&
-				!unclaimed[i] && (!granted[i] || claimed_before(prev, s, a->lease_ms)))
+			if (!answer[i] || (st2 = cp_snapshot_stream_at(&snap, i)) == NULL)
 				continue;
 			leader = cp_snapshot_node(&snap, s->leader);
 			r = &out->rows[out->n++];

@@ -1061,6 +1061,7 @@ split_shard_key(const char *rest, char **stream, int *shard)
 }
 
 static HTAB *index_snapshot(const CpSnapshot *snap);
+static struct CpShardOrder *shard_order_build(const CpSnapshot *snap);
 
 /* ---------------------------------------------------------------------
  * The snapshot, and this process's copy of the state it is made from
@@ -1146,6 +1147,9 @@ typedef struct StateCache
 	int			norder;
 	struct HTAB *index;			/* index_snapshot of a snapshot in that
 								 * order (NULL: to build) */
+	struct CpShardOrder *shard_order;	/* shard_order_build of one (NULL:
+										 * to build; again when a shard
+										 * record changes) */
 	int64		since;			/* newest mod_revision held */
 	int64		revision;		/* the store's revision at the last read */
 	bool		need_full;
@@ -1356,6 +1360,7 @@ cache_reorder(void)
 		cache.garbage_bytes += (int64) cache.norder * (sizeof(CachedKey *) + 256);
 	cache.order = NULL;
 	cache.index = NULL;
+	cache.shard_order = NULL;
 }
 
 /* Throw the whole copy away (at a quiet point only). */
@@ -1383,6 +1388,7 @@ cache_drop(void)
 	cache.keys = NULL;
 	cache.order = NULL;
 	cache.index = NULL;
+	cache.shard_order = NULL;
 	cache.norder = 0;
 	cache.since = 0;
 	cache.revision = 0;
@@ -1464,6 +1470,12 @@ cache_put(const FelixKV *kv, bool seen)
 	decode_kv(kv, e);
 	if (found && e->kind != old_kind)
 		cache_reorder();
+	else if (e->kind == CK_SHARD && cache.shard_order != NULL)
+	{
+		/* a shard's leader or revision changed: its order is garbage */
+		cache.garbage_bytes += (int64) cache.norder * 2 * sizeof(int);
+		cache.shard_order = NULL;
+	}
 	e->index = e->kind == CK_ENDS ? cp_ends_index(e->rec.ends.ends, e->rec.ends.nends)
 		: e->kind == CK_CLAIMS ? cp_claims_index(e->rec.claims.claims, e->rec.claims.nclaims)
 		: NULL;
@@ -1736,14 +1748,19 @@ cp_snapshot_read(CpSnapshot *snap, bool guarded, int elevel)
 		qsort(cache.order, cache.norder, sizeof(CachedKey *), cached_key_cmp);
 	}
 	snap_build(snap, cache.order, cache.norder);
-	if (cache.index == NULL)
+	if (cache.index == NULL || cache.shard_order == NULL)
 	{
 		MemoryContext old = MemoryContextSwitchTo(cache.cxt);
 
-		cache.index = index_snapshot(snap);
+		if (cache.index == NULL)
+			cache.index = index_snapshot(snap);
+		snap->index = cache.index;
+		if (cache.shard_order == NULL)
+			cache.shard_order = shard_order_build(snap);
 		MemoryContextSwitchTo(old);
 	}
 	snap->index = cache.index;
+	snap->shard_order = cache.shard_order;
 	return true;
 }
 
@@ -1810,6 +1827,150 @@ index_snapshot(const CpSnapshot *snap)
 							 snap->report_shard[i]))->pos < 0)
 			e->pos = i;
 	return index;
+}
+
+/*
+ * A snapshot's shards by leader and by revision.  The places in
+ * snap->shards stay as long as no key comes or goes, and leaders and
+ * revisions as long as no shard record changes: this process's copy keeps
+ * an order until then (cache_put), a snapshot read without a copy builds
+ * its own at the first lookup.
+ */
+typedef struct CpShardOrder
+{
+	int		   *by_rev;			/* every place, newest revision first */
+	int		   *by_leader;		/* every led place, a leader's together, each
+								 * in place order */
+	HTAB	   *leaders;		/* leader name -> its run in by_leader */
+	int		   *stream_at;		/* by place: its stream's place (-1: none) */
+} CpShardOrder;
+
+typedef struct LeaderRun
+{
+	char		name[NAMEDATALEN];
+	int			first;
+	int			n;
+} LeaderRun;
+
+static int
+rev_desc_cmp(const void *a, const void *b, void *arg)
+{
+	const CpShard *shards = arg;
+	int64		ra = shards[*(const int *) a].rev;
+	int64		rb = shards[*(const int *) b].rev;
+
+	return ra > rb ? -1 : ra < rb ? 1 : *(const int *) a - *(const int *) b;
+}
+
+static struct CpShardOrder *
+shard_order_build(const CpSnapshot *snap)
+{
+	CpShardOrder *o = palloc(sizeof(CpShardOrder));
+	HASHCTL		ctl;
+	LeaderRun  *run;
+	HASH_SEQ_STATUS seq;
+	int			next = 0;
+	bool		found;
+
+	o->by_rev = palloc(sizeof(int) * (snap->nshards + 1));
+	o->stream_at = palloc(sizeof(int) * (snap->nshards + 1));
+	for (int i = 0; i < snap->nshards; i++)
+	{
+		const CpStream *st;
+
+		o->by_rev[i] = i;
+		/* a stream's shards come together, in key order */
+		if (i > 0 && o->stream_at[i - 1] >= 0 &&
+			strcmp(snap->shards[i].stream, snap->shards[i - 1].stream) == 0)
+			o->stream_at[i] = o->stream_at[i - 1];
+		else
+			o->stream_at[i] = (st = cp_snapshot_stream(snap, snap->shards[i].stream)) ?
+				(int) (st - snap->streams) : -1;
+	}
+	qsort_arg(o->by_rev, snap->nshards, sizeof(int), rev_desc_cmp, snap->shards);
+
+	ctl.keysize = NAMEDATALEN;
+	ctl.entrysize = sizeof(LeaderRun);
+	ctl.hcxt = CurrentMemoryContext;
+	o->leaders = hash_create("felix shards by leader", Max(snap->nnodes, 16), &ctl,
+							 HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+	/* count each leader's shards, give each its run, then fill the runs */
+	for (int i = 0; i < snap->nshards; i++)
+	{
+		if (snap->shards[i].leader == NULL ||
+			strlen(snap->shards[i].leader) >= NAMEDATALEN)
+			continue;
+		run = hash_search(o->leaders, snap->shards[i].leader, HASH_ENTER, &found);
+		if (!found)
+			run->n = 0;
+		run->n++;
+	}
+	hash_seq_init(&seq, o->leaders);
+	while ((run = hash_seq_search(&seq)) != NULL)
+	{
+		run->first = next;
+		next += run->n;
+		run->n = 0;
+	}
+	o->by_leader = palloc(sizeof(int) * (next + 1));
+	for (int i = 0; i < snap->nshards; i++)
+	{
+		if (snap->shards[i].leader == NULL ||
+			strlen(snap->shards[i].leader) >= NAMEDATALEN)
+			continue;
+		run = hash_search(o->leaders, snap->shards[i].leader, HASH_FIND, NULL);
+		o->by_leader[run->first + run->n++] = i;
+	}
+	return o;
+}
+
+static const CpShardOrder *
+shard_order(const CpSnapshot *snap)
+{
+	if (snap->shard_order == NULL)
+		((CpSnapshot *) snap)->shard_order = shard_order_build(snap);
+	return snap->shard_order;
+}
+
+const int *
+cp_snapshot_led_by(const CpSnapshot *snap, const char *node, int *n)
+{
+	const CpShardOrder *o = shard_order(snap);
+	LeaderRun  *run = NULL;
+
+	if (node != NULL && strlen(node) < NAMEDATALEN)
+		run = hash_search(o->leaders, node, HASH_FIND, NULL);
+	*n = run ? run->n : 0;
+	return run ? o->by_leader + run->first : o->by_leader;
+}
+
+CpStream *
+cp_snapshot_stream_at(const CpSnapshot *snap, int place)
+{
+	int			j = shard_order(snap)->stream_at[place];
+
+	return j >= 0 ? &snap->streams[j] : NULL;
+}
+
+const int *
+cp_snapshot_shards_since(const CpSnapshot *snap, int64 since, int *n)
+{
+	const CpShardOrder *o = shard_order(snap);
+	int			lo = 0;
+	int			hi = snap->nshards;
+
+	/* by_rev is newest first: the first place at or below since */
+	while (lo < hi)
+	{
+		int			mid = (lo + hi) / 2;
+
+		if (snap->shards[o->by_rev[mid]].rev > since)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	*n = lo;
+	return o->by_rev;
 }
 
 CpNode *

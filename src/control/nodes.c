@@ -53,6 +53,7 @@ typedef struct FelixNodeEntry
 	/* this node's probe of it */
 	bool		probed;
 	char		probe_error[256];	/* "" when the probe succeeded */
+	int64		probe_due_ns;	/* monotonic: not probed again before */
 } FelixNodeEntry;
 
 typedef struct FelixNodeDirectory
@@ -154,6 +155,8 @@ felix_node_note(const char *name, const char *conninfo)
 
 	LWLockAcquire(&directory->lock, LW_EXCLUSIVE);
 	e = directory_entry(name);
+	if (strncmp(e->conninfo, conninfo, FELIX_NODE_CONNINFO_LEN - 1) != 0)
+		e->probe_due_ns = 0;	/* a new address: probe it at the next turn */
 	strlcpy(e->conninfo, conninfo, FELIX_NODE_CONNINFO_LEN);
 	e->last_seen = GetCurrentTimestamp();
 	LWLockRelease(&directory->lock);
@@ -261,7 +264,7 @@ felix_node_incarnation_of(const char *name, char *buf)
 }
 
 bool
-felix_node_probed(const char *name, bool ok, const char *why)
+felix_node_probed(const char *name, bool ok, const char *why, int64 due_ns)
 {
 	int			i;
 	bool		changed = false;
@@ -277,6 +280,7 @@ felix_node_probed(const char *name, bool ok, const char *why)
 
 		changed = !e->probed || strncmp(e->probe_error, now, sizeof(e->probe_error) - 1) != 0;
 		e->probed = true;
+		e->probe_due_ns = due_ns;
 		strlcpy(e->probe_error, now, sizeof(e->probe_error));
 	}
 	LWLockRelease(&directory->lock);
@@ -312,7 +316,7 @@ felix_nodes_probes_json(void)
 }
 
 bool
-felix_nodes_next_probe(char *name, char *conninfo, Size len)
+felix_nodes_next_probe(char *name, char *conninfo, Size len, int64 now_ns)
 {
 	bool		found = false;
 
@@ -325,6 +329,7 @@ felix_nodes_next_probe(char *name, char *conninfo, Size len)
 		FelixNodeEntry *e = &directory->entries[i];
 
 		if (!e->used || !e->listed || e->conninfo[0] == '\0' ||
+			(e->probed && e->probe_due_ns > now_ns) ||
 			strcmp(e->name, felix_node_name_resolved()) == 0)
 			continue;
 		strlcpy(name, e->name, NAMEDATALEN);

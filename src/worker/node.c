@@ -216,17 +216,23 @@ persist_marks(void)
 }
 
 /*
- * Probe the next peer (round robin, one per felix.heartbeat_interval
- * times five): connect to it as this node's role, ask who answers, and
- * note the outcome for the heartbeat to report.  A peer whose role or
- * password is wrong is then shown unreachable, with libpq's reason, on
- * every node -- not alive.
+ * A peer that took this node's connection is probed again after this many
+ * heartbeat intervals, one that did not at its next turn.  Each probe is
+ * a new session on the peer -- a process started and its catalogs read --
+ * so probing every healthy peer every second was, on an idle cluster,
+ * about a third of what each server spent.  A password changed on a
+ * healthy peer shows within this many intervals (10 s by default).
  */
+#define PROBE_HEALTHY_INTERVALS 50
+
 /* Note a probe's outcome; say so in the log when it changed. */
 static void
 probed(const char *name, bool ok, const char *why)
 {
-	if (!felix_node_probed(name, ok, why))
+	int64		due_ns = felix_monotonic_ns() +
+		(int64) (ok ? PROBE_HEALTHY_INTERVALS : 0) * felix_heartbeat_interval * 1000000;
+
+	if (!felix_node_probed(name, ok, why, due_ns))
 		return;
 	if (ok)
 		ereport(LOG,
@@ -238,6 +244,13 @@ probed(const char *name, bool ok, const char *why)
 				 errhint("%s", felix_conn_hint(why))));
 }
 
+/*
+ * Probe the next peer that is due (round robin, one per
+ * felix.heartbeat_interval times five): connect to it as this node's
+ * role, ask who answers, and note the outcome for the heartbeat to
+ * report.  A peer whose role or password is wrong is then shown
+ * unreachable, with libpq's reason, on every node -- not alive.
+ */
 static void
 probe_one_peer(MemoryContext cxt)
 {
@@ -248,7 +261,7 @@ probe_one_peer(MemoryContext cxt)
 	MemoryContext old = MemoryContextSwitchTo(cxt);
 	int			timeout = Max(felix_heartbeat_interval, 500);
 
-	if (felix_nodes_next_probe(name, conninfo, sizeof(conninfo)))
+	if (felix_nodes_next_probe(name, conninfo, sizeof(conninfo), felix_monotonic_ns()))
 	{
 		conn = felix_conn_open(felix_peer_conninfo(conninfo), psprintf("node \"%s\"", name),
 							   "felix probe", timeout, DEBUG1);

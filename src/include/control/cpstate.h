@@ -368,6 +368,8 @@ typedef struct CpSnapshot
 	int64		addresses_rev;	/* CP_KEY_ADDRESSES's mod_revision (0: none) */
 	int64		deletions_rev;	/* FELIX_STORE_KEY_DELETIONS's (0: none) */
 	struct HTAB *index;			/* nodes, streams, shards and reports by name */
+	struct CpShardOrder *shard_order;	/* cp_snapshot_led_by, ..._since
+										 * (NULL: to build) */
 } CpSnapshot;
 
 /*
@@ -414,6 +416,17 @@ extern CpStream *cp_snapshot_stream(const CpSnapshot *snap, const char *name);
 extern CpShard *cp_snapshot_shard(const CpSnapshot *snap, const char *stream, int shard);
 extern const CpReports *cp_snapshot_reports(const CpSnapshot *snap, const char *stream, int shard);
 extern int64 cp_snapshot_leads_rev(const CpSnapshot *snap, const char *node);
+/*
+ * The places in snap->shards of the shards `node` is the leader of, in
+ * that order (*n of them); and of the shards written after revision
+ * `since`, newest first.  Built once per state of the shards -- kept with
+ * this process's copy until a shard record changes -- so a heartbeat with
+ * nothing to say costs what the node leads, not what the cluster holds.
+ */
+extern const int *cp_snapshot_led_by(const CpSnapshot *snap, const char *node, int *n);
+extern const int *cp_snapshot_shards_since(const CpSnapshot *snap, int64 since, int *n);
+/* The stream of the shard at snap->shards[place]; NULL if it has none. */
+extern CpStream *cp_snapshot_stream_at(const CpSnapshot *snap, int place);
 extern CpClash *cp_snapshot_clash(const CpSnapshot *snap, const char *node);
 
 #endif							/* FELIX_CONTROL_CPSTATE_H */

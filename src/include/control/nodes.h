@@ -66,13 +66,17 @@ extern void felix_nodes_listed(const FelixNodeInfo *nodes, int n);
  * This node's latest probe of peer `name` (connect as this node's role and
  * ask who answers): ok, or why not.  The heartbeat tells the control plane
  * (felix_nodes_probes_json), so every node's felix_nodes shows a peer that
- * its peers cannot reach as such.  Returns whether the outcome changed.
+ * its peers cannot reach as such.  The peer is not probed again before
+ * due_ns (felix_monotonic_ns).  Returns whether the outcome changed.
  */
-extern bool felix_node_probed(const char *name, bool ok, const char *why);
+extern bool felix_node_probed(const char *name, bool ok, const char *why, int64 due_ns);
 /* {"peer": "" | "why", ...} of this node's latest probes (palloc'd). */
 extern char *felix_nodes_probes_json(void);
-/* The name and address of the next listed peer to probe, round robin; false if none. */
-extern bool felix_nodes_next_probe(char *name, char *conninfo, Size len);
+/*
+ * The name and address of the next listed peer whose probe is due at
+ * now_ns, round robin; false if none.
+ */
+extern bool felix_nodes_next_probe(char *name, char *conninfo, Size len, int64 now_ns);
 
 /* The listed nodes (palloc'd array into *out); returns how many. */
 extern int	felix_nodes_list(FelixNodeInfo **out);
