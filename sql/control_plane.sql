@@ -438,6 +438,42 @@ SELECT rows AS when_nothing_changed, full_answer FROM pg_temp.lead_beat(:'ll', N
 SELECT rows AS when_it_claims_again, full_answer FROM pg_temp.lead_beat(:'ll', ARRAY[]::text[]);
 SELECT rows AS when_nothing_changed, full_answer FROM pg_temp.lead_beat(:'ll', NULL);
 
+-- A key rewritten by hand behind the copy of the state this session keeps
+-- (node_b's record given an older revision, which a read of what changed
+-- since does not bring back): the heartbeat's compare fails once, and a
+-- failed compare under the embedded store's lock makes the next read a
+-- whole one, so the next attempt succeeds -- rather than each one losing
+-- to the same stale copy until the periodic whole read.
+SELECT count(*) > 0 AS warm FROM pg_temp.hb('node_b');
+UPDATE felix.cp_store SET mod_revision = mod_revision - 1 WHERE key = 'nodes/node_b';
+SELECT count(*) > 0 AS heartbeat_after_a_hand_edit FROM pg_temp.hb('node_b');
+
+-- A node started again doubts every report that says it is caught up.  A
+-- node that follows hundreds of shards has hundreds: rewritten in one
+-- transaction they were more than etcd takes, and the node never
+-- registered again.  They are rewritten in transactions of at most 100
+-- reports first (so, here, under several revisions), then the node
+-- registers; none says caught up after.
+SELECT felix.cp_create_stream('wide', 256, 3) IS NOT NULL AS created;
+SELECT n AS wf FROM (SELECT unnest(replicas[2:]) n FROM felix.assignments WHERE stream = 'wide') f
+ GROUP BY n ORDER BY count(*) DESC, n LIMIT 1 \gset
+SELECT sum(felix.cp_report(leader, reports)) > 100 AS reported_caught_up
+  FROM (SELECT a.leader, jsonb_agg(jsonb_build_object('stream', 'wide', 'shard', a.shard,
+                 'generation', a.generation, 'follower', :'wf',
+                 'incarnation', pg_temp.inc(:'wf'), 'acked_end', 0, 'caught_up', true)) AS reports
+          FROM felix.assignments a
+         WHERE a.stream = 'wide' AND :'wf' = ANY (a.replicas[2:])
+         GROUP BY a.leader) r;
+SELECT count(*) > 0 AS restarted
+  FROM felix.nodes n, felix.cp_heartbeat(n.name, n.conninfo, n.incarnation, n.starts + 1,
+                                         pg_temp.inc('boot-wide'), lease_ms => 100) h
+ WHERE n.name = :'wf';
+SELECT count(*) FILTER (WHERE r.caught_up) AS still_caught_up,
+       count(DISTINCT s.mod_revision) > 1 AS rewritten_in_several_transactions
+  FROM felix.replica_reports r
+  JOIN felix.store_read('reports/wide/') s ON s.key = 'reports/wide/' || lpad(r.shard::text, 6, '0')
+ WHERE r.stream = 'wide' AND r.follower = :'wf';
+
 -- ---------------------------------------------------------------------
 -- Removing a node
 -- ---------------------------------------------------------------------

@@ -64,7 +64,12 @@
 
 /* The most first claims one heartbeat makes (each writes an assignment). */
 #define CP_MAX_TAKES_PER_BEAT	200
-/* Attempts before giving up when other writers keep getting there first. */
+/*
+ * The most reports a transaction of a heartbeat rewrites about its node
+ * (void_reports_ahead): well within etcd's request size (1.5 MiB by
+ * default) and --max-txn-ops.
+ */
+#define CP_VOIDS_PER_TXN		100
 
 /* Did boot take a generation that is still its shard's current one? */
 static bool
@@ -197,11 +202,17 @@ note_taken_copies(const CpSnapshot *snap, const CpNode *me, CpShard *taken)
 	}
 }
 
-/* Reports about `node` as a follower: dropped (new incarnation) or doubted (new boot). */
-static void
-void_reports(const CpSnapshot *snap, const char *node, bool drop,
+/*
+ * Reports about `node` as a follower: dropped (new incarnation) or doubted
+ * (new boot), at most `most` report keys of them.  Returns whether more
+ * were left.
+ */
+static bool
+void_reports(const CpSnapshot *snap, const char *node, bool drop, int most,
 			 FelixStoreCmp *cmps, int *ncmps, FelixStoreOp *ops, int *nops)
 {
+	int			written = 0;
+
 	for (int i = 0; i < snap->nreports; i++)
 	{
 		const CpReports *r = snap->reports[i];
@@ -231,6 +242,8 @@ void_reports(const CpSnapshot *snap, const char *node, bool drop,
 		}
 		if (!changed)
 			continue;
+		if (written++ == most)
+			return true;
 		cmps[*ncmps].key = cp_key_reports(snap->report_stream[i], snap->report_shard[i]);
 		cmps[*ncmps].mod_revision = r->rev;
 		(*ncmps)++;
@@ -238,6 +251,60 @@ void_reports(const CpSnapshot *snap, const char *node, bool drop,
 		ops[*nops].value = cp_reports_write(&out);
 		(*nops)++;
 	}
+	return false;
+}
+
+/* Does this heartbeat come from a new felix data directory, or a new boot of it? */
+static bool
+new_incarnation(const CpHeartbeatArgs *a, const CpNode *prev)
+{
+	return prev != NULL && strcmp(prev->incarnation, a->incarnation) != 0;
+}
+
+static bool
+new_boot(const CpHeartbeatArgs *a, const CpNode *prev)
+{
+	return prev != NULL && strcmp(prev->boot, a->boot) != 0;
+}
+
+/*
+ * A node started again, or with a new data directory, has its reports as a
+ * follower doubted or dropped by the heartbeat that registers it (below).
+ * A node that follows thousands of shards has thousands of them: in one
+ * transaction that was more than etcd takes ("request is too large"), so
+ * no heartbeat of the node ever went through again and, after a restart
+ * of every node, no shard was placed.  Those past the first
+ * CP_VOIDS_PER_TXN are rewritten first, in transactions of their own that
+ * change nothing else.  Doubting or dropping a report early only makes a
+ * copy less promotable; and the registering heartbeat voids again every
+ * report that says otherwise by then, in its own transaction, as before.
+ * Returns true when it wrote (or lost a batch to another writer): the
+ * caller reads the state again.
+ */
+static bool
+void_reports_ahead(const CpHeartbeatArgs *a, const CpSnapshot *snap, const CpNode *prev)
+{
+	FelixStoreCmp *cmps;
+	FelixStoreOp *ops;
+	int			ncmps = 0;
+	int			nops = 0;
+	int64		rev;
+	FelixStoreStatus st;
+
+	if (!new_incarnation(a, prev) && !new_boot(a, prev))
+		return false;
+	cmps = palloc0(sizeof(FelixStoreCmp) * (CP_VOIDS_PER_TXN + 1));
+	ops = palloc0(sizeof(FelixStoreOp) * (CP_VOIDS_PER_TXN + 1));
+	if (!void_reports(snap, a->node, new_incarnation(a, prev), CP_VOIDS_PER_TXN,
+					  cmps, &ncmps, ops, &nops))
+		return false;			/* they fit the heartbeat's own transaction */
+	st = felix_store_txn(cmps, ncmps, ops, nops, &rev, ERROR);
+	if (st != FELIX_STORE_OK && st != FELIX_STORE_CONFLICT)
+		ereport(ERROR,
+				(errcode(ERRCODE_CONNECTION_FAILURE),
+				 errmsg("node \"%s\": the control-plane store did not confirm the heartbeat", a->node),
+				 errhint("Its outcome is unknown; the next heartbeat settles it.")));
+	return true;
 }
 
 /*
@@ -370,6 +437,66 @@ full_answer(const CpHeartbeatArgs *a, const CpSnapshot *snap, const CpNode *prev
 		snap->addresses_rev > a->known_state;
 }
 
+/*
+ * May this heartbeat speak for node a->node, as the state in snap knows
+ * it?  Refused (ERROR) when it comes from an older copy of the node's data
+ * directory, from a second server given the same name, or from an address
+ * another alive node registered.
+ */
+static void
+check_identity(const CpHeartbeatArgs *a, const CpSnapshot *snap, const CpNode *prev,
+			   const char *masked)
+{
+	if (prev && strcmp(prev->incarnation, a->incarnation) == 0 &&
+		(a->starts < prev->starts ||
+		 (a->starts == prev->starts && strcmp(a->boot, prev->boot) != 0)))
+		ereport(ERROR,
+				(errcode(MAKE_SQLSTATE('5', '5', 'F', '0', '6')),
+				 errmsg("node \"%s\": its felix data directory is an older copy of incarnation %s (start " INT64_FORMAT " after start " INT64_FORMAT ")",
+						a->node, a->incarnation, a->starts, prev->starts),
+				 errdetail("Records acknowledged since that copy was taken may be missing from it."),
+				 errhint("The node gives its data directory a new incarnation and registers again; its copies are rebuilt from their leaders.")));
+
+	/*
+	 * One name, one server.  A node is its felix data directory (the
+	 * incarnation), not its name: a heartbeat naming a node that the
+	 * control plane knows, alive, under another incarnation comes from
+	 * a second server given the same felix.node_name.  Taking it would
+	 * make the two register in turn, each void the other's copies and
+	 * lose every lease.  It is refused until the known one is declared
+	 * dead, or has not heartbeaten for felix.node_expiry (at least two
+	 * leases and a margin) as this process saw it -- which is also how
+	 * a node whose directory was wiped comes back: its old incarnation
+	 * stops heartbeating first.
+	 */
+	if (prev && strcmp(prev->incarnation, a->incarnation) != 0 &&
+		!(snap->have_alive && !cp_alive_has(&snap->alive, prev->name)) &&
+		!holder_silent(prev))
+		ereport(ERROR,
+				(errcode(ERRCODE_DUPLICATE_OBJECT),
+				 errmsg("node name \"%s\" is in use by another server, at \"%s\"",
+						a->node, prev->conninfo),
+				 errdetail("The control plane knows node \"%s\" as felix data directory incarnation %s, alive; this server, at \"%s\", is incarnation %s.",
+						   a->node, prev->incarnation, masked, a->incarnation),
+				 errhint("Give each server its own felix.node_name.  If this server replaces that one, stop the other server: this one registers once the control plane declares it dead (felix.node_expiry).")));
+
+	/* One address, one node: shipments meant for one must not reach another. */
+	for (int i = 0; i < snap->nnodes; i++)
+	{
+		CpNode	   *o = &snap->nodes[i];
+
+		if (strcmp(o->name, a->node) != 0 && strcmp(o->conninfo, masked) == 0 &&
+			snap->have_alive && cp_alive_has(&snap->alive, o->name))
+			ereport(ERROR,
+					(errcode(ERRCODE_DUPLICATE_OBJECT),
+					 errmsg("node \"%s\": conninfo \"%s\" is already the address of node \"%s\"",
+							a->node, masked, o->name),
+					 errdetail("Node \"%s\" registered that conninfo and is alive.", o->name),
+					 errhint("Set felix.node_conninfo on node \"%s\" to the address of that server itself.",
+							 a->node)));
+	}
+}
+
 void
 cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 {
@@ -378,7 +505,7 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 	validate(a);
 	masked = felix_conninfo_mask(a->conninfo);
 
-	for (int attempt = 0; attempt < CP_MAX_ATTEMPTS; attempt++)
+	for (int attempt = 0, batches = 0; attempt < CP_MAX_ATTEMPTS; attempt++)
 	{
 		CpSnapshot	snap;
 		CpNode	   *prev;
@@ -429,58 +556,18 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 							   snap.store_id),
 					 errhint("Bring back the store's latest state: its synchronous standby, or the etcd members' data.  If that is lost for good, see \"The control-plane store went back in time\" in docs/operations.md.")));
 		}
+		check_identity(a, &snap, prev, masked);
+		if (void_reports_ahead(a, &snap, prev))
+		{
+			/* a batch is no attempt, as long as batches make way */
+			if (batches++ <= snap.nreports / CP_VOIDS_PER_TXN)
+				attempt--;
+			continue;
+		}
+
 		cmps = palloc0(sizeof(FelixStoreCmp) * (room + 3));
 		ops = palloc0(sizeof(FelixStoreOp) * (room + 3));
 		granted = palloc0(sizeof(bool) * (snap.nshards + 1));
-
-		if (prev && strcmp(prev->incarnation, a->incarnation) == 0 &&
-			(a->starts < prev->starts ||
-			 (a->starts == prev->starts && strcmp(a->boot, prev->boot) != 0)))
-			ereport(ERROR,
-					(errcode(MAKE_SQLSTATE('5', '5', 'F', '0', '6')),
-					 errmsg("node \"%s\": its felix data directory is an older copy of incarnation %s (start " INT64_FORMAT " after start " INT64_FORMAT ")",
-							a->node, a->incarnation, a->starts, prev->starts),
-					 errdetail("Records acknowledged since that copy was taken may be missing from it."),
-					 errhint("The node gives its data directory a new incarnation and registers again; its copies are rebuilt from their leaders.")));
-
-		/*
-		 * One name, one server.  A node is its felix data directory (the
-		 * incarnation), not its name: a heartbeat naming a node that the
-		 * control plane knows, alive, under another incarnation comes from
-		 * a second server given the same felix.node_name.  Taking it would
-		 * make the two register in turn, each void the other's copies and
-		 * lose every lease.  It is refused until the known one is declared
-		 * dead, or has not heartbeaten for felix.node_expiry (at least two
-		 * leases and a margin) as this process saw it -- which is also how
-		 * a node whose directory was wiped comes back: its old incarnation
-		 * stops heartbeating first.
-		 */
-		if (prev && strcmp(prev->incarnation, a->incarnation) != 0 &&
-			!(snap.have_alive && !cp_alive_has(&snap.alive, prev->name)) &&
-			!holder_silent(prev))
-			ereport(ERROR,
-					(errcode(ERRCODE_DUPLICATE_OBJECT),
-					 errmsg("node name \"%s\" is in use by another server, at \"%s\"",
-							a->node, prev->conninfo),
-					 errdetail("The control plane knows node \"%s\" as felix data directory incarnation %s, alive; this server, at \"%s\", is incarnation %s.",
-							   a->node, prev->incarnation, masked, a->incarnation),
-					 errhint("Give each server its own felix.node_name.  If this server replaces that one, stop the other server: this one registers once the control plane declares it dead (felix.node_expiry).")));
-
-		/* One address, one node: shipments meant for one must not reach another. */
-		for (int i = 0; i < snap.nnodes; i++)
-		{
-			CpNode	   *o = &snap.nodes[i];
-
-			if (strcmp(o->name, a->node) != 0 && strcmp(o->conninfo, masked) == 0 &&
-				snap.have_alive && cp_alive_has(&snap.alive, o->name))
-				ereport(ERROR,
-						(errcode(ERRCODE_DUPLICATE_OBJECT),
-						 errmsg("node \"%s\": conninfo \"%s\" is already the address of node \"%s\"",
-								a->node, masked, o->name),
-						 errdetail("Node \"%s\" registered that conninfo and is alive.", o->name),
-						 errhint("Set felix.node_conninfo on node \"%s\" to the address of that server itself.",
-								 a->node)));
-		}
 
 		memset(&me, 0, sizeof(me));
 		me.name = pstrdup(a->node);
@@ -552,22 +639,22 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 		cmps[ncmps].key = cp_key_leads(a->node);
 		cmps[ncmps++].mod_revision = cp_snapshot_leads_rev(&snap, a->node);
 
-		if (prev && strcmp(prev->incarnation, a->incarnation) != 0)
+		if (new_incarnation(a, prev))
 		{
 			/* a new data directory holds nothing the old one did */
-			void_reports(&snap, a->node, true, cmps, &ncmps, ops, &nops);
+			(void) void_reports(&snap, a->node, true, PG_INT32_MAX, cmps, &ncmps, ops, &nops);
 			ereport(LOG,
 					(errmsg("felix: node \"%s\" has a new felix data directory (incarnation %s replaces %s); it is an empty replica of every shard",
 							a->node, a->incarnation, prev->incarnation)));
 		}
-		else if (prev && strcmp(prev->boot, a->boot) != 0)
+		else if (new_boot(a, prev))
 		{
 			/*
 			 * Started again: what it holds is its leaders' to confirm anew (a
 			 * copy restored and started more often than the original escapes
 			 * the count above), so it is not promotable until they have.
 			 */
-			void_reports(&snap, a->node, false, cmps, &ncmps, ops, &nops);
+			(void) void_reports(&snap, a->node, false, PG_INT32_MAX, cmps, &ncmps, ops, &nops);
 		}
 
 		for (int k = 0; k < nled; k++)
