@@ -36,8 +36,8 @@
  *	  what it believes.
  *
  *	  Reports are group-committed: every report queued while no request is
- *	  in flight goes in one request; what becomes due meanwhile waits for
- *	  the next.  Besides marks that need one, a shard is reported when a
+ *	  in flight goes in one request (up to REPORT_MAX_SHARDS shards); what
+ *	  becomes due meanwhile waits for the next.  Besides marks that need one, a shard is reported when a
  *	  follower appears, goes, halts or is caught up again (or, on a
  *	  leader-consistency shard, falls behind).  A leader-consistency shard
  *	  is also reported every felix.heartbeat_interval and right after every
@@ -46,7 +46,7 @@
  *	  mark moves with the leader's flush (quorum.c).  A quorum shard's
  *	  report stays true until something in it changes, and is refreshed
  *	  only once per QUORUM_REFRESH_INTERVALS intervals, every shard in
- *	  the same request.
+ *	  the same period.
  *
  *	  A halted follower is reported with caught_up = false: it has stopped,
  *	  and a caught-up report it made earlier must not be what the control
@@ -132,6 +132,15 @@ typedef struct Reported
  */
 /* A quorum shard's report is sent again after this many heartbeat intervals at most. */
 #define QUORUM_REFRESH_INTERVALS	25
+
+/*
+ * The most shards one request reports; the others due wait for the next
+ * request, as they would while one is in flight.  The control plane writes
+ * a request in one transaction, and etcd takes at most 1.5 MiB by default:
+ * a leader of thousands of shards whose followers all changed at once (one
+ * restarted) would otherwise send a request that never lands.
+ */
+#define REPORT_MAX_SHARDS	500
 
 typedef struct ReportSlot
 {
@@ -683,8 +692,10 @@ report_tick(int64 now_ns)
 	e = palloc(sizeof(FelixReplShard));
 	nslots = Min(shard_count_slots(), report_nslots);
 	for (int slot = 0; slot < nslots; slot++)
-		consider_slot(slot, e, &json, &nrows, may_queue, now_ns);
+		consider_slot(slot, e, &json, &nrows, may_queue && npending < REPORT_MAX_SHARDS, now_ns);
 	pfree(e);
+	if (may_queue && npending >= REPORT_MAX_SHARDS)
+		next_due_ns = now_ns;	/* the rest go in the next request */
 	if (!may_queue)
 	{
 		pfree(json.data);

@@ -105,7 +105,10 @@ extern void repl_state_shmem_init(void);
 /* Entry for shard slot `slot` (0 <= slot < felix.max_shards). */
 extern FelixReplShard *repl_state_entry(int slot);
 
-/* Copy the entry under its spinlock. */
+/*
+ * Copy the entry under its spinlock: the header, and of a valid entry its
+ * nfollowers followers (the rest of *out is not written).
+ */
 extern void repl_state_copy(int slot, FelixReplShard *out);
 
 /*
