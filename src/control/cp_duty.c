@@ -1106,17 +1106,30 @@ write_together(const CpSnapshot *snap, Grant *g, int n)
 static void
 write_grants(const CpSnapshot *snap, Grant *g, int n, CpTick *tick)
 {
+	/*
+	 * A tick writes grants for at most half a lease after the duty's last
+	 * refresh: a holder whose tick runs past a lease steps down
+	 * (hold_duty), and at thousands of shards a batch that loses its
+	 * compares is written again one grant at a time -- a round trip each.
+	 * A grant left out is the next tick's: not writing one is always safe.
+	 */
+	int64		deadline = refreshed_ns + (int64) felix_lease_duration * NS_PER_MS / 2;
+
 	for (int from = 0; from < n; from += GRANTS_PER_TXN)
 	{
 		int			k = Min(GRANTS_PER_TXN, n - from);
-		FelixStoreStatus st = write_together(snap, &g[from], k);
+		FelixStoreStatus st;
 
+		if (felix_monotonic_ns() >= deadline)
+			break;
+		st = write_together(snap, &g[from], k);
 		if (st != FELIX_STORE_OK && st != FELIX_STORE_CONFLICT)
 			break;				/* the store is not answering: the next pass */
 		for (int i = from; i < from + k; i++)
 		{
 			if (st == FELIX_STORE_CONFLICT &&
-				(k == 1 || write_together(snap, &g[i], 1) != FELIX_STORE_OK))
+				(k == 1 || felix_monotonic_ns() >= deadline ||
+				 write_together(snap, &g[i], 1) != FELIX_STORE_OK))
 				continue;
 			ereport(LOG, (errmsg_internal("%s", g[i].log)));
 			if (g[i].grantee)
