@@ -48,7 +48,7 @@ my @nodes;
 for my $k (1 .. 3)
 {
 	my $node = PostgreSQL::Test::Cluster->new("join$k");
-	$node->init;
+	FelixCluster::init_node($node);
 	# 1. the node's settings, as felix-node-config prints them
 	my ($ok, $conf, $err) = run_script("$scripts/felix-node-config", '--node', "node$k",
 		'--host', '127.0.0.1', '--port', $node->port, '--passfile', "$dir/pgpass_node$k",
