@@ -30,7 +30,6 @@
 #include "utils/timestamp.h"
 
 #include "control/conninfo.h"
-#include "base/wake.h"
 #include "felix.h"
 #include "base/metrics.h"
 #include "replication/lease.h"
@@ -343,7 +342,7 @@ lease_apply_assignment(FelixShard *s, const FelixAssignment *a)
 	shard_unlock_tail(s);
 	lease_wake(s);
 	if (lead && v.replication_factor > 1)
-		felix_wake(FELIX_WORKER_SHIP);
+		repl_ship_due(shard_slot_index(s));
 }
 
 /* Does a give this node the lead (as the incarnation it was granted to)? */

@@ -36,7 +36,6 @@
 #include "storage/spin.h"
 #include "utils/timestamp.h"
 
-#include "base/wake.h"
 #include "felix.h"
 #include "base/metrics.h"
 #include "replication/lease.h"
@@ -148,7 +147,7 @@ quorum_notify(FelixShard *s, FelixShardEvent event)
 		release_flushed(s, v.generation, v.flushed_end);
 	/* new records to ship, or a new durable end that may move the mark */
 	if (v.replication_factor > 1)
-		felix_wake(FELIX_WORKER_SHIP);
+		repl_ship_due(shard_slot_index(s));
 }
 
 void

@@ -184,6 +184,7 @@ static char answer_error[256];
 static int64 next_due_ns = PG_INT64_MAX;	/* earliest periodic report */
 static bool mark_held = false;	/* a mark waits for the leader's flush */
 static bool work_waiting = false;	/* reports due, connection not ready */
+static bool request_done = false;	/* a request ended since the last full tick */
 static int64 retry_after_ns = 0;
 static char last_complaint[256];
 
@@ -233,6 +234,7 @@ static void
 finish_request(bool landed, int64 now_ns)
 {
 	in_flight = false;
+	request_done = true;
 	if (!landed)
 	{
 		npending = 0;
@@ -669,7 +671,7 @@ reporter_check(int64 now_ns)
 }
 
 void
-report_tick(int64 now_ns)
+report_tick(int64 now_ns, const int *slots, int n)
 {
 	StringInfoData json;
 	FelixReplShard *e;
@@ -682,17 +684,30 @@ report_tick(int64 now_ns)
 
 	bool		may_queue = !in_flight && now_ns >= retry_after_ns;
 
-	next_due_ns = PG_INT64_MAX;
-	mark_held = false;
-	work_waiting = false;
+	/*
+	 * A tick over some slots keeps what the last full one learnt of the
+	 * others (its times only make the next full tick come early).
+	 */
+	if (slots == NULL)
+	{
+		next_due_ns = PG_INT64_MAX;
+		mark_held = false;
+		work_waiting = false;
+		request_done = false;
+	}
 
 	if (may_queue)
 		npending = 0;
 	initStringInfo(&json);
 	e = palloc(sizeof(FelixReplShard));
 	nslots = Min(shard_count_slots(), report_nslots);
-	for (int slot = 0; slot < nslots; slot++)
-		consider_slot(slot, e, &json, &nrows, may_queue && npending < REPORT_MAX_SHARDS, now_ns);
+	for (int k = 0; k < (slots ? n : nslots); k++)
+	{
+		if (slots && slots[k] >= nslots)
+			continue;
+		consider_slot(slots ? slots[k] : k, e, &json, &nrows,
+					  may_queue && npending < REPORT_MAX_SHARDS, now_ns);
+	}
 	pfree(e);
 	if (may_queue && npending >= REPORT_MAX_SHARDS)
 		next_due_ns = now_ns;	/* the rest go in the next request */
@@ -857,12 +872,26 @@ report_check(int64 now_ns)
 int64
 report_deadline(int64 now_ns)
 {
+	int64		deadline = report_timer(now_ns);
+
+	if (mark_held)
+		deadline = Min(deadline, now_ns + NS_PER_MS);
+	return deadline;
+}
+
+bool
+report_wants_all(int64 now_ns)
+{
+	return request_done;
+}
+
+int64
+report_timer(int64 now_ns)
+{
 	int64		deadline = next_due_ns;
 
 	if (in_flight)
 		deadline = Min(deadline, sent_ns + FELIX_REPORT_TIMEOUT_MS * NS_PER_MS);
-	if (mark_held)
-		deadline = Min(deadline, now_ns + NS_PER_MS);
 	if (work_waiting || cp.state == FELIX_ASYNC_CONNECTING)
 		deadline = Min(deadline, async_deadline(&cp));
 	if (retry_after_ns > now_ns)

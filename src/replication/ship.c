@@ -34,6 +34,16 @@
  *	  Quorum marks and replica reports are report.c's; this file calls
  *	  report_tick once per pass after the answers it received.
  *
+ *	  A pass looks at every slot (a full pass) when one of the worker's
+ *	  timers is due, a report request has finished, a peer connection has
+ *	  opened, or a heartbeat interval has passed since the last full pass.
+ *	  Otherwise -- woken by a publisher or by answers -- it looks only at
+ *	  the slots with new work: those marked in shared memory
+ *	  (repl_ship_due: new records, a new durable end, a new leadership, a
+ *	  rebuild asked for) and those whose answers it applied or whose
+ *	  follower state it changed.  At thousands of shards a full pass costs
+ *	  milliseconds, and a busy worker used to make one per wake-up.
+ *
  *	  Failures of peers (refused, slow, gone, erroring) are logged once and
  *	  retried with backoff; they never end the worker.  A local error
  *	  (reading the log) is caught, logged, and retried on a later pass.
@@ -191,6 +201,15 @@ static ShipSlot *ship_slots = NULL;
 static int	ship_nslots = 0;
 static MemoryContext pass_cxt = NULL;
 
+/* The next pass's slots with new work, each once (see the header). */
+static int *due_slots = NULL;
+static int *due_taken = NULL;	/* repl_ship_take_due's answer */
+static bool *due_listed = NULL;
+static int	ndue = 0;
+static bool full_wanted = true; /* the next pass looks at every slot */
+static int64 last_full_ns = 0;
+static int64 timers_ns = 0;		/* the earliest timer at the last wait */
+
 /*
  * The wait set outlives a pass: it is rebuilt only when the sockets or
  * the events wanted on them change.  felix_async_epoch() moves whenever a
@@ -207,6 +226,16 @@ static WaitEventSet *wait_set = NULL;
 static WaitSpec wait_specs[FELIX_MAX_NODES + 1];
 static int	nwait_specs = 0;
 static uint64 wait_set_epoch = 0;
+
+/* Look at this slot in the next pass, full or not. */
+static void
+note_due(int slot)
+{
+	if (slot < 0 || slot >= ship_nslots || due_listed[slot])
+		return;
+	due_listed[slot] = true;
+	due_slots[ndue++] = slot;
+}
 
 /* ---------------------------------------------------------------------
  * Peers
@@ -698,7 +727,10 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 		return;
 	}
 	if (p->bytes_in_flight >= FELIX_SHIP_PEER_MAX_BYTES)
+	{
+		full_wanted = true;		/* held back: look again as answers drain it */
 		return;
+	}
 
 	if (!has_work(ss, fidx, f, snap, p, op, probe))
 		return;
@@ -892,6 +924,7 @@ rebuild_policy(void)
 						f.state = FELIX_FOLLOWER_SHIPPING;
 						f.halt = FELIX_HALT_NONE;
 						repl_state_put_follower(slot, i, &f);
+						note_due(slot);
 						felix_count(FELIX_CTR_REBUILDS_COMPLETED, 1);
 						ereport(LOG,
 								(errmsg("felix ship: stream \"%s\" shard %d: follower \"%s\" rebuilt: it holds seqs [" UINT64_FORMAT ", " UINT64_FORMAT ") after " UINT64_FORMAT " bytes",
@@ -932,6 +965,7 @@ rebuild_policy(void)
 				repl_state_put_follower(slot, i, &f);
 				ss->discarded[i] = false;
 				ss->retry_at_ns[i] = 0;
+				note_due(slot);
 				rebuilding++;
 				felix_count(FELIX_CTR_REBUILDS_STARTED, 1);
 			}
@@ -941,20 +975,27 @@ rebuild_policy(void)
 	pfree(e);
 }
 
-/* One pass over every slot: keep entries in step with the shards, ship. */
+/*
+ * One pass over the slots (every slot when slots is NULL, else slots[0..n)):
+ * keep entries in step with the shards, ship.
+ */
 static void
-ship_scan(int64 now_ns)
+ship_scan(int64 now_ns, const int *slots, int n)
 {
 	ShardSnap	snap;
 	FelixReplShard *e = palloc(sizeof(FelixReplShard));
 	int			nslots = Min(shard_count_slots(), ship_nslots);
 
-	for (int slot = 0; slot < nslots; slot++)
+	for (int k = 0; k < (slots ? n : nslots); k++)
 	{
-		FelixShard *s = shard_slot(slot);
+		int			slot = slots ? slots[k] : k;
+		FelixShard *s;
 		ShipSlot   *ss = &ship_slots[slot];
 
 		CHECK_FOR_INTERRUPTS();
+		if (slot >= nslots)
+			continue;
+		s = shard_slot(slot);
 		if (!shard_snapshot(s, &snap))
 		{
 			if (ss->active)
@@ -1070,6 +1111,7 @@ apply_answer(ShipRequest *r, int64 now_ns)
 	if (ss == NULL)
 		return;					/* the shard moved on since it was sent */
 	ss->in_flight[r->fidx] = false;
+	note_due(r->slot);			/* what it answered may let more go */
 
 	e = palloc(sizeof(FelixReplShard));
 	repl_state_copy(r->slot, e);
@@ -1444,11 +1486,15 @@ prepare_wait_set(MemoryContext cxt)
 	wait_set_epoch = felix_async_epoch();
 }
 
-/* Milliseconds until the earliest deadline, capped by the heartbeat. */
+/*
+ * Milliseconds until the earliest deadline, capped by the heartbeat; sets
+ * timers_ns to the earliest of the worker's own timers (the next full
+ * pass is due then).
+ */
 static long
 wait_timeout(int64 now_ns)
 {
-	int64		deadline = now_ns + (int64) felix_heartbeat_interval * NS_PER_MS;
+	int64		deadline = PG_INT64_MAX;
 
 	for (int i = 0; i < FELIX_MAX_NODES; i++)
 	{
@@ -1471,6 +1517,9 @@ wait_timeout(int64 now_ns)
 			if (ss->retry_at_ns[f] > now_ns)
 				deadline = Min(deadline, ss->retry_at_ns[f]);
 	}
+	deadline = Min(deadline, report_timer(now_ns));
+	timers_ns = deadline;
+	deadline = Min(deadline, last_full_ns + (int64) felix_heartbeat_interval * NS_PER_MS);
 	deadline = Min(deadline, report_deadline(now_ns));
 	if (deadline <= now_ns)
 		return 0;
@@ -1497,6 +1546,9 @@ felix_ship_worker_main(Datum arg)
 									 ALLOCSET_DEFAULT_SIZES);
 	ship_nslots = felix_max_shards;
 	ship_slots = MemoryContextAllocZero(worker_cxt, sizeof(ShipSlot) * ship_nslots);
+	due_slots = MemoryContextAlloc(worker_cxt, sizeof(int) * ship_nslots);
+	due_taken = MemoryContextAlloc(worker_cxt, sizeof(int) * ship_nslots);
+	due_listed = MemoryContextAllocZero(worker_cxt, sizeof(bool) * ship_nslots);
 	memset(peers, 0, sizeof(peers));
 	report_init();
 
@@ -1526,6 +1578,9 @@ felix_ship_worker_main(Datum arg)
 		MemoryContextReset(pass_cxt);
 		close_everything(felix_monotonic_ns());
 		memset(ship_slots, 0, sizeof(ShipSlot) * ship_nslots);
+		memset(due_listed, 0, sizeof(bool) * ship_nslots);
+		ndue = 0;
+		full_wanted = true;
 		RESUME_INTERRUPTS();
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 						 1000, PG_WAIT_EXTENSION);
@@ -1582,7 +1637,12 @@ felix_ship_worker_main(Datum arg)
 				Peer	   *p = (Peer *) ev->user_data;
 
 				if (p->ac.state == FELIX_ASYNC_CONNECTING)
+				{
 					async_connect_poll(&p->ac, now_ns);
+					/* open: every shard waiting for it ships now */
+					if (p->ac.state == FELIX_ASYNC_READY)
+						full_wanted = true;
+				}
 				else if (p->ac.state == FELIX_ASYNC_READY)
 				{
 					if (ev->events & WL_SOCKET_WRITEABLE)
@@ -1608,8 +1668,32 @@ felix_ship_worker_main(Datum arg)
 			rebuild_policy();
 			next_policy_ns = now_ns + FELIX_REBUILD_POLICY_MS * NS_PER_MS;
 		}
-		ship_scan(now_ns);
-		report_tick(felix_monotonic_ns());
+		{
+			bool		full = full_wanted || now_ns >= timers_ns ||
+				now_ns >= last_full_ns + (int64) felix_heartbeat_interval * NS_PER_MS ||
+				report_wants_all(now_ns);
+			int			nmarked;
+
+			/* taken before the shards are read: a mark set later is seen next pass */
+			nmarked = repl_ship_take_due(due_taken, ship_nslots);
+			for (int i = 0; i < nmarked; i++)
+				note_due(due_taken[i]);
+			if (full)
+			{
+				full_wanted = false;
+				last_full_ns = now_ns;
+				ship_scan(now_ns, NULL, 0);
+				report_tick(felix_monotonic_ns(), NULL, 0);
+			}
+			else
+			{
+				ship_scan(now_ns, due_slots, ndue);
+				report_tick(felix_monotonic_ns(), due_slots, ndue);
+			}
+			for (int i = 0; i < ndue; i++)
+				due_listed[due_slots[i]] = false;
+			ndue = 0;
+		}
 		if (IsTransactionState())
 			CommitTransactionCommand();
 	}

@@ -13,9 +13,15 @@
  *	  resets it, because a cursor from an earlier leadership says nothing
  *	  about what a follower holds now.
  *
+ *	  Beside the entries, a bitmap of the slots with new work for the ship
+ *	  worker (repl_ship_due), set by whoever makes the work and cleared by
+ *	  the worker as it takes the slots.
+ *
  * Locking rule: each entry's spinlock guards all of its fields; it is held
  * only for plain copies in and out.  Shard fields are read under the
- * shard's own spinlock, never while holding an entry's.
+ * shard's own spinlock, never while holding an entry's.  The bitmap's
+ * words are atomics: set with fetch-or after the work is visible, taken
+ * with exchange before the worker reads the work.
  *
  *-------------------------------------------------------------------------
  */
@@ -37,11 +43,16 @@
 
 /* One entry per shard slot. */
 static FelixReplShard *repl_entries = NULL;
+/* Slots with new work to ship, a bit each (after the entries). */
+static pg_atomic_uint64 *ship_due_words = NULL;
+
+#define DUE_WORDS	((felix_max_shards + 63) / 64)
 
 Size
 repl_state_shmem_size(void)
 {
-	return MAXALIGN(mul_size(sizeof(FelixReplShard), felix_max_shards));
+	return add_size(MAXALIGN(mul_size(sizeof(FelixReplShard), felix_max_shards)),
+					mul_size(sizeof(pg_atomic_uint64), DUE_WORDS));
 }
 
 void
@@ -51,6 +62,8 @@ repl_state_shmem_init(void)
 
 	repl_entries = ShmemInitStruct("felix replication state",
 								   repl_state_shmem_size(), &found);
+	ship_due_words = (pg_atomic_uint64 *)
+		((char *) repl_entries + MAXALIGN(mul_size(sizeof(FelixReplShard), felix_max_shards)));
 	if (!found)
 	{
 		for (int i = 0; i < felix_max_shards; i++)
@@ -58,7 +71,37 @@ repl_state_shmem_init(void)
 			memset(&repl_entries[i], 0, sizeof(FelixReplShard));
 			SpinLockInit(&repl_entries[i].mutex);
 		}
+		for (int w = 0; w < DUE_WORDS; w++)
+			pg_atomic_init_u64(&ship_due_words[w], 0);
 	}
+}
+
+void
+repl_ship_due(int slot)
+{
+	felix_require_preload();
+	Assert(slot >= 0 && slot < felix_max_shards);
+	pg_atomic_fetch_or_u64(&ship_due_words[slot / 64], UINT64CONST(1) << (slot % 64));
+	felix_wake(FELIX_WORKER_SHIP);
+}
+
+int
+repl_ship_take_due(int *slots, int max)
+{
+	int			n = 0;
+
+	for (int w = 0; w < DUE_WORDS && n < max; w++)
+	{
+		uint64		bits;
+
+		if (pg_atomic_read_u64(&ship_due_words[w]) == 0)
+			continue;
+		bits = pg_atomic_exchange_u64(&ship_due_words[w], 0);
+		for (int b = 0; b < 64 && bits != 0; b++, bits >>= 1)
+			if ((bits & 1) && n < max)
+				slots[n++] = w * 64 + b;
+	}
+	return n;
 }
 
 FelixReplShard *
@@ -186,7 +229,7 @@ repl_request_rebuild(int slot, uint64 generation, const char *follower)
 	}
 	SpinLockRelease(&e->mutex);
 	if (halt != FELIX_HALT_NONE)
-		felix_wake(FELIX_WORKER_SHIP);
+		repl_ship_due(slot);
 	return halt;
 }
 

@@ -22,8 +22,11 @@
 
 extern void report_init(void);
 
-/* Queue and send reports that are due; call once per loop pass. */
-extern void report_tick(int64 now_ns);
+/*
+ * Queue and send reports that are due, and move marks; call once per loop
+ * pass, with the pass's slots (slots[0..n)), or NULL for every slot.
+ */
+extern void report_tick(int64 now_ns, const int *slots, int n);
 
 /* The control-plane connection, for the worker's wait set. */
 extern FelixAsyncConn *report_conn(void);
@@ -36,6 +39,12 @@ extern void report_check(int64 now_ns);
 
 /* Earliest instant report.c needs a pass without an event. */
 extern int64 report_deadline(int64 now_ns);
+
+/* ... of those, the earliest that needs a tick over every slot. */
+extern int64 report_timer(int64 now_ns);
+
+/* Has something happened since the last full tick that needs another? */
+extern bool report_wants_all(int64 now_ns);
 
 /* Drop the connection (worker error recovery). */
 extern void report_close(const char *why, int64 now_ns);

@@ -102,6 +102,17 @@ typedef struct FelixReplShard
 extern Size repl_state_shmem_size(void);
 extern void repl_state_shmem_init(void);
 
+/*
+ * Shard slots with new work for the ship worker: records to ship, a new
+ * durable end, a new leadership, a rebuild asked for.  repl_ship_due marks
+ * the slot and wakes the worker; the worker's repl_ship_take_due collects
+ * and clears the marks (into slots[], at most max; returns how many).  A
+ * mark only hurries the worker: every slot is still looked at every
+ * heartbeat interval (ship.c).
+ */
+extern void repl_ship_due(int slot);
+extern int	repl_ship_take_due(int *slots, int max);
+
 /* Entry for shard slot `slot` (0 <= slot < felix.max_shards). */
 extern FelixReplShard *repl_state_entry(int slot);
 
