@@ -671,7 +671,7 @@ reporter_check(int64 now_ns)
 }
 
 void
-report_tick(int64 now_ns, const int *slots, int n)
+report_tick(int64 now_ns, const int *slots, int n, bool all)
 {
 	StringInfoData json;
 	FelixReplShard *e;
@@ -688,7 +688,7 @@ report_tick(int64 now_ns, const int *slots, int n)
 	 * A tick over some slots keeps what the last full one learnt of the
 	 * others (its times only make the next full tick come early).
 	 */
-	if (slots == NULL)
+	if (all)
 	{
 		next_due_ns = PG_INT64_MAX;
 		mark_held = false;

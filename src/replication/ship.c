@@ -34,14 +34,17 @@
  *	  Quorum marks and replica reports are report.c's; this file calls
  *	  report_tick once per pass after the answers it received.
  *
- *	  A pass looks at every slot (a full pass) when one of the worker's
- *	  timers is due, a report request has finished, a peer connection has
- *	  opened, or a heartbeat interval has passed since the last full pass.
- *	  Otherwise -- woken by a publisher or by answers -- it looks only at
- *	  the slots with new work: those marked in shared memory
- *	  (repl_ship_due: new records, a new durable end, a new leadership, a
- *	  rebuild asked for) and those whose answers it applied or whose
- *	  follower state it changed.  At thousands of shards a full pass costs
+ *	  Which slots a pass looks at: a pass woken by a publisher or by
+ *	  answers looks only at the slots with new work -- those marked in
+ *	  shared memory (repl_ship_due: new records, a new durable end, a new
+ *	  leadership, a rebuild asked for) and those whose answers it applied
+ *	  or whose follower state it changed.  A full pass, when one of the
+ *	  worker's timers is due, a report request has ended, a peer
+ *	  connection has opened, or a heartbeat interval has passed since the
+ *	  last, adds every slot it ships from.  A sweep looks at every slot,
+ *	  led here or not: the first pass, and every FELIX_SHIP_SWEEP_INTERVALS
+ *	  intervals (a shard becomes led here only through lease.c, which marks
+ *	  it; the sweep is the backstop).  At thousands of shards a sweep costs
  *	  milliseconds, and a busy worker used to make one per wake-up.
  *
  *	  Failures of peers (refused, slow, gone, erroring) are logged once and
@@ -98,6 +101,8 @@
 #define FELIX_SHIP_RETRY_MS			500
 /* ... but only this long when the follower has yet to learn our generation. */
 #define FELIX_SHIP_RETRY_SOON_MS	20
+/* Every slot is looked at, led here or not, every this many intervals. */
+#define FELIX_SHIP_SWEEP_INTERVALS	10
 /* The rebuild policy runs at most this often. */
 #define FELIX_REBUILD_POLICY_MS		50
 /* Close a peer connection nothing has needed for this long. */
@@ -206,8 +211,10 @@ static int *due_slots = NULL;
 static int *due_taken = NULL;	/* repl_ship_take_due's answer */
 static bool *due_listed = NULL;
 static int	ndue = 0;
-static bool full_wanted = true; /* the next pass looks at every slot */
+static bool full_wanted = false;	/* the next pass is a full one */
 static int64 last_full_ns = 0;
+static bool sweep_wanted = true;	/* the next pass is a sweep */
+static int64 last_sweep_ns = 0;
 static int64 timers_ns = 0;		/* the earliest timer at the last wait */
 
 /*
@@ -1580,7 +1587,7 @@ felix_ship_worker_main(Datum arg)
 		memset(ship_slots, 0, sizeof(ShipSlot) * ship_nslots);
 		memset(due_listed, 0, sizeof(bool) * ship_nslots);
 		ndue = 0;
-		full_wanted = true;
+		sweep_wanted = true;
 		RESUME_INTERRUPTS();
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 						 1000, PG_WAIT_EXTENSION);
@@ -1669,9 +1676,11 @@ felix_ship_worker_main(Datum arg)
 			next_policy_ns = now_ns + FELIX_REBUILD_POLICY_MS * NS_PER_MS;
 		}
 		{
-			bool		full = full_wanted || now_ns >= timers_ns ||
-				now_ns >= last_full_ns + (int64) felix_heartbeat_interval * NS_PER_MS ||
-				report_wants_all(now_ns);
+			int64		interval_ns = (int64) felix_heartbeat_interval * NS_PER_MS;
+			bool		sweep = sweep_wanted ||
+				now_ns >= last_sweep_ns + FELIX_SHIP_SWEEP_INTERVALS * interval_ns;
+			bool		full = sweep || full_wanted || now_ns >= timers_ns ||
+				now_ns >= last_full_ns + interval_ns || report_wants_all(now_ns);
 			int			nmarked;
 
 			/* taken before the shards are read: a mark set later is seen next pass */
@@ -1682,14 +1691,21 @@ felix_ship_worker_main(Datum arg)
 			{
 				full_wanted = false;
 				last_full_ns = now_ns;
-				ship_scan(now_ns, NULL, 0);
-				report_tick(felix_monotonic_ns(), NULL, 0);
+				if (sweep)
+				{
+					sweep_wanted = false;
+					last_sweep_ns = now_ns;
+				}
+				else
+				{
+					/* a shard led here shipped from before, or marked as it was taken */
+					for (int slot = 0; slot < Min(shard_count_slots(), ship_nslots); slot++)
+						if (ship_slots[slot].active)
+							note_due(slot);
+				}
 			}
-			else
-			{
-				ship_scan(now_ns, due_slots, ndue);
-				report_tick(felix_monotonic_ns(), due_slots, ndue);
-			}
+			ship_scan(now_ns, sweep ? NULL : due_slots, ndue);
+			report_tick(felix_monotonic_ns(), sweep ? NULL : due_slots, ndue, full);
 			for (int i = 0; i < ndue; i++)
 				due_listed[due_slots[i]] = false;
 			ndue = 0;

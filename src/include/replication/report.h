@@ -24,9 +24,10 @@ extern void report_init(void);
 
 /*
  * Queue and send reports that are due, and move marks; call once per loop
- * pass, with the pass's slots (slots[0..n)), or NULL for every slot.
+ * pass, with the pass's slots (slots[0..n), or NULL for every slot).  all:
+ * they include every slot the worker ships from (a full pass).
  */
-extern void report_tick(int64 now_ns, const int *slots, int n);
+extern void report_tick(int64 now_ns, const int *slots, int n, bool all);
 
 /* The control-plane connection, for the worker's wait set. */
 extern FelixAsyncConn *report_conn(void);
