@@ -880,7 +880,7 @@ report_deadline(int64 now_ns)
 }
 
 bool
-report_wants_all(int64 now_ns)
+report_wants_all(void)
 {
 	return request_done;
 }

@@ -1680,7 +1680,7 @@ felix_ship_worker_main(Datum arg)
 			bool		sweep = sweep_wanted ||
 				now_ns >= last_sweep_ns + FELIX_SHIP_SWEEP_INTERVALS * interval_ns;
 			bool		full = sweep || full_wanted || now_ns >= timers_ns ||
-				now_ns >= last_full_ns + interval_ns || report_wants_all(now_ns);
+				now_ns >= last_full_ns + interval_ns || report_wants_all();
 			int			nmarked;
 
 			/* taken before the shards are read: a mark set later is seen next pass */

@@ -90,7 +90,8 @@ repl_ship_take_due(int *slots, int max)
 {
 	int			n = 0;
 
-	for (int w = 0; w < DUE_WORDS && n < max; w++)
+	Assert(max >= felix_max_shards);
+	for (int w = 0; w < DUE_WORDS; w++)
 	{
 		uint64		bits;
 
@@ -98,7 +99,7 @@ repl_ship_take_due(int *slots, int max)
 			continue;
 		bits = pg_atomic_exchange_u64(&ship_due_words[w], 0);
 		for (int b = 0; b < 64 && bits != 0; b++, bits >>= 1)
-			if ((bits & 1) && n < max)
+			if (bits & 1)
 				slots[n++] = w * 64 + b;
 	}
 	return n;

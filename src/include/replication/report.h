@@ -45,7 +45,7 @@ extern int64 report_deadline(int64 now_ns);
 extern int64 report_timer(int64 now_ns);
 
 /* Has something happened since the last full tick that needs another? */
-extern bool report_wants_all(int64 now_ns);
+extern bool report_wants_all(void);
 
 /* Drop the connection (worker error recovery). */
 extern void report_close(const char *why, int64 now_ns);

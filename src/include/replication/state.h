@@ -106,9 +106,10 @@ extern void repl_state_shmem_init(void);
  * Shard slots with new work for the ship worker: records to ship, a new
  * durable end, a new leadership, a rebuild asked for.  repl_ship_due marks
  * the slot and wakes the worker; the worker's repl_ship_take_due collects
- * and clears the marks (into slots[], at most max; returns how many).  A
- * mark only hurries the worker: every slot is still looked at every
- * heartbeat interval (ship.c).
+ * and clears the marks (into slots[], room for max >= felix.max_shards;
+ * returns how many).  A mark only hurries the worker: the shards it ships
+ * from are still looked at every heartbeat interval, every slot every
+ * few (ship.c).
  */
 extern void repl_ship_due(int slot);
 extern int	repl_ship_take_due(int *slots, int max);
