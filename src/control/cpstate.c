@@ -121,12 +121,27 @@ cp_snapshot_read_attempt(CpSnapshot *snap, int attempt)
 	(void) cp_snapshot_read(snap, false, ERROR);
 }
 
-/* A key's value as JSON; NULL (logged) when it is not a JSON object. */
+/*
+ * A key's value as JSON; NULL (logged) when it is not a JSON object.  It
+ * lives until the next call: each reader below parses one value and copies
+ * out what it keeps, and the copy of the state a process keeps (cache_put)
+ * would otherwise hold every record's parse besides the record.
+ */
 static JsonbContainer *
 parse_value(const FelixKV *kv)
 {
+	static MemoryContext value_cxt = NULL;
 	char		err[256];
-	JsonbContainer *root = felix_json_parse(kv->value, strlen(kv->value), err, sizeof(err));
+	JsonbContainer *root;
+	MemoryContext old;
+
+	if (value_cxt == NULL)
+		value_cxt = AllocSetContextCreate(TopMemoryContext, "felix control-plane value",
+										  ALLOCSET_DEFAULT_SIZES);
+	MemoryContextReset(value_cxt);
+	old = MemoryContextSwitchTo(value_cxt);
+	root = felix_json_parse(kv->value, strlen(kv->value), err, sizeof(err));
+	MemoryContextSwitchTo(old);
 
 	if (root == NULL || !JsonContainerIsObject(root))
 	{

@@ -21,16 +21,32 @@
 #include "utils/memutils.h"
 #include "utils/numeric.h"
 
+/*
+ * jsonb_in's working memory: the tree it builds before the binary form is
+ * several times the text, and a control-plane host decoding thousands of
+ * records into a long-lived copy of the state (cpstate.c) kept all of it.
+ * Only the result is copied out; the rest is reset after each parse.
+ */
+static MemoryContext parse_cxt = NULL;
+
 JsonbContainer *
 felix_json_parse(const char *text, int len, char *err, Size errlen)
 {
 	MemoryContext cxt = CurrentMemoryContext;
 	Jsonb	   *jb = NULL;
-	char	   *copy = pnstrdup(text, len);
+	Jsonb	   *out = NULL;
 
+	if (parse_cxt == NULL)
+		parse_cxt = AllocSetContextCreate(TopMemoryContext, "felix JSON parse",
+										  ALLOCSET_DEFAULT_SIZES);
+	MemoryContextSwitchTo(parse_cxt);
 	PG_TRY();
 	{
-		jb = DatumGetJsonbP(DirectFunctionCall1(jsonb_in, CStringGetDatum(copy)));
+		jb = DatumGetJsonbP(DirectFunctionCall1(jsonb_in,
+												CStringGetDatum(pnstrdup(text, len))));
+		MemoryContextSwitchTo(cxt);
+		out = palloc(VARSIZE(jb));
+		memcpy(out, jb, VARSIZE(jb));
 	}
 	PG_CATCH();
 	{
@@ -41,19 +57,25 @@ felix_json_parse(const char *text, int len, char *err, Size errlen)
 		FlushErrorState();
 		strlcpy(err, edata->message ? edata->message : "not JSON", errlen);
 		FreeErrorData(edata);
-		jb = NULL;
+		out = NULL;
 	}
 	PG_END_TRY();
-	pfree(copy);
-	return jb ? &jb->root : NULL;
+	MemoryContextSwitchTo(cxt);
+	MemoryContextReset(parse_cxt);
+	return out ? &out->root : NULL;
 }
 
+/*
+ * The readers below leave nothing behind but what they return: the state's
+ * copy a control-plane process keeps is decoded with them, thousands of
+ * records into one long-lived context.
+ */
 static JsonbValue *
-field(JsonbContainer *obj, const char *name)
+field(JsonbContainer *obj, const char *name, JsonbValue *res)
 {
 	if (obj == NULL || !JsonContainerIsObject(obj))
 		return NULL;
-	return getKeyJsonValueFromContainer(obj, name, strlen(name), NULL);
+	return getKeyJsonValueFromContainer(obj, name, strlen(name), res);
 }
 
 static bool
@@ -65,6 +87,19 @@ value_string(JsonbValue *v, char **out)
 	return true;
 }
 
+/* s, a string of digits (and a sign), as an int64. */
+static bool
+digits_int64(const char *s, int64 *out)
+{
+	char	   *end;
+
+	if (s[0] == '\0' || strspn(s, "-0123456789") != strlen(s))
+		return false;
+	errno = 0;
+	*out = strtoi64(s, &end, 10);
+	return errno == 0 && *end == '\0';
+}
+
 static bool
 value_int64(JsonbValue *v, int64 *out)
 {
@@ -74,24 +109,18 @@ value_int64(JsonbValue *v, int64 *out)
 	{
 		char	   *s = DatumGetCString(DirectFunctionCall1(numeric_out,
 															NumericGetDatum(v->val.numeric)));
-		char	   *end;
+		bool		ok = digits_int64(s, out);
 
-		if (s[0] == '\0' || strspn(s, "-0123456789") != strlen(s))
-			return false;
-		errno = 0;
-		*out = strtoi64(s, &end, 10);
-		return errno == 0 && *end == '\0';
+		pfree(s);
+		return ok;
 	}
 	if (v->type == jbvString)
 	{
 		char	   *s = pnstrdup(v->val.string.val, v->val.string.len);
-		char	   *end;
+		bool		ok = digits_int64(s, out);
 
-		if (s[0] == '\0' || strspn(s, "-0123456789") != strlen(s))
-			return false;
-		errno = 0;
-		*out = strtoi64(s, &end, 10);
-		return errno == 0 && *end == '\0';
+		pfree(s);
+		return ok;
 	}
 	return false;
 }
@@ -110,19 +139,24 @@ value_container(JsonbValue *v, bool array)
 bool
 felix_json_string(JsonbContainer *obj, const char *name, char **out)
 {
-	return value_string(field(obj, name), out);
+	JsonbValue	res;
+
+	return value_string(field(obj, name, &res), out);
 }
 
 bool
 felix_json_int64(JsonbContainer *obj, const char *name, int64 *out)
 {
-	return value_int64(field(obj, name), out);
+	JsonbValue	res;
+
+	return value_int64(field(obj, name, &res), out);
 }
 
 bool
 felix_json_bool(JsonbContainer *obj, const char *name, bool *out)
 {
-	JsonbValue *v = field(obj, name);
+	JsonbValue	res;
+	JsonbValue *v = field(obj, name, &res);
 
 	if (v == NULL || v->type != jbvBool)
 		return false;
@@ -133,13 +167,17 @@ felix_json_bool(JsonbContainer *obj, const char *name, bool *out)
 JsonbContainer *
 felix_json_object(JsonbContainer *obj, const char *name)
 {
-	return value_container(field(obj, name), false);
+	JsonbValue	res;
+
+	return value_container(field(obj, name, &res), false);
 }
 
 JsonbContainer *
 felix_json_array(JsonbContainer *obj, const char *name)
 {
-	return value_container(field(obj, name), true);
+	JsonbValue	res;
+
+	return value_container(field(obj, name, &res), true);
 }
 
 int
@@ -158,22 +196,38 @@ element(JsonbContainer *arr, int i)
 	return getIthJsonbValueFromContainer(arr, i);
 }
 
+/* (a container points into arr, not into the element's JsonbValue) */
 JsonbContainer *
 felix_json_elem_object(JsonbContainer *arr, int i)
 {
-	return value_container(element(arr, i), false);
+	JsonbValue *v = element(arr, i);
+	JsonbContainer *c = value_container(v, false);
+
+	if (v)
+		pfree(v);
+	return c;
 }
 
 bool
 felix_json_elem_string(JsonbContainer *arr, int i, char **out)
 {
-	return value_string(element(arr, i), out);
+	JsonbValue *v = element(arr, i);
+	bool		ok = value_string(v, out);
+
+	if (v)
+		pfree(v);
+	return ok;
 }
 
 bool
 felix_json_elem_int64(JsonbContainer *arr, int i, int64 *out)
 {
-	return value_int64(element(arr, i), out);
+	JsonbValue *v = element(arr, i);
+	bool		ok = value_int64(v, out);
+
+	if (v)
+		pfree(v);
+	return ok;
 }
 
 static void
