@@ -224,10 +224,12 @@ inline stop_holding(n) {
 inline hold_duty(n) {
 	if
 	:: hold[n] && MAY_STOP(n) ->
-		/* its own clock says its last refresh is a lease old: it stops */
+		/* its own clock says its last refresh is a lease old, and the late
+		 * refresh below was refused or not made: it stops */
 		stop_holding(n)
-	:: hold[n] && MAY_REFRESH(n) && kowner == n ->
-		/* refresh: a compare-and-set on its own last revision */
+	:: hold[n] && kowner == n ->
+		/* refresh: a compare-and-set on its own last revision, on time or
+		 * late (nobody took over, so it keeps what it observed) */
 		write_duty(n)
 	:: hold[n] && MAY_REFRESH(n) && kowner != n ->
 		/* the refresh is refused: another node took over */

@@ -12,7 +12,8 @@
  *	  was stopped (SIGSTOP, a long pause) and resumes after another took
  *	  over grants nothing: its transactions fail.  It also stops counting
  *	  itself the holder once its last successful refresh is older than
- *	  felix.lease_duration by its own clock.
+ *	  felix.lease_duration by its own clock, until a refresh comparing
+ *	  that revision lands (nobody took over; it keeps what it observed).
  *
  *	  Knowing nothing.  A new holder keeps no memory from anyone: every
  *	  observation below starts at the moment it took over.  So it grants
@@ -208,10 +209,30 @@ hold_duty(const CpSnapshot *snap, const char *node, const char *boot)
 	bool		mine = snap->have_duty && strcmp(snap->duty.node, node) == 0 &&
 		strcmp(snap->duty.boot, boot) == 0;
 
-	/* our own clock says we may have lost it: stop acting on it */
+	/*
+	 * Our own clock says another node may have taken the duties over: act
+	 * on nothing until a refresh lands.  One that compares the revision
+	 * our last refresh produced lands only if nobody took over meanwhile
+	 * (a takeover rewrites the key); then this holder carries on with what
+	 * it observed -- observations are of the store's records, and stay
+	 * true whoever held the duties -- rather than starting afresh and
+	 * waiting out a lease and margin again.  A holder whose ticks run
+	 * late under load (a failover of a thousand shards) kept doing that.
+	 */
 	if (holding && now - refreshed_ns > (int64) felix_lease_duration * NS_PER_MS)
 	{
+		int			late_ms = (int) ((now - refreshed_ns) / NS_PER_MS) - felix_lease_duration;
+
 		holding = false;
+		if (mine && snap->duty.rev == duty_rev &&
+			write_duty(snap, node, boot, snap->duty.beat + 1, duty_rev))
+		{
+			holding = true;
+			ereport(DEBUG1,
+					(errmsg_internal("felix: node \"%s\" refreshed the duty key %d ms late; nobody took it over",
+									 node, late_ms)));
+			return true;
+		}
 		ereport(LOG,
 				(errmsg("felix: node \"%s\" stops running the control-plane duties: its last refresh is %d ms old or more",
 						node, felix_lease_duration)));
