@@ -41,6 +41,7 @@
 #include "api/stream.h"
 #include "base/isolate.h"
 #include "common/hashfn.h"
+#include "control/conninfo.h"
 #include "control/cpcall.h"
 #include "control/nodes.h"
 #include "core/catalog.h"
@@ -536,41 +537,48 @@ agent_take_answer(FelixCpShard *shards, int n, const FelixCpAnswer *answer, int6
 	return rows;
 }
 
+typedef struct ApplyStream
+{
+	FelixCpSession *s;
+	const char *stream;
+} ApplyStream;
+
 /* One heartbeat of the calling backend's own, applying the rows of arg's stream. */
 static void
 apply_stream_now(void *arg)
 {
-	const char *stream = arg;
-	FelixCpSession s;
+	ApplyStream *a = arg;
+	FelixCpShard *shards;
+	int			n;
+	int64		t_send;
+	AgentRow   *rows;
+	FelixCpAnswer answer;
 
-	(void) felix_cp_open(&s, "felix", FELIX_CP_CALL_TIMEOUT_MS, ERROR);
-	PG_TRY();
-	{
-		FelixCpShard *shards;
-		int			n;
-		int64		t_send;
-		AgentRow	   *rows;
-		FelixCpAnswer answer;
+	/*
+	 * Only the stream's rows come back: a backend keeps no assignments
+	 * (agent_rows), so the others would only be sent and decoded.
+	 */
+	(void) felix_cp_heartbeat(a->s, NULL, 0, NULL, 0, false, NULL, NULL, a->stream,
+							  &t_send, &shards, &n, &answer, ERROR);
+	rows = agent_rows(shards, n);
+	agent_note_leaders(rows, n);
 
-		(void) felix_cp_heartbeat(&s, NULL, 0, NULL, 0, false, NULL, NULL, &t_send, &shards, &n, &answer, ERROR);
-		rows = agent_rows(shards, n);
-		agent_note_leaders(rows, n);
-		for (int i = 0; i < n; i++)
-			if (strcmp(rows[i].c.stream, stream) == 0)
-				apply_row_guts(&rows[i]);
-	}
-	PG_FINALLY();
-	{
-		felix_cp_close(&s);
-	}
-	PG_END_TRY();
+	/*
+	 * Only the shards led here: a copy this node follows takes its
+	 * assignment at the worker's next heartbeat, after the stream's table
+	 * is committed -- as on every other node -- and making it here would
+	 * only hold the caller up (a directory and its fsyncs per shard).
+	 */
+	for (int i = 0; i < n; i++)
+		if (strcmp(rows[i].c.a.leader, felix_node_name_resolved()) == 0)
+			apply_row_guts(&rows[i]);
 }
 
 /*
  * The creating backend's half of felix_create_stream: one heartbeat of its
- * own, whose rows for the new stream are applied at once, so the stream is
- * led (and, on this node, writable) when the call returns rather than at
- * the worker's next heartbeat.  The lease is anchored at this heartbeat's
+ * own, whose rows for the new stream's shards led here are applied at
+ * once, so the stream is led (and, on this node, writable) when the call
+ * returns rather than at the worker's next heartbeat.  The lease is anchored at this heartbeat's
  * send time, exactly as the worker anchors its own; the worker's later
  * renewals only ever extend it.
  *
@@ -582,9 +590,10 @@ apply_stream_now(void *arg)
  * WARNING, and the heartbeat worker applies the stream at its next beat.
  */
 void
-agent_apply_stream(const char *stream)
+agent_apply_stream(FelixCpSession *s, const char *stream)
 {
-	ErrorData  *err = felix_run_isolated(apply_stream_now, (void *) stream);
+	ApplyStream a = {s, stream};
+	ErrorData  *err = felix_run_isolated(apply_stream_now, &a);
 
 	if (err != NULL)
 		ereport(WARNING,

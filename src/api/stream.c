@@ -224,12 +224,12 @@ validate_settings(const char *name, const char *payload_type, const FelixStreamS
  * (unregister_streams).
  */
 static char *
-register_stream(const char *name, const char *schema, const char *payload_type,
-				const FelixStreamSettings *st, bool lead_here)
+register_stream(FelixCpSession *s, const char *name, const char *schema,
+				const char *payload_type, const FelixStreamSettings *st, bool lead_here)
 {
 	char	   *creation_id;
 
-	creation_id = felix_cp_create_stream(name, schema, st->shards, st->replication_factor,
+	creation_id = felix_cp_create_stream(s, name, schema, st->shards, st->replication_factor,
 										 st->consistency, payload_type, st->storage,
 										 st->retention_bytes > 0 ? st->retention_bytes : -1,
 										 st->retention == NULL ? NULL :
@@ -240,6 +240,9 @@ register_stream(const char *name, const char *schema, const char *payload_type,
 	return creation_id;
 }
 
+static Oid	create_stream(const char *name, const char *schema, const char *payload_type,
+						  const FelixStreamSettings *st, Oid relid);
+
 PG_FUNCTION_INFO_V1(felix_create_stream);
 Datum
 felix_create_stream(PG_FUNCTION_ARGS)
@@ -247,8 +250,6 @@ felix_create_stream(PG_FUNCTION_ARGS)
 	char	   *name;
 	char	   *payload_type;
 	char	   *schema;
-	char	   *creation_id;
-	Oid			relid;
 	FelixStreamSettings st;
 
 	felix_require_preload();
@@ -286,10 +287,7 @@ felix_create_stream(PG_FUNCTION_ARGS)
 	/* A name taken here locally is refused before asking. */
 	felix_stream_lock_name(name, true);
 	felix_stream_check_name_free(name, schema);
-	creation_id = register_stream(name, schema, payload_type, &st, false);
-	relid = felix_stream_create_local(name, schema, creation_id, payload_type, &st);
-	agent_apply_stream(name);
-	PG_RETURN_OID(relid);
+	PG_RETURN_OID(create_stream(name, schema, payload_type, &st, InvalidOid));
 }
 
 /*
@@ -412,6 +410,39 @@ felix_stream_create_local(const char *name, const char *schema, const char *crea
 }
 
 /*
+ * Register stream `name` at the control plane, make it here -- table
+ * relid, adopted for a restore (which then leads every shard), or a new
+ * table -- and take its leases here, all on one control-plane session:
+ * the host reads its state once for the creation and the heartbeat.
+ */
+static Oid
+create_stream(const char *name, const char *schema, const char *payload_type,
+			  const FelixStreamSettings *st, Oid relid)
+{
+	FelixCpSession s;
+	volatile Oid made = relid;
+
+	(void) felix_cp_open(&s, "felix", FELIX_CP_CALL_TIMEOUT_MS, ERROR);
+	PG_TRY();
+	{
+		char	   *creation_id = register_stream(&s, name, schema, payload_type, st,
+												  OidIsValid(relid));
+
+		if (OidIsValid(relid))
+			make_stream_local(relid, name, creation_id, payload_type_oid(payload_type), st);
+		else
+			made = felix_stream_create_local(name, schema, creation_id, payload_type, st);
+		agent_apply_stream(&s, name);
+	}
+	PG_FINALLY();
+	{
+		felix_cp_close(&s);
+	}
+	PG_END_TRY();
+	return made;
+}
+
+/*
  * Adopt a restored table: the label a restore set on it (after the table,
  * before its records) names the settings; the table's own columns name
  * the payload type.  The checks are felix_create_stream's, with the table
@@ -426,7 +457,6 @@ felix_stream_adopt(Oid relid, const FelixStreamSettings *st)
 	TupleDesc	desc = RelationGetDescr(rel);
 	FelixStream shape;
 	const char *payload_type;
-	char	   *creation_id;
 
 	felix_require_preload();
 	require_felix_database(name);
@@ -465,10 +495,8 @@ felix_stream_adopt(Oid relid, const FelixStreamSettings *st)
 				 errmsg("stream \"%s\" already exists", name),
 				 errhint("Restore into a database where the stream does not exist, or drop it with felix_drop_stream('%s') first.", name)));
 	/* the restore writes every shard's records from here: lead them all */
-	creation_id = register_stream(name, schema, payload_type, st, true);
-	make_stream_local(relid, name, creation_id, shape.payload_type, st);
+	(void) create_stream(name, schema, payload_type, st, relid);
 	table_close(rel, NoLock);
-	agent_apply_stream(name);
 	ereport(NOTICE,
 			(errmsg("table \"%s.%s\" is now stream \"%s\" (%d shards, replication_factor %d, %s)",
 					schema, name, name, st->shards, st->replication_factor, st->consistency)));

@@ -212,7 +212,8 @@ identity(Identity *id)
 	"schema, creation_id, joining, leaving, leader_incarnation, store_id, store_revision, " \
 	"state_revision, full_answer " \
 	"FROM felix.cp_heartbeat($1, $2, $3, $4, $5, $6, $7::integer, $8::jsonb, $9, $10, $11::bigint, " \
-	"$12::bigint, $13::bigint, $14::boolean)"
+	"$12::bigint, $13::bigint, $14::boolean) " \
+	"WHERE $15::text IS NULL OR stream IS NULL OR stream OPERATOR(pg_catalog.=) $15"
 #define HB_NCOLS	26
 #define HB_COL_STORE_ID	22
 #define HB_COL_STORE_REVISION 23
@@ -544,7 +545,8 @@ heartbeat_local(void *arg)
 
 bool
 felix_cp_heartbeat(FelixCpSession *s, char **unable, int nunable, char **ends, int nends,
-				   bool ends_unchanged, const char *peers, const FelixCpAnswer *known, int64 *t_send,
+				   bool ends_unchanged, const char *peers, const FelixCpAnswer *known,
+				   const char *only_stream, int64 *t_send,
 				   FelixCpShard **rows, int *nrows, FelixCpAnswer *answer, int elevel)
 {
 	Identity	id;
@@ -593,15 +595,19 @@ felix_cp_heartbeat(FelixCpSession *s, char **unable, int nunable, char **ends, i
 		*rows = palloc0(sizeof(FelixCpShard) * (c.result.n + 1));
 		for (int i = 0; i < c.result.n; i++)
 		{
-			convert_row(&c.result.rows[i], *t_send, &(*rows)[i]);
-			check_payload_type(&(*rows)[i]);
+			FelixCpShard *r = &(*rows)[*nrows];
+
+			if (only_stream && strcmp(c.result.rows[i].shard->stream, only_stream) != 0)
+				continue;
+			convert_row(&c.result.rows[i], *t_send, r);
+			check_payload_type(r);
+			(*nrows)++;
 		}
-		*nrows = c.result.n;
 		return true;
 	}
 	else
 	{
-		const char *values[14];
+		const char *values[15];
 		char		starts[24];
 		char		lease[16];
 		char		known_state[24];
@@ -628,8 +634,9 @@ felix_cp_heartbeat(FelixCpSession *s, char **unable, int nunable, char **ends, i
 		values[11] = known_state;
 		values[12] = known_commit;
 		values[13] = ends_unchanged && known != NULL ? "true" : "false";
+		values[14] = only_stream;
 		*t_send = felix_monotonic_ns();
-		res = remote(s, "felix.cp_heartbeat", HB_SQL, 14, values, elevel);
+		res = remote(s, "felix.cp_heartbeat", HB_SQL, 15, values, elevel);
 		if (res == NULL)
 			return false;
 		if (PQnfields(res) != HB_NCOLS)
@@ -1120,101 +1127,91 @@ call_once(const char *fn, const char *sql, int nparams, const char *const *value
 }
 
 char *
-felix_cp_create_stream(const char *name, const char *schema, int shards,
+felix_cp_create_stream(FelixCpSession *s, const char *name, const char *schema, int shards,
 					   int replication_factor, const char *consistency,
 					   const char *payload_type, const char *storage,
 					   int64 retention_bytes, const char *retention, bool lead_here)
 {
-	FelixCpSession s;
-	char	   *volatile creation_id = NULL;
+	char	   *creation_id;
+	FelixCpShard *rows;
+	int			nrows;
+	int64		t_send;
+	Identity	id;
+	char		listed[FELIX_INCARNATION_LEN];
+	FelixCpAnswer answer;
 
 	require_own_conninfo(FELIX_CP_CALL_TIMEOUT_MS);
-	open_for_call(&s, FELIX_CP_CALL_TIMEOUT_MS);
-	PG_TRY();
+
+	/*
+	 * Register first, unless the control plane's node list already holds
+	 * this node at this incarnation: a placement counts only alive nodes
+	 * and the caller, whose record it must find, even before its worker's
+	 * first beat.  (A heartbeat reads the whole state; at thousands of
+	 * shards it was half of each call.)  This heartbeat's answer is not
+	 * applied here; a lease it claims is one this node does not use until
+	 * its worker claims it again, so the node only ever believes in less
+	 * lease than it holds.
+	 */
+	identity(&id);
+	if (!felix_node_incarnation_of(felix_node_name_resolved(), listed) ||
+		strcmp(listed, id.incarnation) != 0)
+		(void) felix_cp_heartbeat(s, NULL, 0, NULL, 0, false, NULL, NULL, NULL, &t_send, &rows, &nrows, &answer, ERROR);
+	if (felix_store_is_etcd())
 	{
-		FelixCpShard *rows;
-		int			nrows;
-		int64		t_send;
-		Identity	id;
-		char		listed[FELIX_INCARNATION_LEN];
-		FelixCpAnswer answer;
+		CpCreateArgs a;
 
-		/*
-		 * Register first, unless the control plane's node list already
-		 * holds this node at this incarnation: a placement counts only alive
-		 * nodes and the caller, whose record it must find, even before its
-		 * worker's first beat.  (A heartbeat reads the whole state; at
-		 * thousands of shards it was half of each call.)  This heartbeat's
-		 * answer is not applied here; a lease it claims is one this node
-		 * does not use until its worker claims it again, so the node only
-		 * ever believes in less lease than it holds.
-		 */
-		identity(&id);
-		if (!felix_node_incarnation_of(felix_node_name_resolved(), listed) ||
-			strcmp(listed, id.incarnation) != 0)
-			(void) felix_cp_heartbeat(&s, NULL, 0, NULL, 0, false, NULL, NULL, &t_send, &rows, &nrows, &answer, ERROR);
-		if (felix_store_is_etcd())
+		memset(&a, 0, sizeof(a));
+		a.name = name;
+		a.schema = schema;
+		a.shards = shards;
+		a.replication_factor = replication_factor;
+		a.consistency = consistency;
+		a.payload_type = payload_type;
+		a.storage = storage;
+		a.has_retention_bytes = retention_bytes >= 0;
+		a.retention_bytes = retention_bytes;
+		a.caller = felix_node_name_resolved();
+		a.lead_caller = lead_here;
+		if (retention != NULL)
 		{
-			CpCreateArgs a;
+			Interval   *iv = DatumGetIntervalP(DirectFunctionCall3(interval_in,
+																   CStringGetDatum(retention),
+																   ObjectIdGetDatum(InvalidOid),
+																   Int32GetDatum(-1)));
 
-			memset(&a, 0, sizeof(a));
-			a.name = name;
-			a.schema = schema;
-			a.shards = shards;
-			a.replication_factor = replication_factor;
-			a.consistency = consistency;
-			a.payload_type = payload_type;
-			a.storage = storage;
-			a.has_retention_bytes = retention_bytes >= 0;
-			a.retention_bytes = retention_bytes;
-			a.caller = felix_node_name_resolved();
-			a.lead_caller = lead_here;
-			if (retention != NULL)
-			{
-				Interval   *iv = DatumGetIntervalP(DirectFunctionCall3(interval_in,
-																	   CStringGetDatum(retention),
-																	   ObjectIdGetDatum(InvalidOid),
-																	   Int32GetDatum(-1)));
-
-				a.has_retention = true;
-				a.retention_months = iv->month;
-				a.retention_days = iv->day;
-				a.retention_usec = iv->time;
-			}
-			creation_id = cp_create_stream(&a);
+			a.has_retention = true;
+			a.retention_months = iv->month;
+			a.retention_days = iv->day;
+			a.retention_usec = iv->time;
 		}
-		else
-		{
-			char		shards_s[16];
-			char		rf_s[16];
-			char		rb_s[32];
-			const char *values[10];
-
-			snprintf(shards_s, sizeof(shards_s), "%d", shards);
-			snprintf(rf_s, sizeof(rf_s), "%d", replication_factor);
-			snprintf(rb_s, sizeof(rb_s), INT64_FORMAT, retention_bytes);
-			values[0] = name;
-			values[1] = schema;
-			values[2] = shards_s;
-			values[3] = rf_s;
-			values[4] = consistency;
-			values[5] = payload_type;
-			values[6] = storage;
-			values[7] = retention_bytes < 0 ? NULL : rb_s;
-			values[8] = retention;
-			values[9] = lead_here ? "true" : "false";
-			creation_id = single_value(remote(&s, "felix.cp_create_stream",
-											  "SELECT felix.cp_create_stream($1, $3::integer, $4::integer, $5, $6, $7, "
-											  "$8::bigint, $9::interval, schema => $2, lead_here => $10::boolean)",
-											  10, values, ERROR),
-									   "felix.cp_create_stream");
-		}
+		creation_id = cp_create_stream(&a);
 	}
-	PG_FINALLY();
+	else
 	{
-		felix_cp_close(&s);
+		char		shards_s[16];
+		char		rf_s[16];
+		char		rb_s[32];
+		const char *values[10];
+
+		snprintf(shards_s, sizeof(shards_s), "%d", shards);
+		snprintf(rf_s, sizeof(rf_s), "%d", replication_factor);
+		snprintf(rb_s, sizeof(rb_s), INT64_FORMAT, retention_bytes);
+		values[0] = name;
+		values[1] = schema;
+		values[2] = shards_s;
+		values[3] = rf_s;
+		values[4] = consistency;
+		values[5] = payload_type;
+		values[6] = storage;
+		values[7] = retention_bytes < 0 ? NULL : rb_s;
+		values[8] = retention;
+		values[9] = lead_here ? "true" : "false";
+		creation_id = single_value(remote(s, "felix.cp_create_stream",
+										  "SELECT felix.cp_create_stream($1, $3::integer, $4::integer, $5, $6, $7, "
+										  "$8::bigint, $9::interval, schema => $2, lead_here => $10::boolean)",
+										  10, values, ERROR),
+								   "felix.cp_create_stream");
 	}
-	PG_END_TRY();
 	if (!cp_is_uuid(creation_id))
 		ereport(ERROR,
 				(errcode(ERRCODE_PROTOCOL_VIOLATION),

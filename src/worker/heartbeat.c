@@ -447,7 +447,7 @@ heartbeat_once(void)
 	ends_same = agent_ends_unchanged(ends, nends);
 	if (!felix_cp_heartbeat(&cp_session, unable, nunable, ends_same ? NULL : ends,
 							ends_same ? 0 : nends, ends_same,
-							felix_nodes_probes_json(), agent_known(), &t_send,
+							felix_nodes_probes_json(), agent_known(), NULL, &t_send,
 							&shards, &nrows, &answer, elevel))
 	{
 		pgstat_report_activity(STATE_IDLE, NULL);

@@ -92,11 +92,13 @@ typedef struct FelixCpShard
  * peers: JSON object of what it sees of its peers, NULL: unchanged.
  * known: the answer whose rows, with those before it, the caller holds
  * (NULL: none; the rows are then every shard).  *answer says what the
- * rows are.
+ * rows are.  only_stream: the rows of that stream only (NULL: all), for a
+ * caller that keeps no other -- the answer it was cut from is still what
+ * *answer says.
  */
 extern bool felix_cp_heartbeat(FelixCpSession *s, char **unable, int nunable,
 							   char **ends, int nends, bool ends_unchanged, const char *peers,
-							   const FelixCpAnswer *known, int64 *t_send,
+							   const FelixCpAnswer *known, const char *only_stream, int64 *t_send,
 							   FelixCpShard **rows, int *nrows, FelixCpAnswer *answer,
 							   int elevel);
 
@@ -130,14 +132,17 @@ extern int	felix_cp_report(const char *reports, int64 token, int elevel);
 #define FELIX_CP_REPORT_SQL	"SELECT felix.cp_report($1, $2, $3, $4)"
 
 /*
- * Backend calls (each on a session of its own, ERROR on failure).
- * Creating first registers this node (a heartbeat), so a stream can be
- * created before the heartbeat worker's first beat; it returns the
+ * Backend calls (ERROR on failure).  Creating registers the stream on the
+ * caller's session s, which the caller's own heartbeat then uses to take
+ * the new stream's leases (agent_apply_stream): the host reads the state
+ * once for both.  It first registers this node (a heartbeat), so a stream
+ * can be created before the heartbeat worker's first beat; it returns the
  * stream's creation id; with lead_here (a restore, which writes every
- * shard from here) this node leads every shard.  A drop forgets only the
- * stream registered under that name with that creation id.
+ * shard from here) this node leads every shard.  The other calls each use
+ * a session of their own.  A drop forgets only the stream registered under
+ * that name with that creation id.
  */
-extern char *felix_cp_create_stream(const char *name, const char *schema,
+extern char *felix_cp_create_stream(FelixCpSession *s, const char *name, const char *schema,
 									int shards, int replication_factor,
 									const char *consistency,
 									const char *payload_type,
