@@ -267,6 +267,18 @@ new_boot(const CpHeartbeatArgs *a, const CpNode *prev)
 	return prev != NULL && strcmp(prev->boot, a->boot) != 0;
 }
 
+/* A heartbeat transaction whose outcome the store did not say. */
+static void unconfirmed(const char *node) pg_attribute_noreturn();
+
+static void
+unconfirmed(const char *node)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_CONNECTION_FAILURE),
+			 errmsg("node \"%s\": the control-plane store did not confirm the heartbeat", node),
+			 errhint("Its outcome is unknown; the next heartbeat settles it.")));
+}
+
 /*
  * A node started again, or with a new data directory, has its reports as a
  * follower doubted or dropped by the heartbeat that registers it (below).
@@ -300,10 +312,7 @@ void_reports_ahead(const CpHeartbeatArgs *a, const CpSnapshot *snap, const CpNod
 		return false;			/* they fit the heartbeat's own transaction */
 	st = felix_store_txn(cmps, ncmps, ops, nops, &rev, ERROR);
 	if (st != FELIX_STORE_OK && st != FELIX_STORE_CONFLICT)
-		ereport(ERROR,
-				(errcode(ERRCODE_CONNECTION_FAILURE),
-				 errmsg("node \"%s\": the control-plane store did not confirm the heartbeat", a->node),
-				 errhint("Its outcome is unknown; the next heartbeat settles it.")));
+		unconfirmed(a->node);
 	return true;
 }
 
@@ -788,10 +797,7 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 			continue;
 		}
 		if (st != FELIX_STORE_OK)
-			ereport(ERROR,
-					(errcode(ERRCODE_CONNECTION_FAILURE),
-					 errmsg("node \"%s\": the control-plane store did not confirm the heartbeat", a->node),
-					 errhint("Its outcome is unknown; the next heartbeat settles it.")));
+			unconfirmed(a->node);
 
 		out->store_id = snap.store_id;
 		out->revision = rev;
