@@ -41,7 +41,6 @@
 #include "api/stream.h"
 #include "base/isolate.h"
 #include "common/hashfn.h"
-#include "control/conninfo.h"
 #include "control/cpcall.h"
 #include "control/nodes.h"
 #include "core/catalog.h"
@@ -564,23 +563,22 @@ apply_stream_now(void *arg)
 	agent_note_leaders(rows, n);
 
 	/*
-	 * Only the shards led here: a copy this node follows takes its
-	 * assignment at the worker's next heartbeat, after the stream's table
-	 * is committed -- as on every other node -- and making it here would
-	 * only hold the caller up (a directory and its fsyncs per shard).
+	 * Every shard of the stream, not only those led here: a shard another
+	 * node leads takes a publish made here (forwarded to its leader) once
+	 * its assignment is applied here, and the caller may publish to any of
+	 * them as soon as the call returns (TAP 127 runs the README's tour so).
 	 */
 	for (int i = 0; i < n; i++)
-		if (strcmp(rows[i].c.a.leader, felix_node_name_resolved()) == 0)
-			apply_row_guts(&rows[i]);
+		apply_row_guts(&rows[i]);
 }
 
 /*
  * The creating backend's half of felix_create_stream: one heartbeat of its
- * own, whose rows for the new stream's shards led here are applied at
- * once, so the stream is led (and, on this node, writable) when the call
- * returns rather than at the worker's next heartbeat.  The lease is anchored at this heartbeat's
- * send time, exactly as the worker anchors its own; the worker's later
- * renewals only ever extend it.
+ * own, whose rows for the new stream are applied at once, so the stream is
+ * led (and, on this node, writable) when the call returns rather than at
+ * the worker's next heartbeat.  The lease is
+ * anchored at this heartbeat's send time, exactly as the worker anchors
+ * its own; the worker's later renewals only ever extend it.
  *
  * By now the control plane lists the stream and this node has its table:
  * the work is done.  A heartbeat that fails here (the store busy with

@@ -86,8 +86,8 @@ extern char **agent_held_ends(int *n);
 extern char **agent_unable_list(int *n);
 
 /* In a backend that just created `stream`, on the session it created it
- * on: heartbeat once and apply the control plane's assignments of the
- * stream's shards led here. */
+ * on: heartbeat once and apply the control plane's assignments of that
+ * stream to this node's shards. */
 extern void agent_apply_stream(FelixCpSession *s, const char *stream);
 
 #endif							/* FELIX_API_AGENT_H */
