@@ -83,9 +83,14 @@ typedef struct HeldShard
 	int			shard;
 	int			slot;
 	FelixShardKey key;
+	FelixShardEnds seen;		/* as last read, when text is not NULL */
+	char	   *text;			/* ... and given as this (in held_cxt) */
 } HeldShard;
 static HeldShard *held = NULL;
 static int	nheld = 0;
+static MemoryContext held_cxt = NULL;
+/* held is to be made again: the rows held, or what became of them, changed */
+static bool held_stale = true;
 /*
  * shard_streams_changes() just before this heartbeat's rows were asked
  * for.  A stream drop commits its control-plane change first and its local
@@ -217,6 +222,8 @@ agent_init(void)
 	ctl.entrysize = sizeof(KnownRow);
 	known_rows = hash_create("felix heartbeat: assignments held", 256, &ctl,
 							 HASH_ELEM | HASH_BLOBS);
+	held_cxt = AllocSetContextCreate(TopMemoryContext, "felix heartbeat: log ends given",
+									 ALLOCSET_DEFAULT_SIZES);
 }
 
 void
@@ -445,6 +452,7 @@ agent_forget(void)
 		(void) hash_search(known_rows, k, HASH_REMOVE, NULL);
 	}
 	have_known = false;
+	held_stale = true;
 	forget_ends_given();
 }
 
@@ -464,6 +472,8 @@ agent_take_answer(FelixCpShard *shards, int n, const FelixCpAnswer *answer, int6
 		while ((k = hash_seq_search(&seq)) != NULL)
 			k->in_answer = false;
 	}
+	if (n > 0 || answer->full)
+		held_stale = true;
 	MemoryContextSwitchTo(known_cxt);
 	for (int i = 0; i < n; i++)
 	{
@@ -576,9 +586,9 @@ apply_stream_now(void *arg)
  * The creating backend's half of felix_create_stream: one heartbeat of its
  * own, whose rows for the new stream are applied at once, so the stream is
  * led (and, on this node, writable) when the call returns rather than at
- * the worker's next heartbeat.  The lease is
- * anchored at this heartbeat's send time, exactly as the worker anchors
- * its own; the worker's later renewals only ever extend it.
+ * the worker's next heartbeat.  The lease is anchored at this heartbeat's
+ * send time, exactly as the worker anchors its own; the worker's later
+ * renewals only ever extend it.
  *
  * By now the control plane lists the stream and this node has its table:
  * the work is done.  A heartbeat that fails here (the store busy with
@@ -918,10 +928,19 @@ agent_note_held(AgentRow *rows, int nrows)
 		k->slot = rows[i].applied ? rows[i].slot : -1;
 		k->key = rows[i].key;
 		k->holds = rows[i].applied && rows[i].holds;
+		held_stale = true;
 	}
-	if (held)
-		pfree(held);
-	held = MemoryContextAllocZero(TopMemoryContext,
+
+	/*
+	 * Made again only when a row held, or what became of one, changed:
+	 * most beats renew every lease on the spot and change nothing, and a
+	 * walk of every row at every beat cost as much as the leases.
+	 */
+	if (!held_stale)
+		return;
+	held_stale = false;
+	MemoryContextReset(held_cxt);
+	held = MemoryContextAllocZero(held_cxt,
 								  sizeof(HeldShard) * (hash_get_num_entries(known_rows) + 1));
 	nheld = 0;
 	hash_seq_init(&seq, known_rows);
@@ -959,26 +978,39 @@ agent_held_ends(int *n)
 	out = palloc0(sizeof(char *) * (nheld + 1));
 	for (int i = 0; i < nheld; i++)
 	{
-		FelixShardPositions pos;
+		HeldShard  *h = &held[i];
+		FelixShardEnds pos;
+		MemoryContext old;
 
-		shard_read_positions(shard_slot(held[i].slot), &pos);
-		if (!pos.in_use || memcmp(&pos.key, &held[i].key, sizeof(FelixShardKey)) != 0)
+		/* read every time: a copy truncated in a repair must say so */
+		shard_read_ends(shard_slot(h->slot), &pos);
+		if (!pos.in_use || memcmp(&pos.key, &h->key, sizeof(FelixShardKey)) != 0)
 			continue;			/* forgotten or reused since */
 		if (pos.phase != FELIX_SHARD_OPEN)
 			continue;			/* its positions are not its disk's (a failed discard) */
-		/*
-		 * With the generation of its last record and its copy epoch when
-		 * every record written is durable (then last_generation is the
-		 * durable log's): the duty holder may then promote the copy with
-		 * the newest log without a report (cp_duty.c, copies_candidate).
-		 */
-		if (pos.written_end == pos.flushed_end)
-			out[(*n)++] = psprintf("%s/%d=" UINT64_FORMAT ":" UINT64_FORMAT ":" UINT64_FORMAT ":%d",
-								   held[i].stream, held[i].shard, pos.flushed_end,
+		if (h->text == NULL || memcmp(&pos, &h->seen, sizeof(pos)) != 0)
+		{
+			if (h->text)
+				pfree(h->text);
+			h->seen = pos;
+
+			/*
+			 * With the generation of its last record and its copy epoch
+			 * when every record written is durable (then last_generation
+			 * is the durable log's): the duty holder may then promote the
+			 * copy with the newest log without a report (cp_duty.c,
+			 * copies_candidate).
+			 */
+			old = MemoryContextSwitchTo(held_cxt);
+			if (pos.written_end == pos.flushed_end)
+				h->text = psprintf("%s/%d=" UINT64_FORMAT ":" UINT64_FORMAT ":" UINT64_FORMAT ":%d",
+								   h->stream, h->shard, pos.flushed_end,
 								   pos.last_generation, pos.copy_epoch, pos.copy_first ? 1 : 0);
-		else
-			out[(*n)++] = psprintf("%s/%d=" UINT64_FORMAT, held[i].stream, held[i].shard,
-								   pos.flushed_end);
+			else
+				h->text = psprintf("%s/%d=" UINT64_FORMAT, h->stream, h->shard, pos.flushed_end);
+			MemoryContextSwitchTo(old);
+		}
+		out[(*n)++] = h->text;
 	}
 	return out;
 }

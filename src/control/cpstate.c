@@ -1176,6 +1176,18 @@ typedef struct StateCache
 	int64		garbage_bytes;	/* ... and the replaced ones not yet freed */
 	List	   *retired;		/* node records' contexts to free */
 	char	   *store;			/* which store and prefix the copy is of */
+	CachedKey **by_kind[CK_MARK + 1];	/* order, split by kind (made with it) */
+	int			nby_kind[CK_MARK + 1];
+
+	/*
+	 * The bulk of a snapshot -- its streams, shards and reports -- as the
+	 * last one built them, copied whole into the next while no record of
+	 * that kind changed (tmpl_ok): most reads bring a node's record and
+	 * nothing else, and walking every record at every read was most of
+	 * what an idle control plane still cost at thousands of shards.
+	 */
+	CpSnapshot	tmpl;
+	bool		tmpl_ok[CK_MARK + 1];
 } StateCache;
 
 static StateCache cache;
@@ -1260,16 +1272,26 @@ decode_kv(const FelixKV *kv, CachedKey *e)
 		e->kind = CK_MARK;
 }
 
-/* Room in snap for n records of each kind. */
+/* The kinds whose records make the bulk of a snapshot (see StateCache.tmpl). */
+static bool
+bulk_kind(CachedKind kind)
+{
+	return kind == CK_STREAM || kind == CK_SHARD || kind == CK_REPORTS;
+}
+
+/* Room in snap for n records of each kind (of the bulk kinds too if bulk). */
 static void
-snap_alloc(CpSnapshot *snap, const int *count)
+snap_alloc(CpSnapshot *snap, const int *count, bool bulk)
 {
 	snap->nodes = palloc0(sizeof(CpNode) * (count[CK_NODE] + 1));
-	snap->streams = palloc0(sizeof(CpStream) * (count[CK_STREAM] + 1));
-	snap->shards = palloc0(sizeof(CpShard) * (count[CK_SHARD] + 1));
-	snap->reports = palloc0(sizeof(CpReports *) * (count[CK_REPORTS] + 1));
-	snap->report_stream = palloc0(sizeof(char *) * (count[CK_REPORTS] + 1));
-	snap->report_shard = palloc0(sizeof(int) * (count[CK_REPORTS] + 1));
+	if (bulk)
+	{
+		snap->streams = palloc0(sizeof(CpStream) * (count[CK_STREAM] + 1));
+		snap->shards = palloc0(sizeof(CpShard) * (count[CK_SHARD] + 1));
+		snap->reports = palloc0(sizeof(CpReports *) * (count[CK_REPORTS] + 1));
+		snap->report_stream = palloc0(sizeof(char *) * (count[CK_REPORTS] + 1));
+		snap->report_shard = palloc0(sizeof(int) * (count[CK_REPORTS] + 1));
+	}
 	snap->leads_node = palloc0(sizeof(char *) * (count[CK_LEADS] + 1));
 	snap->leads_rev = palloc0(sizeof(int64) * (count[CK_LEADS] + 1));
 	snap->clashes = palloc0(sizeof(CpClash) * (count[CK_CLASH] + 1));
@@ -1376,6 +1398,7 @@ cache_reorder(void)
 	cache.order = NULL;
 	cache.index = NULL;
 	cache.shard_order = NULL;
+	memset(cache.tmpl_ok, 0, sizeof(cache.tmpl_ok));
 }
 
 /* Throw the whole copy away (at a quiet point only). */
@@ -1410,6 +1433,10 @@ cache_drop(void)
 	cache.live_bytes = 0;
 	cache.garbage_bytes = 0;
 	cache.store = NULL;
+	memset(cache.by_kind, 0, sizeof(cache.by_kind));
+	memset(cache.nby_kind, 0, sizeof(cache.nby_kind));
+	memset(&cache.tmpl, 0, sizeof(cache.tmpl));
+	memset(cache.tmpl_ok, 0, sizeof(cache.tmpl_ok));
 }
 
 void
@@ -1483,6 +1510,8 @@ cache_put(const FelixKV *kv, bool seen)
 	e->text = pstrdup(kv->value);
 	old_kind = e->kind;
 	decode_kv(kv, e);
+	cache.tmpl_ok[old_kind] = false;
+	cache.tmpl_ok[e->kind] = false;
 	if (found && e->kind != old_kind)
 		cache_reorder();
 	else if (e->kind == CK_SHARD && cache.shard_order != NULL)
@@ -1600,51 +1629,140 @@ cache_refresh(bool guarded, int64 *revision, int elevel)
 }
 
 /*
- * The snapshot of entries (in key order): each node joined to its ends and
- * claims.  Ends count only for the boot that gave them.  A node whose
- * keys do not exist keeps what its own record held (felix 1.1 before
- * they had keys of their own).
+ * Split entries (in key order) by kind, each list in key order (in
+ * CurrentMemoryContext).
  */
 static void
-snap_build(CpSnapshot *snap, CachedKey *const *entries, int n)
+split_by_kind(CachedKey *const *entries, int n, CachedKey ***lists, int *count)
 {
-	int			count[CK_MARK + 1] = {0};
-	HTAB	   *extra;
-	HASHCTL		ctl;
+	int			filled[CK_MARK + 1] = {0};
 
+	memset(count, 0, sizeof(int) * (CK_MARK + 1));
 	for (int i = 0; i < n; i++)
 		count[entries[i]->kind]++;
-	snap_alloc(snap, count);
-	ctl.keysize = CP_INDEX_KEY_LEN;
-	ctl.entrysize = sizeof(CachedKey *) + CP_INDEX_KEY_LEN;
-	ctl.hcxt = CurrentMemoryContext;
-	extra = hash_create("felix node keys", Max(count[CK_ENDS] + count[CK_CLAIMS], 4), &ctl,
-						HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+	for (int k = 0; k <= CK_MARK; k++)
+		lists[k] = palloc(sizeof(CachedKey *) * (count[k] + 1));
 	for (int i = 0; i < n; i++)
-	{
-		if (entries[i]->kind == CK_ENDS || entries[i]->kind == CK_CLAIMS)
-		{
-			char	   *slot = hash_search(extra, entries[i]->key, HASH_ENTER, NULL);
+		lists[entries[i]->kind][filled[entries[i]->kind]++] = entries[i];
+}
 
-			*(CachedKey **) (slot + CP_INDEX_KEY_LEN) = entries[i];
-		}
-		snap_add(snap, entries[i]);
+/* Make the copy's template of each bulk kind whose records changed. */
+static void
+tmpl_refresh(void)
+{
+	MemoryContext old = MemoryContextSwitchTo(cache.cxt);
+	CpSnapshot *t = &cache.tmpl;
+	const int  *count = cache.nby_kind;
+
+	if (!cache.tmpl_ok[CK_STREAM])
+	{
+		if (t->streams)
+			pfree(t->streams);
+		t->streams = palloc0(sizeof(CpStream) * (count[CK_STREAM] + 1));
+		t->nstreams = 0;
 	}
+	if (!cache.tmpl_ok[CK_SHARD])
+	{
+		if (t->shards)
+			pfree(t->shards);
+		t->shards = palloc0(sizeof(CpShard) * (count[CK_SHARD] + 1));
+		t->nshards = 0;
+	}
+	if (!cache.tmpl_ok[CK_REPORTS])
+	{
+		if (t->reports)
+		{
+			pfree(t->reports);
+			pfree(t->report_stream);
+			pfree(t->report_shard);
+		}
+		t->reports = palloc0(sizeof(CpReports *) * (count[CK_REPORTS] + 1));
+		t->report_stream = palloc0(sizeof(char *) * (count[CK_REPORTS] + 1));
+		t->report_shard = palloc0(sizeof(int) * (count[CK_REPORTS] + 1));
+		t->nreports = 0;
+	}
+	for (int k = 0; k <= CK_MARK; k++)
+	{
+		if (!bulk_kind(k) || cache.tmpl_ok[k])
+			continue;
+		for (int i = 0; i < count[k]; i++)
+			snap_add(t, cache.by_kind[k][i]);
+		cache.tmpl_ok[k] = true;
+	}
+	MemoryContextSwitchTo(old);
+}
+
+/* n elements of size each from src, and a zeroed one after them. */
+static void *
+copy_array(const void *src, Size size, int n)
+{
+	char	   *dst = palloc(size * (n + 1));
+
+	memcpy(dst, src, size * n);
+	memset(dst + size * n, 0, size);
+	return dst;
+}
+
+/*
+ * The entry of list (n entries in key order, each key a prefix skip long
+ * and a node's name) for node name, or NULL; *at moves on, so nodes taken
+ * in name order are each found in one walk of the list.
+ */
+static const CachedKey *
+entry_of_node(CachedKey *const *list, int n, int skip, int *at, const char *name)
+{
+	while (*at < n && strcmp(list[*at]->key + skip, name) < 0)
+		(*at)++;
+	return *at < n && strcmp(list[*at]->key + skip, name) == 0 ? list[*at] : NULL;
+}
+
+/*
+ * The snapshot of the records in lists (each kind's in key order): each
+ * node joined to its ends and claims; the bulk kinds copied from the
+ * template when cached, else added one by one.  Ends count only for the
+ * boot that gave them.  A node whose keys do not exist keeps what its own
+ * record held (felix 1.1 before they had keys of their own).
+ */
+static void
+snap_build(CpSnapshot *snap, CachedKey **const *lists, const int *count, bool cached)
+{
+	int			j_ends = 0;
+	int			j_claims = 0;
+
+	snap_alloc(snap, count, !cached);
+	if (cached)
+	{
+		const CpSnapshot *t = &cache.tmpl;
+
+		snap->streams = copy_array(t->streams, sizeof(CpStream), t->nstreams);
+		snap->nstreams = t->nstreams;
+		snap->shards = copy_array(t->shards, sizeof(CpShard), t->nshards);
+		snap->nshards = t->nshards;
+		snap->reports = copy_array(t->reports, sizeof(CpReports *), t->nreports);
+		snap->report_stream = copy_array(t->report_stream, sizeof(char *), t->nreports);
+		snap->report_shard = copy_array(t->report_shard, sizeof(int), t->nreports);
+		snap->nreports = t->nreports;
+	}
+	for (int k = 0; k <= CK_MARK; k++)
+	{
+		if (cached && bulk_kind(k))
+			continue;
+		for (int i = 0; i < count[k]; i++)
+			snap_add(snap, lists[k][i]);
+	}
+
+	/* nodes, ends and claims are each in name order: joined as they go */
 	for (int i = 0; i < snap->nnodes; i++)
 	{
 		CpNode	   *node = &snap->nodes[i];
-		char		key[CP_INDEX_KEY_LEN];
-		char	   *slot;
+		const CachedKey *e;
 
 		node->unable_index = NULL;
 		node->ends_index = NULL;
 		node->claims_index = NULL;
-		memset(key, 0, sizeof(key));
-		snprintf(key, sizeof(key), "ends/%s", node->name);
-		if ((slot = hash_search(extra, key, HASH_FIND, NULL)) != NULL)
+		if ((e = entry_of_node(lists[CK_ENDS], count[CK_ENDS], strlen("ends/"),
+							   &j_ends, node->name)) != NULL)
 		{
-			const CachedKey *e = *(CachedKey **) (slot + CP_INDEX_KEY_LEN);
-
 			node->ends_rev = e->rec.ends.rev;
 			node->nends = 0;
 			node->ends = NULL;
@@ -1655,12 +1773,9 @@ snap_build(CpSnapshot *snap, CachedKey *const *entries, int n)
 				node->ends_index = e->index;
 			}
 		}
-		memset(key, 0, sizeof(key));
-		snprintf(key, sizeof(key), "claims/%s", node->name);
-		if ((slot = hash_search(extra, key, HASH_FIND, NULL)) != NULL)
+		if ((e = entry_of_node(lists[CK_CLAIMS], count[CK_CLAIMS], strlen("claims/"),
+							   &j_claims, node->name)) != NULL)
 		{
-			const CachedKey *e = *(CachedKey **) (slot + CP_INDEX_KEY_LEN);
-
 			node->claims_rev = e->rec.claims.rev;
 			node->nclaims = e->rec.claims.nclaims;
 			node->claims = e->rec.claims.claims;
@@ -1674,6 +1789,8 @@ static void
 snap_build_uncached(CpSnapshot *snap, const FelixKV *kvs, int n)
 {
 	CachedKey **entries = palloc(sizeof(CachedKey *) * (n + 1));
+	CachedKey **lists[CK_MARK + 1];
+	int			count[CK_MARK + 1];
 	int			m = 0;
 
 	for (int i = 0; i < n; i++)
@@ -1692,7 +1809,8 @@ snap_build_uncached(CpSnapshot *snap, const FelixKV *kvs, int n)
 		}
 		entries[m++] = e;
 	}
-	snap_build(snap, entries, m);
+	split_by_kind(entries, m, lists, count);
+	snap_build(snap, lists, count, false);
 	snap->index = index_snapshot(snap);
 }
 
@@ -1753,6 +1871,7 @@ cp_snapshot_read(CpSnapshot *snap, bool guarded, int elevel)
 	{
 		HASH_SEQ_STATUS seq;
 		CachedKey  *e;
+		MemoryContext old;
 
 		cache.norder = 0;
 		cache.order = MemoryContextAlloc(cache.cxt, sizeof(CachedKey *) *
@@ -1761,8 +1880,12 @@ cp_snapshot_read(CpSnapshot *snap, bool guarded, int elevel)
 		while ((e = hash_seq_search(&seq)) != NULL)
 			cache.order[cache.norder++] = e;
 		qsort(cache.order, cache.norder, sizeof(CachedKey *), cached_key_cmp);
+		old = MemoryContextSwitchTo(cache.cxt);
+		split_by_kind(cache.order, cache.norder, cache.by_kind, cache.nby_kind);
+		MemoryContextSwitchTo(old);
 	}
-	snap_build(snap, cache.order, cache.norder);
+	tmpl_refresh();
+	snap_build(snap, cache.by_kind, cache.nby_kind, true);
 	if (cache.index == NULL || cache.shard_order == NULL)
 	{
 		MemoryContext old = MemoryContextSwitchTo(cache.cxt);

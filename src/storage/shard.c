@@ -325,6 +325,22 @@ shard_read_positions(FelixShard *s, FelixShardPositions *p)
 	SpinLockRelease(&s->mutex);
 }
 
+void
+shard_read_ends(FelixShard *s, FelixShardEnds *e)
+{
+	memset(e, 0, sizeof(*e));	/* padding too: callers compare with memcmp */
+	SpinLockAcquire(&s->mutex);
+	e->key = s->key;
+	e->in_use = s->in_use;
+	e->phase = s->phase;
+	e->written_end = s->written_end;
+	e->flushed_end = s->flushed_end;
+	e->last_generation = s->last_generation;
+	e->copy_epoch = s->copy_epoch;
+	e->copy_first = s->copy_beginnings == 1;
+	SpinLockRelease(&s->mutex);
+}
+
 int
 shard_count_slots(void)
 {

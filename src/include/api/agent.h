@@ -80,8 +80,10 @@ extern void agent_apply(AgentRow *rows, int nrows, int64 deadline_ns);
 extern void agent_note_served(AgentRow *rows, int nrows);
 extern void agent_note_held(AgentRow *rows, int nrows);
 
-/* For the next heartbeat: the shards held ("stream/shard=end") and the
- * shards this node cannot serve ("stream/shard"); see agent.c. */
+/* For the next heartbeat: the shards held ("stream/shard=end"; the
+ * strings are the agent's, valid until its next call here or to
+ * agent_note_held) and the shards this node cannot serve
+ * ("stream/shard"); see agent.c. */
 extern char **agent_held_ends(int *n);
 extern char **agent_unable_list(int *n);
 

@@ -246,6 +246,23 @@ typedef struct FelixShardPositions
 	char		leaving[NAMEDATALEN];
 } FelixShardPositions;
 
+/*
+ * Fewer still: what a copy's log holds, for the log ends every heartbeat
+ * gives (shard_read_ends).  Read for every copy at every beat, so it
+ * touches only the first lines of the slot.
+ */
+typedef struct FelixShardEnds
+{
+	FelixShardKey key;
+	bool		in_use;
+	FelixShardPhase phase;
+	uint64		written_end;
+	uint64		flushed_end;
+	uint64		last_generation;
+	uint64		copy_epoch;
+	bool		copy_first;		/* copy_beginnings == 1 */
+} FelixShardEnds;
+
 /* What a caller needs to name and open a shard. */
 typedef struct FelixShardSpec
 {
@@ -268,10 +285,11 @@ extern FelixShard *shard_acquire(const FelixShardSpec *spec);
 /* Slot if allocated, else NULL; never opens anything. */
 extern FelixShard *shard_lookup(const FelixShardKey *key);
 
-/* Copy the slot's (mutex) fields at one instant: all of them, or the
- * positions only. */
+/* Copy the slot's (mutex) fields at one instant: all of them, the
+ * positions only, or the log's ends only. */
 extern void shard_read(FelixShard *s, FelixShardView *out);
 extern void shard_read_positions(FelixShard *s, FelixShardPositions *out);
+extern void shard_read_ends(FelixShard *s, FelixShardEnds *out);
 
 /* Iterate the slots (for views and the workers): every slot ever used has
  * an index below shard_count_slots(); check in_use in a shard_read.  A slot
