@@ -91,6 +91,8 @@ static int	nheld = 0;
 static MemoryContext held_cxt = NULL;
 /* held is to be made again: the rows held, or what became of them, changed */
 static bool held_stale = true;
+/* ... and was, since agent_held_ends last looked */
+static bool held_remade = false;
 /*
  * shard_streams_changes() just before this heartbeat's rows were asked
  * for.  A stream drop commits its control-plane change first and its local
@@ -939,6 +941,7 @@ agent_note_held(AgentRow *rows, int nrows)
 	if (!held_stale)
 		return;
 	held_stale = false;
+	held_remade = true;
 	MemoryContextReset(held_cxt);
 	held = MemoryContextAllocZero(held_cxt,
 								  sizeof(HeldShard) * (hash_get_num_entries(known_rows) + 1));
@@ -968,11 +971,13 @@ agent_note_held(AgentRow *rows, int nrows)
  * does not lead.
  */
 char **
-agent_held_ends(int *n)
+agent_held_ends(int *n, bool *moved)
 {
 	char	  **out;
 
 	*n = 0;
+	*moved = held_remade;
+	held_remade = false;
 	if (held == NULL)
 		return NULL;
 	out = palloc0(sizeof(char *) * (nheld + 1));
@@ -990,6 +995,7 @@ agent_held_ends(int *n)
 			continue;			/* its positions are not its disk's (a failed discard) */
 		if (h->text == NULL || memcmp(&pos, &h->seen, sizeof(pos)) != 0)
 		{
+			*moved = true;
 			if (h->text)
 				pfree(h->text);
 			h->seen = pos;

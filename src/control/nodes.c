@@ -61,6 +61,8 @@ typedef struct FelixNodeDirectory
 	int			tranche_id;
 	LWLock		lock;
 	int			next_probe;		/* round-robin cursor */
+	/* moves (under the lock) whenever a node's address or incarnation does */
+	pg_atomic_uint64 identities;
 	FelixNodeEntry entries[FELIX_MAX_NODES];	/* (lock) */
 } FelixNodeDirectory;
 
@@ -83,6 +85,7 @@ felix_nodes_shmem_init(void)
 		memset(directory, 0, sizeof(FelixNodeDirectory));
 		directory->tranche_id = LWLockNewTrancheId();
 		LWLockInitialize(&directory->lock, directory->tranche_id);
+		pg_atomic_init_u64(&directory->identities, 1);
 	}
 }
 
@@ -141,8 +144,21 @@ directory_entry(const char *name)
 		memset(e, 0, sizeof(FelixNodeEntry));
 		e->used = true;
 		strlcpy(e->name, name, NAMEDATALEN);
+		pg_atomic_fetch_add_u64(&directory->identities, 1);
 	}
 	return &directory->entries[i];
+}
+
+/* Set e's address and (if given) incarnation.  Caller holds the lock exclusive. */
+static void
+directory_identify(FelixNodeEntry *e, const char *conninfo, const char *incarnation)
+{
+	if (strncmp(e->conninfo, conninfo, FELIX_NODE_CONNINFO_LEN - 1) != 0 ||
+		(incarnation && strncmp(e->incarnation, incarnation, FELIX_INCARNATION_LEN - 1) != 0))
+		pg_atomic_fetch_add_u64(&directory->identities, 1);
+	strlcpy(e->conninfo, conninfo, FELIX_NODE_CONNINFO_LEN);
+	if (incarnation)
+		strlcpy(e->incarnation, incarnation, FELIX_INCARNATION_LEN);
 }
 
 void
@@ -157,7 +173,7 @@ felix_node_note(const char *name, const char *conninfo)
 	e = directory_entry(name);
 	if (strncmp(e->conninfo, conninfo, FELIX_NODE_CONNINFO_LEN - 1) != 0)
 		e->probe_due_ns = 0;	/* a new address: probe it at the next turn */
-	strlcpy(e->conninfo, conninfo, FELIX_NODE_CONNINFO_LEN);
+	directory_identify(e, conninfo, NULL);
 	e->last_seen = GetCurrentTimestamp();
 	LWLockRelease(&directory->lock);
 }
@@ -179,8 +195,7 @@ felix_nodes_listed(const FelixNodeInfo *nodes, int n)
 		if (nodes[i].name[0] == '\0')
 			continue;
 		e = directory_entry(nodes[i].name);
-		strlcpy(e->conninfo, nodes[i].conninfo, FELIX_NODE_CONNINFO_LEN);
-		strlcpy(e->incarnation, nodes[i].incarnation, FELIX_INCARNATION_LEN);
+		directory_identify(e, nodes[i].conninfo, nodes[i].incarnation);
 		e->last_seen = now;
 		e->listed = true;
 		e->alive = nodes[i].alive;
@@ -261,6 +276,12 @@ bool
 felix_node_incarnation_of(const char *name, char *buf)
 {
 	return directory_lookup(name, NULL, 0, buf) && buf[0] != '\0';
+}
+
+uint64
+felix_nodes_identities(void)
+{
+	return directory_attach() ? pg_atomic_read_u64(&directory->identities) : 0;
 }
 
 bool

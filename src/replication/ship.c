@@ -179,8 +179,10 @@ typedef struct ShipSlot
 												 * answered 'rebuilt' */
 	bool		probed[FELIX_MAX_REPLICAS]; /* the follower took a shipment of
 											 * this generation (see ship_follower) */
-	int64		ident_due_ns[FELIX_MAX_REPLICAS];	/* when to look its
-													 * incarnation up again */
+	uint64		ident_seen[FELIX_MAX_REPLICAS]; /* felix_nodes_identities()
+												 * when its incarnation and
+												 * address were looked up
+												 * (0: to look up) */
 	Peer	   *peer[FELIX_MAX_REPLICAS];	/* its connection, last looked up
 											 * (checked by name before use) */
 	FelixLogPos read_pos[FELIX_MAX_REPLICAS];	/* where the last read stopped */
@@ -633,6 +635,7 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 	char	   *what;
 	ReplicateOp op = REPLICATE_SHIP;
 	bool		probe;
+	uint64		identities;
 	uint64		from_seq;
 	uint64		sent_end;
 	uint64		hwm_param;
@@ -680,23 +683,27 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 	else if (f->state == FELIX_FOLLOWER_REBUILDING && !ss->discarded[fidx])
 		op = REPLICATE_REBUILD;
 	probe = op == REPLICATE_SHIP && !ss->probed[fidx];
-	if (p != NULL && now_ns < ss->ident_due_ns[fidx] &&
+	identities = felix_nodes_identities();
+	if (p != NULL && ss->ident_seen[fidx] == identities &&
 		!has_work(ss, fidx, f, snap, p, op, probe))
 		return;
 
 	/*
 	 * The copy we ship to is the one its node's incarnation holds: a node
 	 * whose data directory was replaced since is a new, empty replica, and
-	 * nothing it acknowledged before counts.  (Looked up again at most
-	 * every heartbeat interval, or when there is work.)
+	 * nothing it acknowledged before counts.  (Looked up again when the
+	 * node directory's addresses or incarnations changed, or when there is
+	 * work; the count is read before the lookups, so a change made during
+	 * them is looked up again at the next pass.)
 	 */
-	ss->ident_due_ns[fidx] = now_ns + (int64) felix_heartbeat_interval * NS_PER_MS;
+	ss->ident_seen[fidx] = identities;
 	if (!felix_node_incarnation_of(f->name, incarnation))
 	{
 		follower_note_error(slot, fidx, f,
 							"its incarnation is not known yet (the node directory learns it from the control plane)",
 							snap, true, NULL);
 		ss->retry_at_ns[fidx] = now_ns + FELIX_SHIP_RETRY_MS * NS_PER_MS;
+		ss->ident_seen[fidx] = 0;
 		return;
 	}
 	if (strcmp(f->incarnation, incarnation) != 0)
@@ -721,6 +728,7 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 							"no conninfo is known for this node yet (the node directory learns it from the control plane)",
 							snap, true, NULL);
 		ss->retry_at_ns[fidx] = now_ns + FELIX_SHIP_RETRY_MS * NS_PER_MS;
+		ss->ident_seen[fidx] = 0;
 		return;
 	}
 	if (p->ac.state != FELIX_ASYNC_READY)

@@ -100,6 +100,8 @@ PGDLLEXPORT void felix_heartbeat_worker_main(Datum arg);
 #define HB_STORE_SEEN_WRITE_NS	(INT64CONST(1) * 1000000000)
 /* The node list and the halted followers are read every this many beats. */
 #define HB_LISTS_EVERY	5
+/* Log ends that keep moving are given at most every this many beats. */
+#define HB_ENDS_EVERY	5
 
 /* The worker's state; all of it is process-local. */
 static FelixCpSession cp_session;
@@ -390,6 +392,8 @@ static void
 heartbeat_once(void)
 {
 	static int64 beats = 0;
+	static int64 ends_beat = 0; /* the last beat that gave log ends (0: none) */
+	static bool rows_came = false;	/* the last answer brought rows */
 	static int64 store_seen_written_ns = 0;
 	static int64 clash_noted_beat = -1000000;
 	const char *me = felix_node_name_resolved();
@@ -402,6 +406,8 @@ heartbeat_once(void)
 	int			napply;
 	FelixCpAnswer answer;
 	bool		ends_same;
+	bool		ends_moved;
+	bool		give_ends;
 	int			nunable;
 	char	  **unable;
 	int			nends;
@@ -423,7 +429,7 @@ heartbeat_once(void)
 	}
 	felix_node_note(me, my_conninfo);
 	unable = agent_unable_list(&nunable);
-	ends = agent_held_ends(&nends);
+	ends = agent_held_ends(&nends, &ends_moved);
 
 	beats++;
 	if (!cp_connect())
@@ -445,8 +451,23 @@ heartbeat_once(void)
 	felix_count(FELIX_CTR_HEARTBEATS_SENT, 1);
 	elevel = failure_elevel();
 	ends_same = agent_ends_unchanged(ends, nends);
-	if (!felix_cp_heartbeat(&cp_session, unable, nunable, ends_same ? NULL : ends,
-							ends_same ? 0 : nends, ends_same,
+
+	/*
+	 * Under load every copy's end moves at every beat, and giving them all
+	 * (the ends key of every node rewritten five times a second, decoded by
+	 * every reader of the state) cost so much that the leases of a loaded
+	 * node lapsed.  Ends still moving are given every HB_ENDS_EVERY beats;
+	 * a beat in between gives none, which the control plane counts as no
+	 * read of them (ends_beat stays, cp_heartbeat.c), so nothing is taken
+	 * for fresher than it is.  They are given at once when they stopped
+	 * moving (after a leader is lost: the duty holder waits for them), at
+	 * the first beat, and after an answer that brought rows (a grant's
+	 * first claim compares them).
+	 */
+	give_ends = !ends_same &&
+		(!ends_moved || ends_beat == 0 || rows_came || beats - ends_beat >= HB_ENDS_EVERY);
+	if (!felix_cp_heartbeat(&cp_session, unable, nunable, give_ends ? ends : NULL,
+							give_ends ? nends : 0, ends_same,
 							felix_nodes_probes_json(), agent_known(), NULL, &t_send,
 							&shards, &nrows, &answer, elevel))
 	{
@@ -469,6 +490,7 @@ heartbeat_once(void)
 		cp_failed(elevel);
 		felix_count(FELIX_CTR_HEARTBEATS_FAILED, 1);
 		failed_in_a_row++;
+		ends_beat = 0;
 		return;
 	}
 	pgstat_report_activity(STATE_IDLE, NULL);
@@ -487,8 +509,11 @@ heartbeat_once(void)
 	failed_in_a_row = 0;
 	last_failure_log_ns = 0;
 
-	agent_ends_sent(ends, nends, ends_same, &answer);
+	agent_ends_sent(give_ends ? ends : NULL, nends, ends_same, &answer);
+	if (give_ends)
+		ends_beat = beats;
 	rows = agent_take_answer(shards, nrows, &answer, t_send, &napply);
+	rows_came = nrows > 0;
 	agent_note_leaders(rows, napply);
 	/*
 	 * The next heartbeat must come before the leases this one renewed run

@@ -82,9 +82,9 @@ extern void agent_note_held(AgentRow *rows, int nrows);
 
 /* For the next heartbeat: the shards held ("stream/shard=end"; the
  * strings are the agent's, valid until its next call here or to
- * agent_note_held) and the shards this node cannot serve
- * ("stream/shard"); see agent.c. */
-extern char **agent_held_ends(int *n);
+ * agent_note_held; *moved: any differs from the last call's) and the
+ * shards this node cannot serve ("stream/shard"); see agent.c. */
+extern char **agent_held_ends(int *n, bool *moved);
 extern char **agent_unable_list(int *n);
 
 /* In a backend that just created `stream`, on the session it created it

@@ -53,6 +53,13 @@ extern bool felix_node_conninfo_of(const char *name, char *buf, Size len);
  */
 extern bool felix_node_incarnation_of(const char *name, char *buf);
 
+/*
+ * A count that moves whenever a node's conninfo or incarnation in the
+ * directory changes (never 0 once shared memory is up): what was looked up
+ * at one value is still true while it stays.
+ */
+extern uint64 felix_nodes_identities(void);
+
 /* Record (or refresh) a node's conninfo; its "last seen" becomes now. */
 extern void felix_node_note(const char *name, const char *conninfo);
 
