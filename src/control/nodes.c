@@ -19,7 +19,8 @@
  *
  * Locking rule: `lock` (one LWLock) guards every entry.  felix_node_note
  * takes it exclusive; lookups take it shared and copy out.  Nothing else
- * is acquired while it is held.
+ * is acquired while it is held.  `identities` is an atomic counter, moved
+ * with the lock held exclusive and read without it.
  *
  *-------------------------------------------------------------------------
  */
