@@ -392,7 +392,7 @@ static void
 heartbeat_once(void)
 {
 	static int64 beats = 0;
-	static int64 ends_beat = 0; /* the last beat that gave log ends (0: none) */
+	static int64 ends_given_at = 0;	/* the last beat that gave log ends (0: none) */
 	static bool rows_came = false;	/* the last answer brought rows */
 	static int64 store_seen_written_ns = 0;
 	static int64 clash_noted_beat = -1000000;
@@ -465,7 +465,7 @@ heartbeat_once(void)
 	 * first claim compares them).
 	 */
 	give_ends = !ends_same &&
-		(!ends_moved || ends_beat == 0 || rows_came || beats - ends_beat >= HB_ENDS_EVERY);
+		(!ends_moved || ends_given_at == 0 || rows_came || beats - ends_given_at >= HB_ENDS_EVERY);
 	if (!felix_cp_heartbeat(&cp_session, unable, nunable, give_ends ? ends : NULL,
 							give_ends ? nends : 0, ends_same,
 							felix_nodes_probes_json(), agent_known(), NULL, &t_send,
@@ -490,7 +490,7 @@ heartbeat_once(void)
 		cp_failed(elevel);
 		felix_count(FELIX_CTR_HEARTBEATS_FAILED, 1);
 		failed_in_a_row++;
-		ends_beat = 0;
+		ends_given_at = 0;
 		return;
 	}
 	pgstat_report_activity(STATE_IDLE, NULL);
@@ -511,7 +511,7 @@ heartbeat_once(void)
 
 	agent_ends_sent(give_ends ? ends : NULL, nends, ends_same, &answer);
 	if (give_ends)
-		ends_beat = beats;
+		ends_given_at = beats;
 	rows = agent_take_answer(shards, nrows, &answer, t_send, &napply);
 	rows_came = nrows > 0;
 	agent_note_leaders(rows, napply);
