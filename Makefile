@@ -47,6 +47,8 @@ OBJS = \
 	src/core/payload.o \
 	src/worker/node.o \
 	src/worker/heartbeat.o \
+	src/worker/duties.o \
+	src/worker/cp_session.o \
 	src/worker/reporter.o \
 	src/control/client.o \
 	src/control/conninfo.o \

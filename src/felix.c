@@ -29,6 +29,7 @@
 #include "postmaster/postmaster.h"
 #include "replication/quorum.h"
 #include "replication/ship.h"
+#include "worker/duties.h"
 #include "worker/heartbeat.h"
 #include "worker/node.h"
 #include "worker/reporter.h"
@@ -63,6 +64,7 @@ _PG_init(void)
 	felix_seclabel_init();
 	felix_node_worker_register();
 	felix_heartbeat_worker_register();
+	felix_duty_worker_register();
 	felix_ship_worker_register();
 	if (felix_store_is_etcd())
 		felix_reporter_register();

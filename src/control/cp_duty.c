@@ -57,10 +57,10 @@
  *	  it has watched for node_expiry.
  *
  * Locking rule: none in shared memory.  The observations live in the
- * memory of the process running the duties (the heartbeat worker with
- * etcd; with the embedded store, the control-plane backend serving that
- * worker's connection -- a new connection is a new holder that knows
- * nothing).
+ * memory of the process running the duties (the duty worker,
+ * worker/duties.c, with etcd; with the embedded store, the control-plane
+ * backend serving that worker's connection -- a new connection is a new
+ * holder that knows nothing).
  *
  *-------------------------------------------------------------------------
  */

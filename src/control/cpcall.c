@@ -683,7 +683,7 @@ felix_cp_heartbeat(FelixCpSession *s, char **unable, int nunable, char **ends, i
 }
 
 /* ---------------------------------------------------------------------
- * Duties and listings (the heartbeat worker)
+ * Duties (the duty worker) and listings (the heartbeat worker)
  * ---------------------------------------------------------------------
  */
 

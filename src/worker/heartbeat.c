@@ -22,12 +22,7 @@
  *		 lists but this node does not have yet, after the leases of
  *		 existing streams were applied, so a user's long transaction can
  *		 delay a new stream's table but never a lease renewal;
- *	  4. takes part in the control-plane duties (felix_cp_duty_tick):
- *		 failure detection and promotion, run by exactly one node at a
- *		 time (control/cp_duty.c), unless felix.control_plane_duties is off.
- *		 The holder ticks again, between beats, when the first lease it
- *		 watches lapses, and wakes the nodes it granted to;
- *	  5. keeps the node directory (control/nodes.c) current: each shard's
+ *	  4. keeps the node directory (control/nodes.c) current: each shard's
  *		 leader and its conninfo from the rows, and the control plane's node
  *		 list, with liveness and who runs the duties, every heartbeat; and
  *		 notes what it saw of the control-plane store for felix_nodes.
@@ -41,8 +36,13 @@
  *	  it cannot renew runs out by itself in shard.c, which is the design --
  *	  a revocation could not reach a partitioned node anyway.
  *
- *	  Between beats it sleeps on its latch (felix.heartbeat_now wakes it)
- *	  and, with the embedded store, on its control-plane session, where
+ *	  The control-plane duties (failure detection and promotion) are not
+ *	  its work: they run in a process of their own (worker/duties.c), so
+ *	  that a holder's long tick never delays this node's lease renewals.
+ *
+ *	  Between beats it sleeps on its latch (felix.heartbeat_now, and the
+ *	  duty worker when it granted this node a generation, wake it) and,
+ *	  with the embedded store, on its control-plane session, where
  *	  felix.cp_tick notifies the nodes it granted a generation: such a node
  *	  beats at once to claim it, at most once per interval.
  *
@@ -84,14 +84,13 @@
 #include "utils/guc.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
+#include "worker/cp_session.h"
 #include "worker/heartbeat.h"
 
 PGDLLEXPORT void felix_heartbeat_worker_main(Datum arg);
 
 #define HB_APPNAME			"felix heartbeat"
 #define HB_PURPOSE			"the felix control plane"
-/* At most one line per this interval for a repeating failure. */
-#define HB_LOG_INTERVAL_NS	(INT64CONST(5) * 1000000000)
 /* How often a failed check of felix.node_conninfo is tried again. */
 #define HB_SELF_CHECK_NS	(INT64CONST(1) * 1000000000)
 /* How often a server refused its node name tells the control plane so. */
@@ -104,77 +103,11 @@ PGDLLEXPORT void felix_heartbeat_worker_main(Datum arg);
 #define HB_ENDS_EVERY	5
 
 /* The worker's state; all of it is process-local. */
-static FelixCpSession cp_session;
-static bool cp_open = false;
+static WorkerCpSession cp = {.appname = HB_APPNAME, .listen = true};
 static MemoryContext cycle_cxt = NULL;	/* one beat's, until the next beat */
-static MemoryContext tick_cxt = NULL;	/* a tick of the duties between beats */
-static int64 last_failure_log_ns = 0;	/* 0: next failure logs */
 static int	failed_in_a_row = 0;
 static bool waiting_logged = false;
-static int64 duty_tick_at = 0;	/* tick the duties then, before the next beat (0: no) */
-static bool beat_now = false;	/* this node was given a generation: claim it */
 static bool woken_early = false;	/* this interval's beat came early on a wake */
-
-/* ---------------------------------------------------------------------
- * Rate-limited reporting
- * ---------------------------------------------------------------------
- */
-
-/* LOG if a control-plane failure may be logged now, else DEBUG1. */
-static int
-failure_elevel(void)
-{
-	if (last_failure_log_ns == 0 ||
-		felix_monotonic_ns() - last_failure_log_ns >= HB_LOG_INTERVAL_NS)
-		return LOG;
-	return DEBUG1;
-}
-
-static void
-failure_reported(int elevel)
-{
-	if (elevel >= LOG)
-		last_failure_log_ns = felix_monotonic_ns();
-}
-
-/* ---------------------------------------------------------------------
- * Talking to the control plane
- * ---------------------------------------------------------------------
- */
-
-static bool
-cp_connect(void)
-{
-	int			elevel;
-
-	if (cp_open && felix_cp_usable(&cp_session))
-		return true;
-	if (cp_open)
-		felix_cp_close(&cp_session);
-	elevel = failure_elevel();
-	cp_open = felix_cp_open(&cp_session, HB_APPNAME,
-							Max(2 * felix_heartbeat_interval, 1000), elevel);
-	if (cp_open && !felix_cp_listen_grants(&cp_session, elevel))
-	{
-		felix_cp_close(&cp_session);
-		cp_open = false;
-	}
-	if (!cp_open)
-		failure_reported(elevel);
-	return cp_open;
-}
-
-/* After a failed call: log it (rate-limited) and drop a broken session. */
-static void
-cp_failed(int elevel)
-{
-	failure_reported(elevel);
-	if (cp_open && !felix_cp_usable(&cp_session))
-	{
-		felix_cp_close(&cp_session);
-		cp_open = false;
-	}
-}
 
 /* ---------------------------------------------------------------------
  * One heartbeat
@@ -217,7 +150,7 @@ local_extension_ready(void)
  * Re-read the control plane's node list into the node directory, with
  * each node's liveness and who runs the duties: the felix_nodes view
  * shows it from there.  Every HB_LISTS_EVERY heartbeats (and right after
- * a heartbeat that promoted or followed a failure), so the view is about
+ * one that followed a failure), so the view is about
  * a second behind the control plane at most; each read costs the store
  * as much as the nodes' records hold.
  */
@@ -227,11 +160,11 @@ refresh_directory(void)
 	static TimestampTz clash_logged = 0;
 	FelixNodeInfo *nodes;
 	int			n;
-	int			elevel = failure_elevel();
+	int			elevel = worker_cp_elevel(&cp);
 
-	if (!felix_cp_nodes(&cp_session, &nodes, &n, elevel))
+	if (!felix_cp_nodes(&cp.session, &nodes, &n, elevel))
 	{
-		cp_failed(elevel);
+		worker_cp_failed(&cp, elevel);
 		return;
 	}
 	felix_nodes_listed(nodes, n);
@@ -285,12 +218,12 @@ refresh_halts(void)
 {
 	FelixHaltInfo *halts;
 	int			n;
-	int			elevel = failure_elevel();
+	int			elevel = worker_cp_elevel(&cp);
 
-	if (felix_cp_halted(&cp_session, &halts, &n, elevel))
+	if (felix_cp_halted(&cp.session, &halts, &n, elevel))
 		felix_halts_listed(halts, n);
 	else
-		cp_failed(elevel);
+		worker_cp_failed(&cp, elevel);
 }
 
 static void note_store(bool ok, bool called, int64 beat_no);
@@ -298,86 +231,16 @@ static void note_store(bool ok, bool called, int64 beat_no);
 static void
 refresh_lists(void)
 {
-	if (cp_open)
+	if (cp.open)
 		refresh_directory();
-	if (cp_open)
+	if (cp.open)
 		refresh_halts();
-}
-
-/*
- * Wake the nodes just given a new generation, so each claims it now rather
- * than at its next beat (with etcd; the embedded control plane notifies
- * them itself).  This node beats again at once; the others are asked over
- * connections of their own, within half an interval in all, so that peers
- * this node cannot reach (a partition) never hold up its own heartbeat: a
- * node not woken claims at its next beat anyway.
- */
-static void
-wake_grantees(List *grantees)
-{
-	ListCell   *lc;
-	int64		deadline = felix_monotonic_ns() + (int64) felix_heartbeat_interval * 500000;
-
-	foreach(lc, grantees)
-	{
-		const char *name = strVal(lfirst(lc));
-		PGconn	   *conn;
-		int			left_ms;
-
-		if (strcmp(name, felix_node_name_resolved()) == 0)
-		{
-			beat_now = true;
-			continue;
-		}
-		left_ms = (int) ((deadline - felix_monotonic_ns()) / 1000000);
-		if (left_ms <= 0)
-			continue;
-		conn = felix_node_connect(name, HB_APPNAME, left_ms);
-		left_ms = (int) ((deadline - felix_monotonic_ns()) / 1000000);
-		if (left_ms > 0)
-			felix_node_wake_heartbeat(conn, left_ms);
-		felix_conn_close(conn);
-	}
-}
-
-/*
- * The duties, if this node holds them or may take them over; returns how
- * many shards it gave a new generation.  A node with
- * felix.control_plane_duties off does not take part: if it held them, its
- * refreshes stop and another node takes over.  Sets duty_tick_at to when
- * the first lease the holder watches lapses, so the worker ticks again
- * right then instead of at its next beat: a failover waits for no
- * interval there.
- */
-static int
-run_duties(void)
-{
-	CpTick		tick;
-	int			elevel;
-
-	duty_tick_at = 0;
-	if (!felix_control_plane_duties || !cp_open)
-		return 0;
-	pgstat_report_activity(STATE_RUNNING, "felix: control-plane duties");
-	elevel = failure_elevel();
-	felix_cp_duty_tick(&cp_session, elevel, &tick);
-	pgstat_report_activity(STATE_IDLE, NULL);
-	if (tick.promoted > 0)
-		ereport(LOG,
-				(errmsg("felix control plane: %d promotion%s in this tick",
-						tick.promoted, tick.promoted == 1 ? "" : "s")));
-	wake_grantees(tick.grantees);
-	if (!felix_cp_usable(&cp_session))
-		cp_failed(elevel);
-	else if (tick.lapse_in_ms >= 0)
-		duty_tick_at = felix_monotonic_ns() + (int64) tick.lapse_in_ms * 1000000;
-	return Max(tick.promoted, 0);
 }
 
 /*
  * How long a heartbeat may spend on costly assignments: an interval, and
  * at most a quarter of what a lease leaves after epsilon, so the beat
- * that follows (after the call and the duties) still renews in time.
+ * that follows (after the call) still renews in time.
  */
 static int64
 apply_budget_ns(void)
@@ -413,7 +276,6 @@ heartbeat_once(void)
 	int			nends;
 	char	  **ends;
 	int			elevel;
-	int			promoted = 0;
 	bool		answered_again;
 
 	if (!local_extension_ready())
@@ -432,7 +294,7 @@ heartbeat_once(void)
 	ends = agent_held_ends(&nends, &ends_moved);
 
 	beats++;
-	if (!cp_connect())
+	if (!worker_cp_connect(&cp))
 	{
 		felix_count(FELIX_CTR_HEARTBEATS_FAILED, 1);
 		failed_in_a_row++;
@@ -449,7 +311,7 @@ heartbeat_once(void)
 	pgstat_report_activity(STATE_RUNNING, "felix: heartbeat");
 	agent_rows_asked();
 	felix_count(FELIX_CTR_HEARTBEATS_SENT, 1);
-	elevel = failure_elevel();
+	elevel = worker_cp_elevel(&cp);
 	ends_same = agent_ends_unchanged(ends, nends);
 
 	/*
@@ -466,7 +328,7 @@ heartbeat_once(void)
 	 */
 	give_ends = !ends_same &&
 		(!ends_moved || ends_given_at == 0 || rows_came || beats - ends_given_at >= HB_ENDS_EVERY);
-	if (!felix_cp_heartbeat(&cp_session, unable, nunable, give_ends ? ends : NULL,
+	if (!felix_cp_heartbeat(&cp.session, unable, nunable, give_ends ? ends : NULL,
 							give_ends ? nends : 0, ends_same,
 							felix_nodes_probes_json(), agent_known(), NULL, &t_send,
 							&shards, &nrows, &answer, elevel))
@@ -485,9 +347,9 @@ heartbeat_once(void)
 		{
 			/* another server holds this node's name: let it (and everyone) know */
 			clash_noted_beat = beats;
-			(void) felix_cp_name_clash(&cp_session, DEBUG1);
+			(void) felix_cp_name_clash(&cp.session, DEBUG1);
 		}
-		cp_failed(elevel);
+		worker_cp_failed(&cp, elevel);
 		felix_count(FELIX_CTR_HEARTBEATS_FAILED, 1);
 		failed_in_a_row++;
 		ends_given_at = 0;
@@ -507,7 +369,7 @@ heartbeat_once(void)
 				(errmsg("felix heartbeat: the control plane answers again after %d failed heartbeat%s",
 						failed_in_a_row, failed_in_a_row == 1 ? "" : "s")));
 	failed_in_a_row = 0;
-	last_failure_log_ns = 0;
+	cp.logged_ns = 0;
 
 	agent_ends_sent(give_ends ? ends : NULL, nends, ends_same, &answer);
 	if (give_ends)
@@ -524,8 +386,7 @@ heartbeat_once(void)
 	agent_note_served(rows, napply);
 	agent_note_held(rows, napply);
 
-	promoted = run_duties();
-	if (beats % HB_LISTS_EVERY == 0 || promoted > 0 || answered_again)
+	if (beats % HB_LISTS_EVERY == 0 || answered_again)
 		refresh_lists();
 }
 
@@ -601,8 +462,6 @@ felix_heartbeat_worker_main(Datum arg)
 
 	cycle_cxt = AllocSetContextCreate(TopMemoryContext, "felix heartbeat cycle",
 									  ALLOCSET_DEFAULT_SIZES);
-	tick_cxt = AllocSetContextCreate(TopMemoryContext, "felix duty tick",
-									 ALLOCSET_DEFAULT_SIZES);
 	agent_init();
 	cp_snapshot_cache_enable();
 
@@ -636,51 +495,35 @@ felix_heartbeat_worker_main(Datum arg)
 		MemoryContextSwitchTo(TopMemoryContext);
 
 		/*
-		 * Beat at a steady interval, however long this one took; in
-		 * between, tick the duties alone when a watched lease lapses.  A
-		 * wake of the latch (felix.heartbeat_now) beats at once, and so
-		 * does a grant to this node -- once per interval, so that wakes
-		 * sent by anyone else cost at most twice the usual beats.
+		 * Beat at a steady interval, however long this one took.  A wake of
+		 * the latch (felix.heartbeat_now, the duty worker's grant to this
+		 * node) beats at once, and so does a grant notified on the
+		 * control-plane session -- once per interval, so that wakes sent
+		 * there by anyone else cost at most twice the usual beats.
 		 */
 		next_beat = started + (int64) felix_heartbeat_interval * 1000000;
-		early = beat_now;
-		beat_now = false;
-		while (!early)
+		early = false;
+		for (;;)
 		{
 			int64		now = felix_monotonic_ns();
-			int64		until = next_beat;
 			pgsocket	sock;
 			int			rc;
 
-			if (cp_open && !woken_early && felix_cp_woken(&cp_session, felix_node_name_resolved()))
+			if (cp.open && !woken_early && felix_cp_woken(&cp.session, felix_node_name_resolved()))
 			{
 				woken_early = early = true;
 				break;
 			}
-			if (cp_open && !felix_cp_usable(&cp_session))
-				cp_failed(failure_elevel());
+			if (cp.open && !felix_cp_usable(&cp.session))
+				worker_cp_failed(&cp, worker_cp_elevel(&cp));
+			if (next_beat <= now)
+				break;
 			/* only now: a session found broken above is closed, its socket with it */
-			sock = cp_open ? felix_cp_socket(&cp_session) : PGINVALID_SOCKET;
-			if (duty_tick_at > 0 && duty_tick_at < until)
-				until = duty_tick_at;
-			if (until <= now)
-			{
-				if (until == next_beat)
-					break;
-				/* not cycle_cxt: the beat's state lives there until the next beat */
-				MemoryContextReset(tick_cxt);
-				MemoryContextSwitchTo(tick_cxt);
-				if (run_duties() > 0)
-					refresh_lists();
-				MemoryContextSwitchTo(TopMemoryContext);
-				early = beat_now;
-				beat_now = false;
-				continue;
-			}
+			sock = cp.open ? felix_cp_socket(&cp.session) : PGINVALID_SOCKET;
 			rc = WaitLatchOrSocket(MyLatch,
 								   WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH |
 								   (sock != PGINVALID_SOCKET && !woken_early ? WL_SOCKET_READABLE : 0),
-								   sock, (long) ((until - now + 999999) / 1000000),
+								   sock, (long) ((next_beat - now + 999999) / 1000000),
 								   PG_WAIT_EXTENSION);
 			ResetLatch(MyLatch);
 			CHECK_FOR_INTERRUPTS();

@@ -12,8 +12,8 @@
 #    follower node3 ranks above node1 in placement; node3 is stopped and
 #    falls behind (node1 alone completes quorums), then the leader is
 #    stopped, its felix directory removed, and it is restarted together
-#    with node3.  The control plane's tick (node1's heartbeat worker) is
-#    held (SIGSTOP, taken while it waits between beats) until the wiped
+#    with node3.  The control plane's tick (node1's duty worker) is
+#    held (SIGSTOP, taken while it waits between ticks) until the wiped
 #    leader has heartbeated after its lease lapsed: it is exactly "the last
 #    leader alive again", except that its data is gone.  Then: it is not
 #    granted leadership (the promotion names node1, the one follower that
@@ -56,7 +56,7 @@ use Time::HiRes qw(time usleep);
 my @stopped_workers;
 END { kill 'CONT', @stopped_workers if @stopped_workers; }
 
-# Only node1 runs the control-plane duties, so that stopping its heartbeat
+# Only node1 runs the control-plane duties, so that stopping its duty
 # worker holds every promotion (hold_tick).
 my $c = FelixCluster->new(nodes => 3,
 	node_conf => { 2 => ['felix.control_plane_duties = off'], 3 => ['felix.control_plane_duties = off'] });
@@ -187,18 +187,17 @@ sub check_samples
 	  or diag("first bad read:\n" . substr($bad[0], 0, 2000));
 }
 
-# SIGSTOP node1's heartbeat worker -- the only node running the duties
+# SIGSTOP node1's duty worker -- the only node running the duties
 # (felix.control_plane_duties is off on the others) -- while it waits
-# between beats (it then holds nothing), so that nothing is promoted until
-# it is continued.
+# between ticks (it then holds nothing), so that nothing is promoted until
+# it is continued.  node1's heartbeats go on.
 sub hold_tick
 {
 	for my $try (1 .. 100)
 	{
 		my $pid = $cp->safe_psql('postgres',
-			"SELECT pid FROM pg_stat_activity WHERE application_name = 'felix heartbeat' "
-			  . "AND backend_type <> 'client backend'");
-		die 'no heartbeat worker on node1' unless $pid =~ /^\d+$/;
+			"SELECT pid FROM pg_stat_activity WHERE backend_type = 'felix duties'");
+		die 'no duty worker on node1' unless $pid =~ /^\d+$/;
 		kill 'STOP', $pid;
 		push @stopped_workers, $pid;
 		my $we = $cp->safe_psql('postgres',
@@ -208,7 +207,7 @@ sub hold_tick
 		@stopped_workers = grep { $_ != $pid } @stopped_workers;
 		usleep(30_000);
 	}
-	die 'could not catch node1\'s heartbeat worker between beats';
+	die 'could not catch node1\'s duty worker between ticks';
 }
 
 sub release_tick
