@@ -12,6 +12,7 @@
 #include "postgres.h"
 
 #include "control/store_view.h"
+#include "felix.h"
 #include "storage/shmem.h"
 #include "storage/spin.h"
 #include "utils/timestamp.h"
@@ -48,6 +49,7 @@ felix_store_view_note(bool ok, const char *store, const char *error, const char 
 {
 	FelixStoreView v;
 	TimestampTz now = GetCurrentTimestamp();
+	int64		now_ns = felix_monotonic_ns();
 
 	memset(&v, 0, sizeof(v));
 	v.ok = ok;
@@ -56,6 +58,7 @@ felix_store_view_note(bool ok, const char *store, const char *error, const char 
 	strlcpy(v.sqlstate, sqlstate, sizeof(v.sqlstate));
 	SpinLockAcquire(&shared->mutex);
 	v.ok_at = ok ? now : shared->view.ok_at;
+	v.ok_mono_ns = ok ? now_ns : shared->view.ok_mono_ns;
 	v.failing_since = ok ? 0 :
 		shared->view.failing_since != 0 ? shared->view.failing_since : now;
 	shared->view = v;

@@ -23,8 +23,10 @@
  *	  session is a holder that knows nothing, which cp_duty.c allows for.
  *
  *	  It ticks only while this node's heartbeats are answered (the store
- *	  view the heartbeat worker keeps): a node the control plane does not
- *	  hear from takes no part; and not at all with
+ *	  view the heartbeat worker keeps), the last one within
+ *	  felix.node_expiry: a node the control plane does not hear from takes
+ *	  no part, whether its store is unreachable or its heartbeat worker
+ *	  hangs; and not at all with
  *	  felix.control_plane_duties off, which stops the refreshes of a holder
  *	  so that another node takes over.
  *
@@ -60,14 +62,22 @@ PGDLLEXPORT void felix_duty_worker_main(Datum arg);
 
 static WorkerCpSession cp = {.appname = DUTY_APPNAME};
 
-/* Does the control plane hear this node's heartbeats? */
+/*
+ * Does the control plane hear this node's heartbeats?  The last call
+ * succeeded, and within felix.node_expiry: a heartbeat worker that hangs
+ * (stopped, stuck) leaves its last success in the view, and a node the
+ * control plane has counted dead by now must not go on running its duties.
+ * Liveness only; the duty key's rules (cp_duty.c) keep two holders from
+ * granting.
+ */
 static bool
 heartbeats_answered(void)
 {
 	FelixStoreView v;
 
 	felix_store_view(&v);
-	return v.ok;
+	return v.ok && v.ok_mono_ns != 0 &&
+		felix_monotonic_ns() - v.ok_mono_ns < (int64) felix_node_expiry * 1000000;
 }
 
 /*

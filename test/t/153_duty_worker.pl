@@ -14,6 +14,9 @@
 # holder's duty worker says it no longer runs the duties and grants
 # nothing; the duties stay where they went, and no acknowledged record is
 # lost.
+#
+# Then the new holder's heartbeat worker alone is stopped: a node the
+# control plane does not hear from runs no duties, so another takes them.
 use strict;
 use warnings;
 
@@ -115,6 +118,38 @@ for (split /\n/, $c->records($dnode, $stream, 0))
 my @acks = $c->acks($pub);
 my @lost = grep { ($have{ $_->{seq} } // '') ne $_->{payload} } @acks;
 is(scalar(@lost), 0, 'every one of ' . scalar(@acks) . ' quorum-acknowledged records is readable at its seq');
+
+# 2. The holder's heartbeat worker alone is stopped.  The control plane
+# no longer hears the node, so its duty worker must stop running the
+# duties -- its last answered heartbeat is older than felix.node_expiry --
+# and another node takes them over.  Were the gate the last call's
+# outcome alone, the stopped worker's last success would keep the duties
+# where nobody hears from.
+my $holder = $c->duty_node_name;
+ok(defined $holder, 'a node runs the duties after part 1: ' . ($holder // 'none'));
+my $hnode = $c->node($holder);
+my $hbpid = $hnode->safe_psql('postgres', "SELECT pid FROM pg_stat_activity WHERE backend_type = 'felix heartbeat'");
+like($hbpid, qr/^\d+$/, "$holder has a heartbeat worker");
+my $t_hb = time;
+kill 'STOP', $hbpid;
+push @stopped, $hbpid;
+my $taker;
+FelixCluster::poll(15, sub {
+	for my $other (grep { $_ != $hnode } $c->nodes)
+	{
+		my $d = $c->try_psql($other, 'SELECT name FROM felix_nodes WHERE duty', 5);
+		chomp $d if defined $d;
+		$taker = $d if defined $d && $d ne '' && $d ne $holder;
+	}
+	defined $taker }, 0.2);
+my $took = time - $t_hb;
+kill 'CONT', $hbpid;
+@stopped = ();
+ok(defined $taker, sprintf("with %s's heartbeat worker stopped, %s took the duties over (%.1f s)",
+	$holder, $taker // 'nobody', $took));
+$c->wait_alive([ map { $c->name_of($_) } 1 .. 3 ], 30);
+usleep(2_000_000);
+is($c->duty_node_name, $taker, "$holder, heard from again, leaves the duties with " . ($taker // 'nobody'));
 
 $c->teardown;
 felix_done_testing();

@@ -24,6 +24,7 @@ typedef struct FelixStoreView
 	char		error[256];		/* the last failure ("" if ok) */
 	char		sqlstate[6];	/* ... and its SQLSTATE, when it had one */
 	TimestampTz ok_at;			/* the last heartbeat the store took (0: none) */
+	int64		ok_mono_ns;		/* ... on the monotonic clock, for liveness */
 	TimestampTz failing_since;	/* the first failure since then (0 if ok) */
 } FelixStoreView;
 
