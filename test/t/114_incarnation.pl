@@ -51,13 +51,10 @@ use FelixCluster;
 use File::Path ();
 use PostgreSQL::Test::Utils;
 use Test::More;
-use Time::HiRes qw(time usleep);
-
-my @stopped_workers;
-END { kill 'CONT', @stopped_workers if @stopped_workers; }
+use Time::HiRes qw(time);
 
 # Only node1 runs the control-plane duties, so that stopping its duty
-# worker holds every promotion (hold_tick).
+# worker holds every promotion (FelixCluster::hold_duties; node1's heartbeats go on).
 my $c = FelixCluster->new(nodes => 3,
 	node_conf => { 2 => ['felix.control_plane_duties = off'], 3 => ['felix.control_plane_duties = off'] });
 my $cp = $c->cp;
@@ -187,36 +184,6 @@ sub check_samples
 	  or diag("first bad read:\n" . substr($bad[0], 0, 2000));
 }
 
-# SIGSTOP node1's duty worker -- the only node running the duties
-# (felix.control_plane_duties is off on the others) -- while it waits
-# between ticks (it then holds nothing), so that nothing is promoted until
-# it is continued.  node1's heartbeats go on.
-sub hold_tick
-{
-	for my $try (1 .. 100)
-	{
-		my $pid = $cp->safe_psql('postgres',
-			"SELECT pid FROM pg_stat_activity WHERE backend_type = 'felix duties'");
-		die 'no duty worker on node1' unless $pid =~ /^\d+$/;
-		kill 'STOP', $pid;
-		push @stopped_workers, $pid;
-		my $we = $cp->safe_psql('postgres',
-			"SELECT coalesce(wait_event_type, '') FROM pg_stat_activity WHERE pid = $pid");
-		return $pid if $we eq 'Extension';
-		kill 'CONT', $pid;
-		@stopped_workers = grep { $_ != $pid } @stopped_workers;
-		usleep(30_000);
-	}
-	die 'could not catch node1\'s duty worker between ticks';
-}
-
-sub release_tick
-{
-	my ($pid) = @_;
-	kill 'CONT', $pid;
-	@stopped_workers = grep { $_ != $pid } @stopped_workers;
-}
-
 sub wipe
 {
 	my ($node) = @_;
@@ -317,7 +284,7 @@ sub report_sampler
 	my %cp_off = map { ($_ => log_off($_)) } $c->nodes;
 
 	# Hold the tick; stop the leader, wipe its directory, restart it and node3.
-	my $worker = hold_tick();
+	$c->hold_duties($cp);
 	$c->stop_node($n2);
 	# the stopped leader's last claim is older than now: its lease ends within a lease
 	my $lapsed_at = time + 1.0;
@@ -359,7 +326,7 @@ sub report_sampler
 	is("$ag $al", "$g node2", 'A: while held, generation G still names node2');
 	isnt($ai, $new_inc, 'A: the generation belongs to the old incarnation');
 
-	release_tick($worker);
+	$c->release_duties;
 	my ($g2, $l2);
 	ok(defined FelixCluster::poll(30, sub { ($g2, $l2) = assignment($stream); $g2 > $g }, 0.1),
 		'A: a new generation is published once the tick runs')
@@ -516,7 +483,7 @@ sub wait_cp_starts
 	restore_copy($n3, $copy);
 	note("C: node3's directory is the old copy again (start $k; the control plane saw start " . ($k + 1) . ')');
 
-	my $worker = hold_tick();
+	$c->hold_duties($cp);
 	my $l3 = log_off($n3);
 	my $cp_off = log_off($cp);
 	my %cp_off = map { ($_ => log_off($_)) } $c->nodes;
@@ -542,7 +509,7 @@ sub wait_cp_starts
 	like(log_since(rule_log($n3), $cp_off{$n3}), qr/(ERROR|LOG):\s+(55F06: )?node "node3": its felix data directory is an older copy of incarnation \Q$inc\E/,
 		'C: the control plane refused its heartbeat (55F06)');
 
-	release_tick($worker);
+	$c->release_duties;
 	my ($g2, $l2);
 	ok(defined FelixCluster::poll(30, sub { ($g2, $l2) = assignment($stream); $g2 > $g }, 0.1),
 		'C: a new generation is published') or $c->diag_shard($stream, 0);

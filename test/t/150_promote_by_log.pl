@@ -15,6 +15,9 @@
 # more are acknowledged.  Then B is killed, the report is forged back to
 # what B's first reports of generation 2 said (nobody holds anything
 # yet; the race is narrow in a real run), and B is started from its copy.
+# The other nodes' duty workers are held from before the kill until the
+# forgery has landed: on a loaded machine B's lease lapsed first, and a
+# caught-up follower was promoted from the true reports.
 #   1. A and C kept their logs: one of them, holding all 1100 records,
 #      leads generation 3, promoted by its log; B, back with 100 records,
 #      does not lead, and the stream serves all 1100 and takes more.
@@ -40,6 +43,13 @@ sub shard_json
 	my $key = sprintf('shards/%s/%06d', $stream, 0);
 	return $c->state_query(
 		"SELECT $expr FROM (SELECT value::jsonb AS v FROM felix.store_read('$key') WHERE key = '$key') s");
+}
+
+# What the control plane's log says about the stream's generations.
+sub promotions
+{
+	my ($c, $stream) = @_;
+	return join("\n", grep { /"\Q$stream\E" shard 0(:| is unplaced)/ } split /\n/, slurp_file($c->cp->logfile));
 }
 
 # Returns (cluster, stream, A, B, C) with B leading generation 2 and B's
@@ -78,11 +88,17 @@ sub setup
 		"SELECT count(felix_publish('$stream', to_jsonb(i), shard => 0)) FROM generate_series(101, 1100) i"),
 		'1000', "$prefix: 1000 more acknowledged (quorum) after $bn was copied at 100");
 	FelixCluster::poll(30, sub { !grep { $c->next_seq($_, $stream) ne '1100' } @set }, 0.1) or die 'not level';
+	is($c->state_query("SELECT generation FROM felix.assignments WHERE stream = '$stream' AND shard = 0"), $g,
+		"$prefix: the shard is still at generation $g when $bn is killed")
+	  or diag(promotions($c, $stream));
+	# nothing is promoted before the forgery lands
+	$c->hold_duties(grep { $_ != $b } $c->up_nodes);
 	$c->kill_node($b);
 	# B's first reports of generation 2, made before its followers answered
 	$c->store_edit(sprintf('reports/%s/%06d', $stream, 0),
 		"jsonb_build_object('rows', (SELECT jsonb_agg(r || '{\"acked_end\": 0, \"caught_up\": false}') "
 		  . "FROM jsonb_array_elements(v->'rows') r))");
+	$c->release_duties;
 	FelixCluster::copy_tree($copy, $b->data_dir . '/felix');
 	$c->start_node($b);
 	return ($c, $stream, $a, $b, $cc, $g);
@@ -119,7 +135,7 @@ sub setup
 	});
 	my ($who, $g3) = eval { $c->wait_leader($stream, 0, min_generation => $g + 1, timeout => 8) };
 	ok(!defined $who, 'with one copy known to have kept its log, nobody is promoted')
-	  or diag("$who->{felix_name} leads generation $g3");
+	  or do { diag("$who->{felix_name} leads generation $g3"); diag(promotions($c, $stream)); $c->diag_shard($stream, 0) };
 	like($c->state_query("SELECT unplaced_reason FROM felix_shards WHERE stream = '$stream' AND shard = 0"),
 		qr/^no replica was reported caught up at generation $g/, 'the shard is unplaced');
 	like(slurp_file($c->cp->logfile),
@@ -163,10 +179,12 @@ sub setup
 			'1000', "$part: 1000 acknowledged at $l->{felix_name}");
 		FelixCluster::poll(30, sub { !grep { $c->next_seq($_, $stream) ne '1000' } @set }, 0.1) or die 'not level';
 		# the followers' copies have given their logs since (the lapse comes after)
+		$c->hold_duties(grep { $_ != $l } $c->up_nodes);
 		$c->kill_node($l);
 		$c->store_edit(sprintf('reports/%s/%06d', $stream, 0),
 			"jsonb_build_object('rows', (SELECT jsonb_agg(r || '{\"acked_end\": 0, \"caught_up\": false}') "
 			  . "FROM jsonb_array_elements(v->'rows') r))");
+		$c->release_duties;
 		if ($part == 3)
 		{
 			my ($lead, $g2) = eval { $c->wait_leader($stream, 0, min_generation => 2, timeout => 30) };

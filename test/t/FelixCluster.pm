@@ -495,16 +495,22 @@ sub store_edit
 		"SELECT ($expr)::text FROM (SELECT value::jsonb AS v FROM felix.store_read('$key') WHERE key = '$key') s");
 	die "store key $key not found" if $new eq '';
 	# and mark its section in the same transaction, as every write does
-	# (store.c), so that readers of what changed find it
+	# (store.c), so that readers of what changed find it; with the
+	# embedded store under the table lock every writer takes
+	# (store_table.c), so that its revision is drawn in commit order: a
+	# revision drawn before a concurrent writer's and committed after it
+	# is never read by a reader that already passed the later one (a
+	# forged report the duty holder never saw)
 	my $mark = 'marks/' . ($key =~ m{^([^/]*/)} ? $1 : $key);
 	if ($self->{store} eq 'embedded')
 	{
 		$self->cp->safe_psql('postgres',
-			"UPDATE felix.cp_store SET value = \$felix\$$new\$felix\$, "
+			"BEGIN; LOCK TABLE felix.cp_store IN SHARE ROW EXCLUSIVE MODE;"
+			  . "UPDATE felix.cp_store SET value = \$felix\$$new\$felix\$, "
 			  . "mod_revision = nextval('felix.cp_store_revision') WHERE key = '$key';"
 			  . "INSERT INTO felix.cp_store AS s (key, value, mod_revision) "
 			  . "VALUES ('$mark', '{}', currval('felix.cp_store_revision')) "
-			  . "ON CONFLICT (key) DO UPDATE SET mod_revision = EXCLUDED.mod_revision");
+			  . "ON CONFLICT (key) DO UPDATE SET mod_revision = EXCLUDED.mod_revision; COMMIT");
 	}
 	else
 	{
@@ -936,9 +942,51 @@ sub start_node
 }
 
 # Stop every node that is still up (paused ones are woken first).
+# Hold every promotion: SIGSTOP the duty worker of each given node (all
+# up nodes by default) while it sleeps between two ticks -- its activity
+# not active, so no tick of its is half done -- until release_duties.  A test
+# that forges the control plane's state after a kill holds the duties
+# first: on a loaded machine the lease can lapse, and a tick promote from
+# what it read, before the forgery lands.  Returns the pids held.
+sub hold_duties
+{
+	my ($self, @which) = @_;
+	my @nodes = @which ? map { $self->node($_) } @which : $self->up_nodes;
+	for my $node (@nodes)
+	{
+		my $held;
+		for my $try (1 .. 200)
+		{
+			my $pid = $node->safe_psql('postgres',
+				"SELECT pid FROM pg_stat_activity WHERE backend_type = 'felix duties'");
+			die "no duty worker on $node->{felix_name}" unless $pid =~ /^\d+$/;
+			kill 'STOP', $pid;
+			my $state = $node->safe_psql('postgres', "SELECT state FROM pg_stat_activity WHERE pid = $pid");
+			if ($state ne 'active')
+			{
+				$held = $pid;
+				last;
+			}
+			kill 'CONT', $pid;
+			usleep(20_000);
+		}
+		die "could not catch $node->{felix_name}'s duty worker between ticks" unless $held;
+		push @{ $self->{held_duties} }, $held;
+	}
+	return @{ $self->{held_duties} };
+}
+
+sub release_duties
+{
+	my ($self) = @_;
+	kill 'CONT', @{ delete $self->{held_duties} // [] };
+	return;
+}
+
 sub teardown
 {
 	my ($self) = @_;
+	$self->release_duties;
 	$self->resume_node($_) for keys %{ $self->{paused} // {} };
 	for my $node ($self->nodes)
 	{
@@ -953,6 +1001,7 @@ END
 {
 	for my $c (@clusters)
 	{
+		kill 'CONT', @{ $c->{held_duties} // [] };
 		for my $pids (values %{ $c->{paused} // {} })
 		{
 			kill 'CONT', @$pids;
