@@ -32,7 +32,9 @@
  *	  later revision of the same store than it has: the store was put
  *	  back from an older copy, and would hand out generations again
  *	  (cp_heartbeat.c).  The heartbeat worker writes the file (at most once
- *	  a second); backends only read the shared copy and raise it.
+ *	  a second; a write that fails, on a full disk say, is warned about and
+ *	  tried again, and never stops the heartbeats); backends only read the
+ *	  shared copy and raise it.
  *
  *	  Each shard directory carries a stamp, the incarnation its copy was
  *	  made under (file "copy_of"), written when the shard is first opened
@@ -120,10 +122,11 @@ uuid_text_valid(const char *s)
 	return true;
 }
 
-/* Write `contents` to dir/name through a temporary file, durably. */
-static void
+/* Write `contents` to dir/name through a temporary file, durably; a failure
+ * is reported at elevel (false if that returns). */
+static bool
 write_small_file(const char *dir, const char *name, const char *contents,
-				 const char *what)
+				 const char *what, int elevel)
 {
 	char		path[MAXPGPATH];
 	char		tmp[MAXPGPATH];
@@ -134,32 +137,40 @@ write_small_file(const char *dir, const char *name, const char *contents,
 	snprintf(tmp, sizeof(tmp), "%s/%s.tmp", dir, name);
 	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | PG_BINARY, pg_file_create_mode);
 	if (fd < 0)
-		ereport(ERROR,
+	{
+		ereport(elevel,
 				(errcode_for_file_access(),
 				 errmsg("%s: could not create \"%s\": %m", what, tmp),
 				 errhint("Check free space and permissions of the felix data directory.")));
+		return false;
+	}
 	if (write(fd, contents, len) != (ssize_t) len || pg_fsync(fd) != 0)
 	{
 		int			save_errno = errno ? errno : ENOSPC;
 
 		close(fd);
 		errno = save_errno;
-		ereport(ERROR,
+		ereport(elevel,
 				(errcode_for_file_access(),
 				 errmsg("%s: could not write \"%s\": %m", what, tmp),
 				 errhint("Check free space and permissions of the felix data directory.")));
+		return false;
 	}
 	close(fd);
 	if (rename(tmp, path) != 0)
-		ereport(ERROR,
+	{
+		ereport(elevel,
 				(errcode_for_file_access(),
 				 errmsg("%s: could not rename \"%s\" to \"%s\": %m", what, tmp, path)));
+		return false;
+	}
 	fd = open(dir, O_RDONLY | PG_BINARY);
 	if (fd >= 0)
 	{
 		(void) pg_fsync(fd);
 		close(fd);
 	}
+	return true;
 }
 
 /* Read dir/name into buf (at most len - 1 bytes); false if absent. */
@@ -189,8 +200,8 @@ identity_write(const char *incarnation, uint64 boots)
 
 	snprintf(contents, sizeof(contents), "incarnation %s\nstarts " UINT64_FORMAT "\n",
 			 incarnation, boots);
-	write_small_file(felix_data_root(), FELIX_INCARNATION_FILE, contents,
-					 "felix data directory");
+	(void) write_small_file(felix_data_root(), FELIX_INCARNATION_FILE, contents,
+							"felix data directory", ERROR);
 }
 
 /*
@@ -308,8 +319,8 @@ felix_store_seen_note(const char *store_id, uint64 revision)
 	SpinLockRelease(&identity->mutex);
 }
 
-void
-felix_store_seen_persist(void)
+bool
+felix_store_seen_persist(int elevel)
 {
 	char		id[FELIX_INCARNATION_LEN];
 	uint64		rev;
@@ -322,14 +333,16 @@ felix_store_seen_persist(void)
 	written = identity->store_revision_written;
 	SpinLockRelease(&identity->mutex);
 	if (id[0] == '\0' || rev == written)
-		return;
+		return true;
 	snprintf(contents, sizeof(contents), "store %s\nrevision " UINT64_FORMAT "\n", id, rev);
-	write_small_file(felix_data_root(), FELIX_STORE_SEEN_FILE, contents,
-					 "felix data directory");
+	if (!write_small_file(felix_data_root(), FELIX_STORE_SEEN_FILE, contents,
+						  "felix data directory", elevel))
+		return false;
 	SpinLockAcquire(&identity->mutex);
 	if (strcmp(identity->store_id, id) == 0)
 		identity->store_revision_written = Max(identity->store_revision_written, rev);
 	SpinLockRelease(&identity->mutex);
+	return true;
 }
 
 void
@@ -412,5 +425,5 @@ incarnation_stamp_write(const char *dir, const char *what)
 
 	felix_incarnation(inc, NULL);
 	snprintf(contents, sizeof(contents), "%s\n", inc);
-	write_small_file(dir, FELIX_STAMP_FILE, contents, what);
+	(void) write_small_file(dir, FELIX_STAMP_FILE, contents, what, ERROR);
 }

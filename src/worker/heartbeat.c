@@ -258,6 +258,7 @@ heartbeat_once(void)
 	static int64 ends_given_at = 0;	/* the last beat that gave log ends (0: none) */
 	static bool rows_came = false;	/* the last answer brought rows */
 	static int64 store_seen_written_ns = 0;
+	static bool store_seen_failing = false;
 	static int64 clash_noted_beat = -1000000;
 	const char *me = felix_node_name_resolved();
 	/* only where this node is: its credentials never leave it */
@@ -357,10 +358,23 @@ heartbeat_once(void)
 	}
 	pgstat_report_activity(STATE_IDLE, NULL);
 	note_store(true, true, beats);
-	/* what this node has seen of the store, kept for its next start */
+	/*
+	 * What this node has seen of the store, kept for its next start.  A
+	 * full or failing disk must not stop the heartbeats that renew this
+	 * node's leases (TAP 010: the worker exited at every try and every
+	 * lease here lapsed): warned once, then written again every second
+	 * until it lands.  Until then a restart compares an older revision.
+	 */
 	if (felix_monotonic_ns() - store_seen_written_ns >= HB_STORE_SEEN_WRITE_NS)
 	{
-		felix_store_seen_persist();
+		if (!felix_store_seen_persist(store_seen_failing ? DEBUG1 : WARNING))
+			store_seen_failing = true;
+		else if (store_seen_failing)
+		{
+			store_seen_failing = false;
+			ereport(LOG,
+					(errmsg("felix heartbeat: what this node has seen of the control plane is written to its data directory again")));
+		}
 		store_seen_written_ns = felix_monotonic_ns();
 	}
 	answered_again = failed_in_a_row > 0 || beats == 1;

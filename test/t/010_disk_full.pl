@@ -22,6 +22,8 @@
 #      publish gets SQLSTATE 53100 naming stream and shard, with a hint; the
 #      server stays up; every acknowledged record reads back at its seq and
 #      nothing else is there; a retry while still full fails the same way;
+#      the heartbeat worker carries on and the lease stays live (it only
+#      warns that it cannot keep what it saw of the control plane);
 #      after the filler goes, publishing continues at the next seq, and an
 #      immediate stop and start (recovery) keeps exactly the acknowledged
 #      records.
@@ -95,7 +97,7 @@ use FelixTest;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
-use Time::HiRes qw(time);
+use Time::HiRes qw(time usleep);
 
 my $t_start = time;
 my $mnt     = $ENV{FELIX_DISK_FULL_TMPFS};
@@ -368,6 +370,27 @@ sub check_full1
 	isnt($rc, 0, 'a: a retry while the disk is still full fails too');
 	check_disk_full_error('a: the retry', $err, 'full1', '0');
 	check_full1('a: after the retry');
+
+	# The heartbeats go on while the disk is full.  The worker writes what
+	# the node has seen of the control plane every second; that write
+	# failing ended the worker at every try, and the lease lapsed (a
+	# publish right after space was freed was refused).
+	my $hb_sql = "SELECT pid FROM pg_stat_activity WHERE backend_type = 'felix heartbeat'";
+	my $hb = $node->safe_psql('postgres', $hb_sql);
+	my ($lapsed, $samples, $t_full) = (0, 0, time);
+	while (time - $t_full < 2.5)
+	{
+		my $l = $node->safe_psql('postgres',
+			"SELECT coalesce(max(lease_remaining_ms), -1) FROM felix_shards WHERE stream = 'full1' AND shard = 0");
+		$samples++;
+		$lapsed++ unless $l > 0;
+		usleep(100_000);
+	}
+	is($node->safe_psql('postgres', $hb_sql), $hb, 'a: the heartbeat worker carried on through 2.5 s of a full disk');
+	is($lapsed, 0, "a: the lease stayed live at every one of $samples samples");
+	like(slurp_file($node->logfile),
+		qr/WARNING:  felix data directory: could not (?:create|write) "[^"]*control_plane\.tmp"/,
+		'a: and the node warned that it could not keep what it saw of the control plane');
 
 	# Space freed: publishing continues at the next seq.
 	unfill();

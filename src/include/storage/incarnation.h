@@ -48,11 +48,12 @@ extern void felix_incarnation_renew(void);
 /*
  * What this directory has seen of its control-plane store: its id ("" if
  * none) and the highest revision seen in it.  _note raises it (a new id
- * replaces the old); _persist (the heartbeat worker) writes it durably.
+ * replaces the old); _persist (the heartbeat worker) writes it durably,
+ * reporting a failure at elevel (false if it returns).
  */
 extern void felix_store_seen(char *store_id, uint64 *revision);
 extern void felix_store_seen_note(const char *store_id, uint64 revision);
-extern void felix_store_seen_persist(void);
+extern bool felix_store_seen_persist(int elevel);
 
 /* The incarnation a shard's copy in dir was made under; "" if unstamped. */
 extern void incarnation_stamp_read(const char *dir, char *buf);
