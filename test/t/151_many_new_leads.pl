@@ -104,8 +104,11 @@ while (time < $deadline)
 	usleep(100_000);
 }
 is($open, 64, 'node3 opened every shard of the new stream');
-# (some 2 s without the shim; the syncs it slows make it several times that)
-cmp_ok($polls, '>=', 40, "node3 was polled while it opened them ($polls polls, 100 ms apart)");
+# (some 2 s without the shim; the syncs it slows make it several times
+# that, though a CI run once saw only 38 polls).  The check means
+# something once the opening outlasts a lease and its margin (1.2 s):
+# 20 polls, at least 2 s.
+cmp_ok($polls, '>=', 20, "node3 was polled while it opened them ($polls polls, 100 ms apart)");
 is($lapsed, 0, "the shards node3 led before kept a live lease at every poll ($lapsed of $polls polls saw one lapsed)");
 unlink $trigger;
 ok(publish_ok(3, 'held', $_), "held/$_, led by node3, takes a publish") for @held;
