@@ -387,6 +387,8 @@ sub check_full1
 		usleep(100_000);
 	}
 	is($node->safe_psql('postgres', $hb_sql), $hb, 'a: the heartbeat worker carried on through 2.5 s of a full disk');
+	unlike(slurp_file($node->logfile), qr/background worker "felix heartbeat" \(PID \d+\) exited/,
+		'a: and never exited while the disk was full');
 	is($lapsed, 0, "a: the lease stayed live at every one of $samples samples");
 	like(slurp_file($node->logfile),
 		qr/WARNING:  felix data directory: could not (?:create|write) "[^"]*control_plane\.tmp"/,
