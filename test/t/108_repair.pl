@@ -15,6 +15,10 @@
 #
 # The control plane and the stream's leader are stopped first, so nothing
 # but these calls touches the follower's log.
+#
+# tap-etcd: skip.  Its subject is divergence repair between replicas;
+# the control-plane store plays the same part in it as in the scripts
+# that run on both stores (FELIX_STORE=etcd runs it on etcd by hand).
 use strict;
 use warnings;
 

@@ -14,6 +14,10 @@
 #   halted_protocol; it completes no quorum, so with the other follower
 #   paused a quorum publish times out (55F01) rather than being
 #   acknowledged on its word.
+#
+# tap-etcd: skip.  Its subject is what a follower takes from its peers;
+# the control-plane store plays the same part in it as in the scripts
+# that run on both stores (FELIX_STORE=etcd runs it on etcd by hand).
 use strict;
 use warnings;
 

@@ -43,6 +43,10 @@
 # segment by segment, felix_halted is empty, rebuilds_completed counted
 # them, F counted copies_rebuilt, and every acknowledged record is at its
 # seq on node1 and F.  F then completes quorums again.
+#
+# tap-etcd: skip.  Its subject is repair of diverged copies; the
+# control-plane store plays the same part in it as in the scripts that
+# run on both stores (FELIX_STORE=etcd runs it on etcd by hand).
 use strict;
 use warnings;
 

@@ -36,6 +36,10 @@
 # - each rebuild (~8 MB) is shipped at the cap within 20%: its bytes over
 #   its wall time (from L's log) and its steady-state rate (from the
 #   samples' rebuild_bytes_shipped) are between 0.8x and 1.2x the cap.
+#
+# tap-etcd: skip.  Its subject is the rebuild of halted followers; the
+# control-plane store plays the same part in it as in the scripts that
+# run on both stores (FELIX_STORE=etcd runs it on etcd by hand).
 use strict;
 use warnings;
 

@@ -46,7 +46,9 @@ for my $shard (0 .. 2)
 }
 
 # Publishers: one session per (node, shard); refusals are caught and
-# retried, so each keeps going through every failover it survives.
+# retried, so each keeps going through every failover it survives.  Each
+# pauses 5 ms between publishes: nine sessions at full speed kept both
+# cores of a CI machine busy and made the script run three minutes.
 my @pubs;
 sub start_round
 {
@@ -65,6 +67,7 @@ sub start_round
 				seconds   => 45,
 				catch     => 1,
 				err_sleep => 0.02,
+				sleep     => 0.005,
 				settings  => "SET felix.quorum_timeout = '3s';",
 				tag       => "${tag}_$node->{felix_name}_s$shard");
 		}

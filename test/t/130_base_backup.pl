@@ -25,6 +25,10 @@
 #    (taken while every process of it is stopped) instead of
 #    pg_basebackup: nothing tells the node it is a copy, and only the log
 #    end it gives with its heartbeats keeps the leadership from it.
+#
+# tap-etcd: skip.  Its subject is nodes restored from base backups; the
+# control-plane store plays the same part in it as in the scripts that
+# run on both stores (FELIX_STORE=etcd runs it on etcd by hand).
 use strict;
 use warnings;
 

@@ -11,6 +11,10 @@
 # three replicas is refused by a single server with an error that says
 # why.  A read of a shard none of whose replicas answers fails; it never
 # returns part of the stream.
+#
+# tap-etcd: skip.  Its subject is pg_dump and pg_restore; the control-
+# plane store plays the same part in it as in the scripts that run on
+# both stores (FELIX_STORE=etcd runs it on etcd by hand).
 use strict;
 use warnings;
 

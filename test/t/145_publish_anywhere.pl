@@ -22,6 +22,10 @@
 #      acknowledged with, and no record is there twice;
 #   5. a forged batch sent straight to felix.forward_publish by a node's
 #      role is refused (its checksum; a payload that is not jsonb).
+#
+# tap-etcd: skip.  Its subject is publishes forwarded to the leader; the
+# control-plane store plays the same part in it as in the scripts that
+# run on both stores (FELIX_STORE=etcd runs it on etcd by hand).
 use strict;
 use warnings;
 
