@@ -14,6 +14,8 @@
  *	  itself the holder once its last successful refresh is older than
  *	  felix.lease_duration by its own clock, until a refresh comparing
  *	  that revision lands (nobody took over; it keeps what it observed).
+ *	  A tick whose reads ran long refreshes the key again before it
+ *	  writes its grants, so that they get a whole half lease.
  *
  *	  Knowing nothing.  A new holder keeps no memory from anyone: every
  *	  observation below starts at the moment it took over.  So it grants
@@ -117,6 +119,8 @@ typedef struct NodeObs
 
 static bool holding = false;
 static int64 duty_rev = 0;		/* our last refresh's revision */
+static int64 duty_beat = 0;		/* its beat */
+static int64 duty_since_ms = 0; /* since when we hold the duties */
 static int64 refreshed_ns = 0;	/* when it was confirmed */
 static int64 took_over_ns = 0;
 static int64 duty_seen_rev = 0; /* another holder's key, as we last saw it */
@@ -160,9 +164,12 @@ cp_score(const char *node, const char *stream, int shard)
  * ---------------------------------------------------------------------
  */
 
+/*
+ * Write the duty key naming node (its boot) at beat, comparing expect_rev
+ * (0: the key must not exist); on success it is ours at duty_rev.
+ */
 static bool
-write_duty(const CpSnapshot *snap, const char *node, const char *boot, int64 beat,
-		   int64 expect_rev)
+write_duty(const char *node, const char *boot, int64 beat, int64 since_ms, int64 expect_rev)
 {
 	CpDuty		d;
 	FelixStoreCmp cmp = {CP_KEY_DUTY, expect_rev};
@@ -174,21 +181,42 @@ write_duty(const CpSnapshot *snap, const char *node, const char *boot, int64 bea
 	d.node = (char *) node;
 	d.boot = (char *) boot;
 	d.beat = beat;
-	d.since_ms = (snap->have_duty && beat > 1) ? snap->duty.since_ms : cp_now_ms();
+	d.since_ms = since_ms;
 	op.key = CP_KEY_DUTY;
 	op.value = cp_duty_write(&d);
 	if (felix_store_txn(&cmp, 1, &op, 1, &rev, LOG) != FELIX_STORE_OK)
 		return false;
 	duty_rev = rev;
+	duty_beat = beat;
+	duty_since_ms = since_ms;
 	/* counted from when the refresh was sent: it may have landed then */
 	refreshed_ns = sent;
 	return true;
 }
 
+/*
+ * The holder refreshes the duty key, comparing the revision its last
+ * refresh produced: it lands only if nobody took the duties over since.
+ * Unconfirmed, the holder steps down -- another node may hold the duties
+ * by the time it knows.  True while this node holds them.
+ */
+static bool
+refresh_duty(const char *node, const char *boot)
+{
+	if (!write_duty(node, boot, duty_beat + 1, duty_since_ms, duty_rev))
+	{
+		holding = false;
+		ereport(LOG,
+				(errmsg("felix: node \"%s\" stops running the control-plane duties: its refresh was not confirmed",
+						node)));
+	}
+	return holding;
+}
+
 static void
 take_over(const CpSnapshot *snap, const char *node, const char *boot)
 {
-	if (!write_duty(snap, node, boot, 1, snap->have_duty ? snap->duty.rev : 0))
+	if (!write_duty(node, boot, 1, cp_now_ms(), snap->have_duty ? snap->duty.rev : 0))
 		return;
 	holding = true;
 	took_over_ns = felix_monotonic_ns();
@@ -225,7 +253,7 @@ hold_duty(const CpSnapshot *snap, const char *node, const char *boot)
 
 		holding = false;
 		if (mine && snap->duty.rev == duty_rev &&
-			write_duty(snap, node, boot, snap->duty.beat + 1, duty_rev))
+			write_duty(node, boot, duty_beat + 1, duty_since_ms, duty_rev))
 		{
 			holding = true;
 			ereport(DEBUG1,
@@ -238,17 +266,7 @@ hold_duty(const CpSnapshot *snap, const char *node, const char *boot)
 						node, felix_lease_duration)));
 	}
 	if (holding && mine && snap->duty.rev == duty_rev)
-	{
-		if (!write_duty(snap, node, boot, snap->duty.beat + 1, duty_rev))
-		{
-			/* unconfirmed: another node may hold it by the time we know */
-			holding = false;
-			ereport(LOG,
-					(errmsg("felix: node \"%s\" stops running the control-plane duties: its refresh was not confirmed",
-							node)));
-		}
-		return holding;
-	}
+		return refresh_duty(node, boot);
 	if (holding)
 	{
 		holding = false;
@@ -1217,5 +1235,17 @@ cp_duty_tick(const char *node, const char *boot, CpTick *tick)
 	if (next_lapse_ns > 0)
 		tick->lapse_in_ms = (int) ((next_lapse_ns - now) / NS_PER_MS) + 1;
 	tick->promoted = 0;
+
+	/*
+	 * A tick whose reads ran long (a state of thousands of shards, a
+	 * loaded store) would have little or none of its half lease left to
+	 * write grants in.  It refreshes the duty key first: the grants it
+	 * computed stay safe to write -- each compares the duty key at the
+	 * refresh's revision and the records it was decided from -- and it
+	 * gets a whole half lease for them.
+	 */
+	if (ngrants > 0 && now - refreshed_ns >= (int64) felix_lease_duration * NS_PER_MS / 4 &&
+		!refresh_duty(node, boot))
+		return;
 	write_grants(&snap, grants, ngrants, tick);
 }
