@@ -21,6 +21,10 @@
 # grantee, which never took the generation, counts as started again and
 # waits for the dead replica.  But the grant stands, so once the
 # replacement is back its first heartbeat claims it, and it leads.
+#
+# tap-etcd: skip.  Its subject is who the duty holder may promote; the
+# control-plane store plays the same part in it as in the scripts that
+# run on both stores (FELIX_STORE=etcd runs it on etcd by hand).
 use strict;
 use warnings;
 

@@ -7,6 +7,11 @@
 # - felix's internal functions (felix.replicate, felix.cp_*, ...) and the
 #   control-plane tables are refused (42501) to an ordinary role, and a
 #   node's role may call the cp_* entry points.
+#
+# tap-etcd: skip.  Its subject is the errors, hints and privileges of
+# felix's SQL functions; the control-plane store plays the same part in
+# it as in the scripts that run on both stores (FELIX_STORE=etcd runs it
+# on etcd by hand).
 use strict;
 use warnings;
 

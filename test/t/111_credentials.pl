@@ -14,6 +14,10 @@
 # - A password written into felix.node_conninfo, or credentials in
 #   felix.control_conninfo, are refused at start with a message naming the
 #   setting and the keyword, not the value.
+#
+# tap-etcd: skip.  Its subject is how nodes log in to each other; the
+# control-plane store plays the same part in it as in the scripts that
+# run on both stores (FELIX_STORE=etcd runs it on etcd by hand).
 use strict;
 use warnings;
 

@@ -40,6 +40,11 @@
 # D. The same restore with two starts in between (a start count strictly
 #    lower than the control plane saw), the leader alive: 55F06, a new
 #    incarnation, needs_bootstrap, an automatic rebuild, identical.
+#
+# tap-etcd: skip.  Its subject is the incarnation rules of the heartbeat
+# and the duty holder; the control-plane store plays the same part in it
+# as in the scripts that run on both stores (FELIX_STORE=etcd runs it on
+# etcd by hand).
 use strict;
 use warnings;
 

@@ -17,6 +17,10 @@
 #    stayed unplaced for good ("no replica was reported caught up at
 #    generation 2").  Replicas the last landed report counted caught up
 #    are eligible when the generations since wrote nothing.
+#
+# tap-etcd: skip.  Its subject is serving health in the lease; the
+# control-plane store plays the same part in it as in the scripts that
+# run on both stores (FELIX_STORE=etcd runs it on etcd by hand).
 use strict;
 use warnings;
 
