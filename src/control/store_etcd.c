@@ -306,6 +306,18 @@ post_one(const char *endpoint, const char *path, const char *body,
 static bool authenticate(int64 deadline_ns, EtcdCall *call);
 
 /*
+ * What a try at one endpoint may take, in ms (0: the base share,
+ * felix.etcd_timeout over the members).  A try that ran out of it passes
+ * the request on with twice the share: etcd sends the first byte of an
+ * answer only once the whole answer is built, so a large read (the whole
+ * state, several MB at thousands of shards) on a loaded member can need
+ * more than the base share every time -- and failed at every member, at
+ * every heartbeat, for as long as the load lasted.  The share stays grown
+ * while answers take more than half the base share.
+ */
+static int	try_share_ms = 0;
+
+/*
  * POST body to path on the endpoints in turn until one answers.  A member
  * without a leader, or one that cannot be reached, passes the request on;
  * an expired token is renewed once.
@@ -317,6 +329,7 @@ etcd_call(const char *path, const char *body, bool is_write, EtcdCall *call)
 	int64		deadline = start + (int64) felix_etcd_timeout * 1000000;
 	int			n;
 	int			connect_ms;
+	int			base_ms;
 	bool		reauthed = false;
 
 	endpoints_init();
@@ -324,6 +337,9 @@ etcd_call(const char *path, const char *body, bool is_write, EtcdCall *call)
 	call->outcome = ETCD_NO_ANSWER;
 	n = list_length(endpoints);
 	connect_ms = Max(100, felix_etcd_timeout / n);
+	base_ms = Max(connect_ms, 300);
+	if (try_share_ms < base_ms)
+		try_share_ms = base_ms;
 
 	if (felix_etcd_user[0] != '\0' && token == NULL && !authenticate(deadline, call))
 		goto done;
@@ -341,14 +357,18 @@ etcd_call(const char *path, const char *body, bool is_write, EtcdCall *call)
 		 * connection but does not answer (stopped, partitioned) must not use
 		 * up the whole request.
 		 */
-		int64		try_deadline = Min(deadline, felix_monotonic_ns() +
-									   (int64) Max(connect_ms, 300) * 1000000);
+		int64		sent = felix_monotonic_ns();
+		int64		try_deadline = Min(deadline, sent + (int64) try_share_ms * 1000000);
 
 		if (!post_one(endpoint, path, body, try_deadline, connect_ms, call, &status, &root))
 		{
+			if (felix_monotonic_ns() >= try_deadline)
+				try_share_ms = Min(2 * try_share_ms, felix_etcd_timeout);
 			current = (current + 1) % n;
 			continue;
 		}
+		if (felix_monotonic_ns() - sent < (int64) base_ms * 1000000 / 2)
+			try_share_ms = base_ms;
 		if (status == 200)
 		{
 			call->outcome = ETCD_ANSWER;
