@@ -1197,6 +1197,14 @@ static StateCache cache;
  * without felix's marks is believed no longer than this.
  */
 #define CACHE_FULL_READ_NS		(INT64CONST(60) * 1000000000)
+/*
+ * That whole read is a guard, not a need: when it fails, the call goes on
+ * with a read of what changed, and the whole read is tried again this much
+ * later.  (Tried again at every call, a whole read that a loaded store
+ * could not answer in time -- several MB at thousands of shards -- failed
+ * every heartbeat, one after another, for as long as the load lasted.)
+ */
+#define CACHE_FULL_RETRY_NS		(INT64CONST(10) * 1000000000)
 /* Replaced records kept before the copy is thrown away at a quiet point. */
 #define CACHE_GARBAGE_MIN		(16 * 1024 * 1024)
 
@@ -1541,6 +1549,39 @@ cached_key_cmp(const void *a, const void *b)
 	return strcmp((*(CachedKey *const *) a)->key, (*(CachedKey *const *) b)->key);
 }
 
+/* Read the whole state into the copy; false (reported) if the read failed. */
+static bool
+cache_read_whole(bool guarded, int64 *revision, int elevel, int64 now)
+{
+	FelixKV    *kvs;
+	int			n;
+	FelixStoreStatus st;
+	HASH_SEQ_STATUS seq;
+	CachedKey  *e;
+
+	st = guarded ? felix_store_range_guarded("", true, &kvs, &n, revision, elevel)
+		: felix_store_range("", true, &kvs, &n, revision, elevel);
+	if (st != FELIX_STORE_OK)
+		return false;
+	cache.read_own_writes |= !felix_store_is_etcd() && felix_store_table_wrote();
+	cache.reads++;
+	cache.since = 0;
+	for (int i = 0; i < n; i++)
+	{
+		cache_put(&kvs[i], true);
+		/* one read of one state: every change up to its newest is in it */
+		cache.since = Max(cache.since, kvs[i].mod_revision);
+	}
+	hash_seq_init(&seq, cache.keys);
+	while ((e = hash_seq_search(&seq)) != NULL)
+		if (e->seen != cache.reads)
+			cache_forget(e);
+	cache.need_full = false;
+	cache.full_at_ns = now;
+	cache.revision = *revision;
+	return true;
+}
+
 /* Bring the copy up to the store's state; false (reported) if a read failed. */
 static bool
 cache_refresh(bool guarded, int64 *revision, int elevel)
@@ -1551,6 +1592,7 @@ cache_refresh(bool guarded, int64 *revision, int elevel)
 	int64		now = felix_monotonic_ns();
 	const char *tag = store_tag();
 	bool		full;
+	int64		complete_to;
 
 	if (cache.keys == NULL || cache.store == NULL || strcmp(cache.store, tag) != 0)
 	{
@@ -1576,55 +1618,31 @@ cache_refresh(bool guarded, int64 *revision, int elevel)
 	if (!felix_store_is_etcd() && felix_store_conflicts() != cache.conflicts)
 		cache.need_full = true;
 	cache.conflicts = felix_store_conflicts();
-	full = cache.need_full || now - cache.full_at_ns >= CACHE_FULL_READ_NS;
-	if (!full)
+	if (cache.need_full)
+		return cache_read_whole(guarded, revision, elevel, now);
+	if (now - cache.full_at_ns >= CACHE_FULL_READ_NS)
 	{
-		int64		complete_to;
-
-		st = felix_store_range_changed("", cache.since, guarded, &kvs, &n, revision,
-									   &complete_to, elevel);
-		if (st != FELIX_STORE_OK)
-			return false;
-		/* a store behind this copy was put back from an older one */
-		full = !guarded && *revision < cache.revision;
-		for (int i = 0; i < n && !full; i++)
-			full = strcmp(kvs[i].key, FELIX_STORE_KEY_DELETIONS) == 0;
-		if (!full)
-		{
-			cache.read_own_writes |= !felix_store_is_etcd() && felix_store_table_wrote();
-			for (int i = 0; i < n; i++)
-				cache_put(&kvs[i], false);
-			cache.since = Max(cache.since, complete_to);
-			cache.revision = Max(cache.revision, *revision);
-			*revision = cache.revision;
+		if (cache_read_whole(guarded, revision, elevel, now))
 			return true;
-		}
+		cache.full_at_ns = now - CACHE_FULL_READ_NS + CACHE_FULL_RETRY_NS;
 	}
-	st = guarded ? felix_store_range_guarded("", true, &kvs, &n, revision, elevel)
-		: felix_store_range("", true, &kvs, &n, revision, elevel);
+
+	st = felix_store_range_changed("", cache.since, guarded, &kvs, &n, revision,
+								   &complete_to, elevel);
 	if (st != FELIX_STORE_OK)
 		return false;
+	/* a store behind this copy was put back from an older one */
+	full = !guarded && *revision < cache.revision;
+	for (int i = 0; i < n && !full; i++)
+		full = strcmp(kvs[i].key, FELIX_STORE_KEY_DELETIONS) == 0;
+	if (full)
+		return cache_read_whole(guarded, revision, elevel, now);
 	cache.read_own_writes |= !felix_store_is_etcd() && felix_store_table_wrote();
-	cache.reads++;
-	cache.since = 0;
 	for (int i = 0; i < n; i++)
-	{
-		cache_put(&kvs[i], true);
-		/* one read of one state: every change up to its newest is in it */
-		cache.since = Max(cache.since, kvs[i].mod_revision);
-	}
-	{
-		HASH_SEQ_STATUS seq;
-		CachedKey  *e;
-
-		hash_seq_init(&seq, cache.keys);
-		while ((e = hash_seq_search(&seq)) != NULL)
-			if (e->seen != cache.reads)
-				cache_forget(e);
-	}
-	cache.need_full = false;
-	cache.full_at_ns = now;
-	cache.revision = *revision;
+		cache_put(&kvs[i], false);
+	cache.since = Max(cache.since, complete_to);
+	cache.revision = Max(cache.revision, *revision);
+	*revision = cache.revision;
 	return true;
 }
 

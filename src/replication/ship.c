@@ -99,7 +99,13 @@
 #define FELIX_SHIP_ANSWER_TIMEOUT_MS	10000
 /* After an error answer, wait this long before shipping to it again ... */
 #define FELIX_SHIP_RETRY_MS			500
-/* ... but only this long when the follower has yet to learn our generation. */
+/*
+ * ... but only this long when the follower has yet to learn our generation,
+ * twice as long after each such refusal in a row, and never longer than a
+ * heartbeat interval: it learns within one heartbeat, and a failover that
+ * moves hundreds of shards at once does not make their followers refuse
+ * (and log) thousands of shipments a second.
+ */
 #define FELIX_SHIP_RETRY_SOON_MS	20
 /* Every slot is looked at, led here or not, every this many intervals. */
 #define FELIX_SHIP_SWEEP_INTERVALS	10
@@ -170,6 +176,8 @@ typedef struct ShipSlot
 	uint64		in_flight_end[FELIX_MAX_REPLICAS];	/* what it carries, and */
 	int64		in_flight_ns[FELIX_MAX_REPLICAS];	/* when it left */
 	int64		retry_at_ns[FELIX_MAX_REPLICAS];
+	int			unknown_in_row[FELIX_MAX_REPLICAS]; /* refusals: generation
+													 * not learned yet */
 	uint64		hwm_sent[FELIX_MAX_REPLICAS];
 	uint64		conn_serial[FELIX_MAX_REPLICAS];	/* connection the mark was
 													 * taken on (0: none) */
@@ -1168,10 +1176,21 @@ apply_answer(ShipRequest *r, int64 now_ns)
 		 * restarted follower would never be confirmed or found stale).
 		 */
 		ss->conn_serial[r->fidx] = 0;
-		ss->retry_at_ns[r->fidx] = now_ns +
-			(unknown ? FELIX_SHIP_RETRY_SOON_MS : FELIX_SHIP_RETRY_MS) * NS_PER_MS;
+		if (unknown)
+		{
+			int			n = Min(ss->unknown_in_row[r->fidx]++, 10);
+
+			ss->retry_at_ns[r->fidx] = now_ns +
+				Min((int64) FELIX_SHIP_RETRY_SOON_MS << n, felix_heartbeat_interval) * NS_PER_MS;
+		}
+		else
+		{
+			ss->unknown_in_row[r->fidx] = 0;
+			ss->retry_at_ns[r->fidx] = now_ns + FELIX_SHIP_RETRY_MS * NS_PER_MS;
+		}
 		return;
 	}
+	ss->unknown_in_row[r->fidx] = 0;
 
 	f.last_answer_at = GetCurrentTimestamp();
 	if (!answer_believable(r))
