@@ -38,7 +38,7 @@ $c->wait_shipping($leader, $_, 0, 2) for $sq, $sl;
 my %pub;
 for my $s ($sq, $sl)
 {
-	# Leader acknowledgement: one session, a publish every second.  Its
+	# Leader acknowledgement: one session, a publish every two seconds.  Its
 	# followers are promotable only if the leader's last report before the
 	# pause said they held every acknowledged record (bound zero); a record
 	# acknowledged on the leader just before it stops and not yet reported
@@ -53,7 +53,7 @@ for my $s ($sq, $sl)
 		seconds   => 90,
 		catch     => 1,
 		err_sleep => 0.05,
-		sleep     => $s eq $sl ? 1.0 : 0,
+		sleep     => $s eq $sl ? 2.0 : 0,
 		tag       => $s);
 }
 ok($c->wait_acks($pub{$sq}, 100, 30) && $c->wait_acks($pub{$sl}, 4, 30),
@@ -61,21 +61,27 @@ ok($c->wait_acks($pub{$sq}, 100, 30) && $c->wait_acks($pub{$sl}, 4, 30),
 
 # Right after a leader-stream acknowledgement, wait for the control plane
 # to hold a report that both followers have everything, then pause (the
-# next publish is a second away; on a loaded machine with etcd the report
-# can take half of that to land).
-my $quiet = FelixCluster::poll(20, sub {
+# next publish is two seconds away; on a loaded machine with etcd the
+# report, and the queries that look for it, can take most of a second).
+my (@missed, $t_ack);
+my $quiet = FelixCluster::poll(30, sub {
 	my $n0 = $c->ack_count($pub{$sl});
-	FelixCluster::poll(2, sub { $c->ack_count($pub{$sl}) > $n0 }, 0.01) // return 0;
-	my $t_ack = time;
+	FelixCluster::poll(3, sub { $c->ack_count($pub{$sl}) > $n0 }, 0.01) // return 0;
+	$t_ack = time;
 	my $end = $c->shard_row($leader, $sl, 0)->{next_seq};
-	my $ok = FelixCluster::poll(0.6, sub {
-		$c->state_query(
-			"SELECT count(*) FROM felix.replica_reports WHERE stream = '$sl' AND shard = 0 AND caught_up AND acked_end >= $end"
-		) == 2;
+	my $rows = '';
+	my $ok = FelixCluster::poll(1.2, sub {
+		$rows = $c->state_query(
+			"SELECT string_agg(follower || ' ' || acked_end || ' ' || caught_up, ', ') "
+			  . "FROM felix.replica_reports WHERE stream = '$sl' AND shard = 0");
+		2 == grep { my (undef, $e, $cu) = split / /; $cu eq 'true' && $e >= $end } split /, /, $rows;
 	}, 0.01);
-	return defined $ok && time - $t_ack < 0.75;
+	return 1 if defined $ok && time - $t_ack < 1.5;
+	push @missed, sprintf('end %s, reports: %s (%.2f s after the ack)', $end, $rows, time - $t_ack);
+	return 0;
 }, 0);
-ok(defined $quiet, "caught a quiet moment of $sl with both followers reported caught up");
+ok(defined $quiet, "caught a quiet moment of $sl with both followers reported caught up")
+  or diag("missed: " . join('; ', @missed[0 .. ($#missed < 4 ? $#missed : 4)]));
 
 my $t_stop = $c->pause_node($leader);
 my %acked_at_stop = map { $_ => $c->ack_count($pub{$_}) } $sq, $sl;
