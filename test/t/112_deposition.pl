@@ -158,10 +158,13 @@ my @pids = split /,/, $waiting;
 kill 'STOP', @pids;
 push @stopped, @pids;
 my $t_stop = time;
+# The step-down count first, then the row: a step-down after the count
+# shows in the row, so "leader" there means none happened before either.
+my $downs_at_stop = $c->metric_of($leader, 'step_downs') // 0;
 my $r_stop = row($leader);
 is("$r_stop->{role} g$r_stop->{generation}", "leader g$g",
 	"$lname still led generation $g when its waiters were stopped (they saw no step-down)");
-is($c->metric_of($leader, 'step_downs') // 0, $downs_before, 'no step-down yet');
+is($downs_at_stop, $downs_before, 'no step-down yet');
 my $l_hwm  = $r_stop->{hwm};
 my $l_next = $r_stop->{next_seq};
 note(sprintf('stopped %d waiters %.3f s after the cut; %s holds seqs up to %d, acknowledged up to %s',
