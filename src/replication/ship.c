@@ -1178,9 +1178,10 @@ apply_answer(ShipRequest *r, int64 now_ns)
 		ss->conn_serial[r->fidx] = 0;
 		if (unknown)
 		{
-			int			n = Min(ss->unknown_in_row[r->fidx], 10);
+			int			n = ss->unknown_in_row[r->fidx];
 
-			ss->unknown_in_row[r->fidx]++;
+			if (n < 10)
+				ss->unknown_in_row[r->fidx]++;
 			ss->retry_at_ns[r->fidx] = now_ns +
 				Min((int64) FELIX_SHIP_RETRY_SOON_MS << n, felix_heartbeat_interval) * NS_PER_MS;
 		}
