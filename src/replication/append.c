@@ -24,7 +24,9 @@
  *	  the switch in felix_replicate does what it decided, and only that:
  *	   - refuse (an error), or step down first when the shipment shows that
  *		 this node, leading an older generation, was deposed;
- *	   - answer ('fenced' | 'gap' | 'needs_bootstrap', tail);
+ *	   - answer ('fenced' | 'gap' | 'needs_bootstrap', tail) -- a gap also
+ *		 when the shipment begins exactly at our tail after a last record
+ *		 of another generation, which must be compared first;
  *	   - answer ('conflict', seq), after marking the copy diverged there so
  *		 its readers stop short of it, durably (shard_mark_diverged_locked);
  *	   - drop an earlier leader's unadopted tail above the mark and answer
@@ -394,10 +396,12 @@ gather_facts(ReplicateFacts *f, FelixShard *s, const char *dir, const char *what
 	f->leader_known = v.leader[0] != '\0';
 	f->start_seq = s->log.start_seq;
 	f->tail = s->log.next_seq;
+	f->last_generation = s->log.last_generation;
 	f->copy_stale = v.copy_stale;
 	f->hwm_end = v.hwm_end;
 
 	f->nbatches = nbatches;
+	f->first_generation = nbatches > 0 ? batches[0].hdr.generation : 0;
 	f->nbelow = 0;
 	while (f->nbelow < nbatches &&
 		   batches[f->nbelow].hdr.base_seq + batches[f->nbelow].hdr.count <= f->tail)

@@ -1,8 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * rules.c
- *	  Pure decisions of replication (see rules.h): the quorum mark, and the
- *	  follower's append rule.  Nothing here reads shared memory, files or
+ *	  Pure decisions of replication (see rules.h): the quorum mark, the
+ *	  follower's append rule, and the leader's resumption after a gap.  Nothing here reads shared memory, files or
  *	  the clock, and nothing raises: callers gather the facts and apply
  *	  the decision.  test/unit/rules_test.c exercises both.
  *
@@ -148,6 +148,44 @@ replicate_decide(const ReplicateFacts *f)
 		return decision(REPLICATE_ANSWER_CONFLICT, f->mismatch_seq);
 	}
 
-	/* 8. Append the rest. */
+	/* 8. Nothing of the shipment overlaps our log: it begins exactly at
+	 * our tail, so nothing was compared.  A record of generation G exists
+	 * only as G's one leader wrote it, and whoever holds it holds that
+	 * leader's log below it.  So when our last record is of the generation
+	 * of the shipment's first batch, that leader wrote the two one after
+	 * the other, and our log below the tail is the sender's (Raft's log
+	 * matching).  Of another generation, our last record may be an earlier
+	 * leader's proposal that the sender's log does not hold: answer with a
+	 * gap at our tail, and the leader resends from the batch holding our
+	 * last record, to be compared (step 7). */
+	if (f->nbatches > 0 && f->nbelow == 0 &&
+		f->from_seq == f->tail && f->tail > f->start_seq &&
+		f->first_generation != f->last_generation)
+		return decision(REPLICATE_ANSWER_GAP, f->tail);
+
+	/* 9. Append the rest. */
 	return decision(REPLICATE_APPEND, f->tail);
+}
+
+/*
+ * Resume one record below the follower's tail, so that the next shipment
+ * overlaps its last record and the two are compared (prevLogIndex, in
+ * Raft's terms).  Resuming at the tail itself took that record on trust:
+ * an old leader's unadopted record there, from before generations it
+ * missed, stayed in its log below the mark and was served as
+ * acknowledged (the fault harness found it: seed 2005 of the long
+ * profile).  A tail below our oldest record, or a last record the
+ * follower asked to have compared (its gap is at the very start of the
+ * shipment, step 8 of replicate_decide) that lies below it, cannot be
+ * shipped to: the leader offers a copy of its log as it is.
+ */
+GapResume
+gap_resume(uint64 tail, uint64 from_seq, uint64 start_seq, uint64 *cursor)
+{
+	*cursor = tail > start_seq ? tail - 1 : tail;
+	if (tail < start_seq)
+		return GAP_BOOTSTRAP_LACKS;
+	if (tail == from_seq && tail == start_seq && tail > 0)
+		return GAP_BOOTSTRAP_UNCOMPARABLE;
+	return GAP_SHIP;
 }

@@ -19,8 +19,10 @@
  *	  in one WaitEventSet.  One request per (shard, follower) is in flight
  *	  at a time, and the cursor moves only on the follower's answer:
  *	    stored(end)   acked_end = cursor = end
- *	    gap(tail)     cursor = tail - 1 (the follower lacks what came before;
- *	                  its last record is shipped again, to be compared)
+ *	    gap(tail)     cursor = tail - 1 (the follower lacks what came before,
+ *	                  or the shipment began at its tail after a record of
+ *	                  another generation: its last record is shipped
+ *	                  again, to be compared)
  *	    conflict(seq) the follower halts: its log differs from ours
  *	    fenced(tail)  the follower halts: it is at a newer generation
  *	  A follower that has fallen behind is thereby caught up by its own
@@ -800,9 +802,12 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 	/*
 	 * The follower may show its readers only what a majority holds and
 	 * what this shipment lets it check: records of its own above the
-	 * shipped end may be another leadership's proposals.
+	 * shipped end may be another leadership's proposals.  A probe checks
+	 * nothing: the cursor it is sent at is where the generation began,
+	 * and the follower's records below it may be an earlier leader's
+	 * (they are compared by the first batches, after it answers).
 	 */
-	hwm_param = Min(snap->hwm_end, sent_end);
+	hwm_param = probe ? 0 : Min(snap->hwm_end, sent_end);
 
 	snprintf(shard_s, sizeof(shard_s), "%d", snap->key.shard);
 	snprintf(gen_s, sizeof(gen_s), UINT64_FORMAT, snap->generation);
@@ -1229,28 +1234,23 @@ apply_answer(ShipRequest *r, int64 now_ns)
 	}
 	else if (strcmp(r->status, "gap") == 0)
 	{
-		ss->probed[r->fidx] = true;
+		GapResume	g = gap_resume(r->seq, r->from_seq, v.start_seq, &f.cursor);
 
-		/*
-		 * Resume one record below its tail, so that the first shipment
-		 * overlaps its last record and the two are compared (prevLogIndex,
-		 * in Raft's terms).  Resuming at the tail itself took that record
-		 * on trust: an old leader's unadopted record there, from before
-		 * generations it missed, stayed in its log below the mark and was
-		 * served as acknowledged (the fault harness found it: seed 2005 of
-		 * the long profile).  Until an answer covers it, the follower counts
-		 * for no more than the records before it.
-		 */
-		f.cursor = r->seq > v.start_seq ? r->seq - 1 : r->seq;
+		/* until an answer covers it, it counts for no more than the records before it */
+		ss->probed[r->fidx] = true;
 		f.acked_end = Min(f.acked_end, f.cursor);
 		f.last_error[0] = '\0';
-		if (r->seq < v.start_seq)
+		if (g != GAP_SHIP)
 		{
-			/* what it lacks is gone from here too: offer our log as it is */
 			f.state = FELIX_FOLLOWER_BOOTSTRAP;
-			snprintf(f.last_error, sizeof(f.last_error),
-					 "its log ends at seq " UINT64_FORMAT ", before this leader's oldest record " UINT64_FORMAT ": offering it a copy beginning there",
-					 r->seq, v.start_seq);
+			if (g == GAP_BOOTSTRAP_LACKS)
+				snprintf(f.last_error, sizeof(f.last_error),
+						 "its log ends at seq " UINT64_FORMAT ", before this leader's oldest record " UINT64_FORMAT ": offering it a copy beginning there",
+						 r->seq, v.start_seq);
+			else
+				snprintf(f.last_error, sizeof(f.last_error),
+						 "its last record, at seq " UINT64_FORMAT ", cannot be compared: this leader's oldest record is " UINT64_FORMAT ": offering it a copy beginning there",
+						 r->seq - 1, v.start_seq);
 		}
 	}
 	else if (strcmp(r->status, "bootstrapped") == 0 || strcmp(r->status, "rebuilt") == 0)

@@ -11,7 +11,10 @@
 # - the earlier leader's proposals are dropped the same way when they begin
 #   at seq 0, the log's first record (a failover in a stream's first
 #   moments): found by model-checking (docs/formal, finding 2), where the
-#   follower halted diverged and was rebuilt whole instead.
+#   follower halted diverged and was rebuilt whole instead;
+# - a batch shipped exactly at the follower's tail, after a last record
+#   of another generation, is answered 'gap' until that record has been
+#   compared (TAP 154 shows why).
 #
 # The control plane and the stream's leader are stopped first, so nothing
 # but these calls touches the follower's log.
@@ -105,7 +108,18 @@ is(state(), "5 $hwm_before", 'they sit above the high-water mark');
 is(replicate(2, 3, $hwm_end, shipment(3, 2, 'X')), 'gap 3',
 	"a generation 2 batch that differs at seq 3 makes $fname drop 3..4 and answer gap 3");
 is(state(), "3 $hwm_before", 'the log ends at seq 2 again; the mark did not move');
-is(replicate(2, 3, 4, shipment(3, 2, 'X')), 'stored 4', 'the new leader\'s record is stored at seq 3');
+# Shipped at the tail alone, the new leader's record would follow a record
+# of generation 1 that nothing compared: the follower asks for it first.
+is(replicate(2, 3, 4, shipment(3, 2, 'X')), 'gap 3',
+	'a generation 2 batch at the tail, after a generation 1 record: gap 3, to compare that record first');
+is(state(), "3 $hwm_before", 'nothing appended');
+# The leader resends from the batch holding seq 2 (r2, as stored).
+my ($r2) = grep { $_->{base_seq} <= 2 && 2 < $_->{base_seq} + $_->{count} }
+  map { my $file = $_; map { { %$_, file => $file } } record_batches($file) }
+  segment_files(shard_dir($f, $stream, 0));
+my $r2hex = unpack('H*', substr(read_file($r2->{file}), $r2->{offset}, $r2->{size}));
+is(replicate(2, $r2->{base_seq}, 4, $r2hex . shipment(3, 2, 'X')), 'stored 4',
+	'with r2 compared, the new leader\'s record is stored at seq 3');
 is($f->safe_psql('postgres', "SELECT string_agg(payload, ',' ORDER BY seq) FROM $stream"),
 	'r0,r1,r2,X', 'readers see the adopted history only');
 

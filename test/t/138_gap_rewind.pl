@@ -32,28 +32,13 @@ my $c = FelixCluster->new(nodes => 4);
 my ($stream, @set) = $c->pick_stream_name('gap', 3, sub { !grep { $_ eq 'node1' } @_ });
 $c->create_stream(1, $stream, replication_factor => 3, consistency => 'quorum');
 my ($a, $g1) = $c->wait_leader($stream, 0);
-my $an = $a->{felix_name};
 $c->wait_shipping($a, $stream, 0, 2);
-
-sub next_seq
-{
-	my ($node) = @_;
-	return $c->node($node)->safe_psql('postgres',
-		"SELECT next_seq FROM felix_shards WHERE stream = '$stream' AND shard = 0");
-}
-
-$a->safe_psql('postgres',
-	"SELECT count(felix_publish('$stream', jsonb_build_object('i', i), shard => 0)) FROM generate_series(1, 50) i");
-FelixCluster::poll(30, sub { !grep { next_seq($_) ne '50' } @set }, 0.1) or die 'replicas not at 50';
+sub next_seq { return $c->next_seq($_[0], $stream); }
 
 # R: written on A at seq 50, shipped nowhere, not acknowledged.
-my $ship = $a->safe_psql('postgres', "SELECT pid FROM pg_stat_activity WHERE backend_type = 'felix ship'");
-kill 'STOP', $ship;
-my ($rc, $out, $err) = $a->psql('postgres',
-	"SET felix.quorum_timeout = '500ms'; SELECT felix_publish('$stream', '{\"R\": true}'::jsonb, shard => 0)");
-isnt($rc, 0, "R at seq 50 on $an is not acknowledged");
-is(next_seq($an), '51', "$an holds R at seq 50");
-$c->kill_node($an);
+my ($an, $failed, $end) = $c->unadopted_record($stream, 50, @set);
+ok($failed, "R at seq 50 on $an is not acknowledged");
+is($end, '51', "$an held R at seq 50");
 
 # Generation 2: B writes its own records from 50.
 my ($b, $g2) = $c->wait_leader($stream, 0, min_generation => $g1 + 1, timeout => 30);

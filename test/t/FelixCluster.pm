@@ -370,6 +370,30 @@ sub next_seq
 		"SELECT next_seq FROM felix_shards WHERE stream = '$stream' AND shard = " . ($shard // 0));
 }
 
+# Leave on the leader of shard 0 of $stream (replicas @set, all up) a
+# record nobody else holds and nobody acknowledged, then kill it: first
+# $n records, published there and held by every replica; then {"R": true}
+# at seq $n, published with the leader's ship worker stopped, so that its
+# quorum wait times out.  Returns the leader's felix name, whether the
+# publish of R failed, and where the leader's log ended (seq $n + 1).
+sub unadopted_record
+{
+	my ($self, $stream, $n, @set) = @_;
+	my ($leader) = $self->wait_leader($stream, 0);
+	my $name = $leader->{felix_name};
+	$leader->safe_psql('postgres',
+		"SELECT count(felix_publish('$stream', jsonb_build_object('i', i), shard => 0)) FROM generate_series(1, $n) i");
+	poll(30, sub { !grep { $self->next_seq($_, $stream) ne $n } @set }, 0.1)
+	  or die "$stream: the replicas do not all reach seq $n";
+	my $ship = $leader->safe_psql('postgres', "SELECT pid FROM pg_stat_activity WHERE backend_type = 'felix ship'");
+	kill 'STOP', $ship;
+	my ($rc) = $leader->psql('postgres',
+		"SET felix.quorum_timeout = '500ms'; SELECT felix_publish('$stream', '{\"R\": true}'::jsonb, shard => 0)");
+	my $end = $self->next_seq($name, $stream);
+	$self->kill_node($name);
+	return ($name, $rc != 0, $end);
+}
+
 # Replace directory $to with a copy of $from (cp -a): a test taking, or
 # putting back, a copy of a felix directory.
 sub copy_tree

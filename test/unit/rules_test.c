@@ -138,8 +138,10 @@ base_facts(void)
 	f.leader_known = true;
 	f.start_seq = 0;
 	f.tail = 10;
+	f.last_generation = 3;
 	f.copy_stale = false;
 	f.nbatches = 1;
+	f.first_generation = 3;
 	f.nbelow = 0;
 	f.mismatch = -1;
 	f.hwm_end = 8;
@@ -197,6 +199,26 @@ test_replicate_decide(void)
 	check(decides(f, REPLICATE_ANSWER_GAP, 10), "a shipment past our tail: gap at our tail");
 
 	f = base_facts();
+	f.last_generation = 2;
+	check(decides(f, REPLICATE_ANSWER_GAP, 10),
+		  "a shipment at our tail after a record of another generation: gap, to compare it");
+	f.first_generation = 2;
+	f.last_generation = 1;
+	check(decides(f, REPLICATE_ANSWER_GAP, 10), "... whichever generations they are");
+	f.last_generation = 2;
+	check(decides(f, REPLICATE_APPEND, 10), "... and after one of the first batch's generation, appended");
+	f.last_generation = 1;
+	f.nbatches = 0;
+	check(decides(f, REPLICATE_APPEND, 10), "an empty shipment appends nothing: no comparison asked");
+	f.nbatches = 1;
+	f.start_seq = 10;
+	check(decides(f, REPLICATE_APPEND, 10), "a copy holding no record has nothing to compare");
+	f.start_seq = 0;
+	f.nbelow = 1;
+	f.from_seq = 9;
+	check(decides(f, REPLICATE_APPEND, 10), "a shipment overlapping our log was compared: appended");
+
+	f = base_facts();
 	f.from_seq = 9;
 	f.nbelow = 1;
 	f.mismatch = 0;
@@ -239,12 +261,34 @@ test_replicate_decide(void)
 	check(decides(f, REPLICATE_REFUSE_SENDER, 10), "nor can a node that does not lead");
 }
 
+static bool
+resumes(uint64 tail, uint64 from_seq, uint64 start_seq, GapResume want, uint64 want_cursor)
+{
+	uint64		cursor;
+
+	return gap_resume(tail, from_seq, start_seq, &cursor) == want && cursor == want_cursor;
+}
+
+static void
+test_gap_resume(void)
+{
+	check(resumes(10, 20, 0, GAP_SHIP, 9), "a gap: resume one record below the tail, to compare it");
+	check(resumes(10, 10, 0, GAP_SHIP, 9), "a gap at the shipment's start (compare first): the same");
+	check(resumes(10, 20, 10, GAP_SHIP, 10),
+		  "a tail at our oldest record, the shipment later: ship from the tail, there is nothing to compare");
+	check(resumes(10, 10, 10, GAP_BOOTSTRAP_UNCOMPARABLE, 10),
+		  "a last record to compare below our oldest: offer a copy");
+	check(resumes(5, 20, 10, GAP_BOOTSTRAP_LACKS, 5), "a tail below our oldest record: offer a copy");
+	check(resumes(0, 0, 0, GAP_SHIP, 0), "an empty log at an empty leader's start: ship");
+}
+
 int
 main(void)
 {
 	test_quorum_mark();
 	test_quorum_mark_joint();
 	test_replicate_decide();
+	test_gap_resume();
 	printf("1..%d\n", ntests);
 	return nfailed == 0 ? 0 : 1;
 }

@@ -2,8 +2,9 @@
  *
  * rules.h
  *	  The decisions of replication that depend on nothing but their inputs:
- *	  the quorum mark of a shard (quorum.c and report.c move it) and the
- *	  follower's append rule (append.c applies it).  Pure functions over
+ *	  the quorum mark of a shard (quorum.c and report.c move it), the
+ *	  follower's append rule (append.c applies it) and where the leader
+ *	  resumes after a gap (ship.c).  Pure functions over
  *	  plain values, so that test/unit can check them case by case without
  *	  a server.
  *
@@ -76,9 +77,11 @@ typedef struct ReplicateFacts
 	bool		leader_known;	/* the control plane named a leader */
 	uint64		start_seq;
 	uint64		tail;			/* next_seq */
+	uint64		last_generation;	/* of our last record (tail - 1) */
 	bool		copy_stale;		/* it predates this node's incarnation */
 	/* the shipment against the copy (REPLICATE_SHIP) */
 	int			nbatches;
+	uint64		first_generation;	/* of the shipment's first batch */
 	int			nbelow;			/* batches wholly below the tail */
 	int			mismatch;		/* first batch (< nbatches) whose bytes
 								 * differ from ours, or that straddles our
@@ -101,7 +104,8 @@ typedef enum ReplicateAction
 	REPLICATE_REFUSE_UNKNOWN,	/* error 55F04: we have not learnt who leads
 								 * this generation (the sender retries) */
 	REPLICATE_REFUSE_SENDER,	/* error: the caller is not that leader */
-	REPLICATE_ANSWER_GAP,		/* ('gap', tail): resend from our tail */
+	REPLICATE_ANSWER_GAP,		/* ('gap', tail): resend from one record
+								 * below our tail */
 	REPLICATE_ANSWER_CONFLICT,	/* ('conflict', seq): the copy diverged
 								 * where the rule cannot justify it */
 	REPLICATE_DROP_THEN_GAP,	/* cut our records from seq on (above the
@@ -125,5 +129,21 @@ typedef struct ReplicateDecision
 
 /* The follower's rule; see append.c for the reasons of each step. */
 extern ReplicateDecision replicate_decide(const ReplicateFacts *f);
+
+/*
+ * The leader's side of a gap: a follower answered ('gap', tail) to a
+ * shipment from from_seq; the leader's log begins at start_seq.
+ */
+typedef enum GapResume
+{
+	GAP_SHIP,					/* ship again from the batch holding the
+								 * cursor */
+	GAP_BOOTSTRAP_LACKS,		/* what it lacks is gone from here too */
+	GAP_BOOTSTRAP_UNCOMPARABLE	/* its last record, which it asked to have
+								 * compared, is older than all we hold */
+} GapResume;
+
+extern GapResume gap_resume(uint64 tail, uint64 from_seq, uint64 start_seq,
+							uint64 *cursor);
 
 #endif							/* FELIX_REPLICATION_RULES_H */
