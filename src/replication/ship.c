@@ -1268,11 +1268,14 @@ apply_answer(ShipRequest *r, int64 now_ns)
 	}
 	else if (strcmp(r->status, "needs_bootstrap") == 0)
 	{
-		snprintf(f.last_error, sizeof(f.last_error),
-				 r->op == REPLICATE_SHIP ?
-				 "its copy predates its node's current incarnation (its log ends at seq " UINT64_FORMAT ")" :
-				 "its log ends at seq " UINT64_FORMAT ", before this leader's oldest record, and it holds records of its own",
-				 r->seq);
+		if (r->op == REPLICATE_SHIP)
+			snprintf(f.last_error, sizeof(f.last_error),
+					 "its copy predates its node's current incarnation (its log ends at seq " UINT64_FORMAT ")",
+					 r->seq);
+		else
+			snprintf(f.last_error, sizeof(f.last_error),
+					 "its log ends at seq " UINT64_FORMAT " and this leader's begins at seq " UINT64_FORMAT ": it holds records of its own that cannot be compared",
+					 r->seq, r->from_seq);
 		follower_halt(&f, FELIX_HALT_NEEDS_BOOTSTRAP, r->seq, r->generation, &snap,
 					  "A copy placed over records of its own would hide a hole nothing downstream could detect.",
 					  "The follower is out of every quorum until it is rebuilt: automatically under felix.rebuild_max_concurrent, or with felix_rebuild.");

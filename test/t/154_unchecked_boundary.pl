@@ -18,6 +18,11 @@
 # first without comparing it (it answers with a gap at its tail), and the
 # first shipment of a generation moves no follower's mark.
 #
+# Part 2: when the record to compare is older than all the leader still
+# holds (its retention trimmed it), the leader offers a copy instead of
+# resending the same shipment for ever; the follower, holding records,
+# halts needs_bootstrap and is rebuilt.
+#
 # tap-etcd: skip.  Its subject is the follower's check of a shipment; the
 # control-plane store plays the same part in it as in the scripts that
 # run on both stores (FELIX_STORE=etcd runs it on etcd by hand).
@@ -32,7 +37,7 @@ use FelixCluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
-my $c = FelixCluster->new(nodes => 4);
+my $c = FelixCluster->new(nodes => 4, conf => ["felix.segment_bytes = '64kB'"]);
 my ($stream, @set) = $c->pick_stream_name('edge', 3, sub { !grep { $_ eq 'node1' } @_ });
 $c->create_stream(1, $stream, replication_factor => 3, consistency => 'quorum');
 my ($a, $g1) = $c->wait_leader($stream, 0);
@@ -83,6 +88,44 @@ like(slurp_file($a->logfile), qr/dropped records from seq 50 written at generati
 like($cc->safe_psql('postgres',
 	"SELECT state FROM felix_replication WHERE stream = '$stream' AND shard = 0 AND follower = '$an'"),
 	qr/^shipping/, "$an is shipped to, not halted");
+
+# Part 2: the record to compare is older than all the leader holds.  A2
+# holds R at seq 3 (small records, one segment); generation 2 (B2) writes
+# seq 3 and then, after its retention age, 4 and 5, each larger than a
+# segment, and trims seqs 0-3 away: its log begins at 4, A2's tail.  A2
+# asks for its record at 3 to be compared, which B2 no longer has: B2
+# offers a copy beginning at 4, A2 (holding records) refuses and halts,
+# and it is rebuilt.  Before, B2 shipped the same batch again for ever.
+$c->start_node($bn);
+my ($s2, @set2) = $c->pick_stream_name('edgeold', 3, sub { !grep { $_ eq 'node1' } @_ });
+$c->create_stream(1, $s2, replication_factor => 3, consistency => 'quorum',
+	retention => '3 seconds');
+my ($a2, $h1) = $c->wait_leader($s2, 0);
+$c->wait_shipping($a2, $s2, 0, 2);
+my ($a2n, $failed2, $end2) = $c->unadopted_record($s2, 3, @set2);
+is($end2, '4', "$s2: $a2n held R at seq 3");
+my ($b2, $h2) = $c->wait_leader($s2, 0, min_generation => $h1 + 1, timeout => 30);
+sub big { my ($n, $i) = @_; $n->safe_psql('postgres',
+	"SELECT felix_publish('$s2', jsonb_build_object('big', $i, 'pad', repeat('x', 70000)), shard => 0)"); }
+big($b2, 3);
+sleep 4;
+big($b2, $_) for 4, 5;
+$b2->safe_psql('postgres', "SELECT felix_enforce_retention('$s2')");
+is($b2->safe_psql('postgres', "SELECT start_seq FROM felix_shards WHERE stream = '$s2' AND shard = 0"),
+	'4', "$s2: the leader's log begins at seq 4, ${a2n}'s tail");
+$c->start_node($a2n);
+my $a2node = $c->node($a2n);
+ok(defined FelixCluster::poll(60, sub {
+	$want = $b2->safe_psql('postgres', "SELECT seq, payload->>'big' FROM \"$s2\" WHERE shard = 0 ORDER BY seq");
+	$got = $a2node->safe_psql('postgres', "SELECT seq, payload->>'big' FROM \"$s2\" WHERE shard = 0 ORDER BY seq");
+	$got eq $want && $want eq "4|4\n5|5" }, 0.2),
+	"$s2: $a2n ends with exactly the leader's records")
+  or diag("$a2n serves:\n$got\nthe leader serves:\n$want\n") || $c->diag_shard($s2, 0);
+is($a2node->safe_psql('postgres', "SELECT count(*) FROM \"$s2\" WHERE shard = 0 AND payload ? 'R'"), '0',
+	"$s2: $a2n serves no trace of R");
+ok(($c->metric_of($a2n, 'copies_rebuilt') // 0) >= 1, "$s2: $a2n was rebuilt");
+like(slurp_file($b2->logfile), qr/follower "$a2n" halted \(needs_bootstrap\).*its log ends at seq 4 and this leader's begins at seq 4/,
+	"$s2: the leader says why $a2n halted");
 
 $c->teardown;
 felix_done_testing();
