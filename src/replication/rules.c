@@ -2,9 +2,10 @@
  *
  * rules.c
  *	  Pure decisions of replication (see rules.h): the quorum mark, the
- *	  follower's append rule, and the leader's resumption after a gap.  Nothing here reads shared memory, files or
- *	  the clock, and nothing raises: callers gather the facts and apply
- *	  the decision.  test/unit/rules_test.c exercises both.
+ *	  follower's append rule, and where the leader resumes after a gap.
+ *	  Nothing here reads shared memory, files or the clock, and nothing
+ *	  raises: callers gather the facts and apply the decision.
+ *	  test/unit/rules_test.c exercises all three.
  *
  * Locking rule: none.
  *

@@ -4,9 +4,8 @@
  *	  The decisions of replication that depend on nothing but their inputs:
  *	  the quorum mark of a shard (quorum.c and report.c move it), the
  *	  follower's append rule (append.c applies it) and where the leader
- *	  resumes after a gap (ship.c).  Pure functions over
- *	  plain values, so that test/unit can check them case by case without
- *	  a server.
+ *	  resumes after a gap (ship.c).  Pure functions over plain values, so
+ *	  that test/unit can check them case by case without a server.
  *
  * Locking rule: none; callers gather the inputs under their own locks.
  *
