@@ -1236,8 +1236,8 @@ apply_answer(ShipRequest *r, int64 now_ns)
 	{
 		GapResume	g = gap_resume(r->seq, r->from_seq, v.start_seq, &f.cursor);
 
-		/* until an answer covers it, it counts for no more than the records before it */
 		ss->probed[r->fidx] = true;
+		/* until an answer covers it, it counts for no more than the records before it */
 		f.acked_end = Min(f.acked_end, f.cursor);
 		f.last_error[0] = '\0';
 		if (g != GAP_SHIP)

@@ -31,12 +31,11 @@ use Test::More;
 my $c = FelixCluster->new(nodes => 4);
 my ($stream, @set) = $c->pick_stream_name('gap', 3, sub { !grep { $_ eq 'node1' } @_ });
 $c->create_stream(1, $stream, replication_factor => 3, consistency => 'quorum');
-my ($a, $g1) = $c->wait_leader($stream, 0);
-$c->wait_shipping($a, $stream, 0, 2);
 sub next_seq { return $c->next_seq($_[0], $stream); }
 
 # R: written on A at seq 50, shipped nowhere, not acknowledged.
-my ($an, $failed, $end) = $c->unadopted_record($stream, 50, @set);
+my ($a, $g1, $failed, $end) = $c->unadopted_record($stream, 50, @set);
+my $an = $a->{felix_name};
 ok($failed, "R at seq 50 on $an is not acknowledged");
 is($end, '51', "$an held R at seq 50");
 

@@ -40,12 +40,11 @@ use Test::More;
 my $c = FelixCluster->new(nodes => 4, conf => ["felix.segment_bytes = '64kB'"]);
 my ($stream, @set) = $c->pick_stream_name('edge', 3, sub { !grep { $_ eq 'node1' } @_ });
 $c->create_stream(1, $stream, replication_factor => 3, consistency => 'quorum');
-my ($a, $g1) = $c->wait_leader($stream, 0);
-$c->wait_shipping($a, $stream, 0, 2);
 sub next_seq { return $c->next_seq($_[0], $stream); }
 
 # R: written on A at seq 50, shipped nowhere, not acknowledged.
-my ($an, $failed, $end) = $c->unadopted_record($stream, 50, @set);
+my ($a, $g1, $failed, $end) = $c->unadopted_record($stream, 50, @set);
+my $an = $a->{felix_name};
 ok($failed, "R at seq 50 on $an is not acknowledged");
 is($end, '51', "$an held R at seq 50");
 
@@ -100,9 +99,9 @@ $c->start_node($bn);
 my ($s2, @set2) = $c->pick_stream_name('edgeold', 3, sub { !grep { $_ eq 'node1' } @_ });
 $c->create_stream(1, $s2, replication_factor => 3, consistency => 'quorum',
 	retention => '3 seconds');
-my ($a2, $h1) = $c->wait_leader($s2, 0);
-$c->wait_shipping($a2, $s2, 0, 2);
-my ($a2n, $failed2, $end2) = $c->unadopted_record($s2, 3, @set2);
+my ($a2, $h1, $failed2, $end2) = $c->unadopted_record($s2, 3, @set2);
+my $a2n = $a2->{felix_name};
+ok($failed2, "$s2: R at seq 3 on $a2n is not acknowledged");
 is($end2, '4', "$s2: $a2n held R at seq 3");
 my ($b2, $h2) = $c->wait_leader($s2, 0, min_generation => $h1 + 1, timeout => 30);
 sub big { my ($n, $i) = @_; $n->safe_psql('postgres',
@@ -114,14 +113,13 @@ $b2->safe_psql('postgres', "SELECT felix_enforce_retention('$s2')");
 is($b2->safe_psql('postgres', "SELECT start_seq FROM felix_shards WHERE stream = '$s2' AND shard = 0"),
 	'4', "$s2: the leader's log begins at seq 4, ${a2n}'s tail");
 $c->start_node($a2n);
-my $a2node = $c->node($a2n);
 ok(defined FelixCluster::poll(60, sub {
 	$want = $b2->safe_psql('postgres', "SELECT seq, payload->>'big' FROM \"$s2\" WHERE shard = 0 ORDER BY seq");
-	$got = $a2node->safe_psql('postgres', "SELECT seq, payload->>'big' FROM \"$s2\" WHERE shard = 0 ORDER BY seq");
+	$got = $a2->safe_psql('postgres', "SELECT seq, payload->>'big' FROM \"$s2\" WHERE shard = 0 ORDER BY seq");
 	$got eq $want && $want eq "4|4\n5|5" }, 0.2),
 	"$s2: $a2n ends with exactly the leader's records")
   or diag("$a2n serves:\n$got\nthe leader serves:\n$want\n") || $c->diag_shard($s2, 0);
-is($a2node->safe_psql('postgres', "SELECT count(*) FROM \"$s2\" WHERE shard = 0 AND payload ? 'R'"), '0',
+is($a2->safe_psql('postgres', "SELECT count(*) FROM \"$s2\" WHERE shard = 0 AND payload ? 'R'"), '0',
 	"$s2: $a2n serves no trace of R");
 ok(($c->metric_of($a2n, 'copies_rebuilt') // 0) >= 1, "$s2: $a2n was rebuilt");
 like(slurp_file($b2->logfile), qr/follower "$a2n" halted \(needs_bootstrap\).*its log ends at seq 4 and this leader's begins at seq 4/,

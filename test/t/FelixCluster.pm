@@ -374,13 +374,15 @@ sub next_seq
 # record nobody else holds and nobody acknowledged, then kill it: first
 # $n records, published there and held by every replica; then {"R": true}
 # at seq $n, published with the leader's ship worker stopped, so that its
-# quorum wait times out.  Returns the leader's felix name, whether the
-# publish of R failed, and where the leader's log ended (seq $n + 1).
+# quorum wait times out.  Returns the leader (its node), the generation
+# it led, whether the publish of R failed, and where the leader's log
+# ended (seq $n + 1).
 sub unadopted_record
 {
 	my ($self, $stream, $n, @set) = @_;
-	my ($leader) = $self->wait_leader($stream, 0);
+	my ($leader, $generation) = $self->wait_leader($stream, 0);
 	my $name = $leader->{felix_name};
+	$self->wait_shipping($leader, $stream, 0, 2);
 	$leader->safe_psql('postgres',
 		"SELECT count(felix_publish('$stream', jsonb_build_object('i', i), shard => 0)) FROM generate_series(1, $n) i");
 	poll(30, sub { !grep { $self->next_seq($_, $stream) ne $n } @set }, 0.1)
@@ -391,7 +393,7 @@ sub unadopted_record
 		"SET felix.quorum_timeout = '500ms'; SELECT felix_publish('$stream', '{\"R\": true}'::jsonb, shard => 0)");
 	my $end = $self->next_seq($name, $stream);
 	$self->kill_node($name);
-	return ($name, $rc != 0, $end);
+	return ($leader, $generation, $rc != 0, $end);
 }
 
 # Replace directory $to with a copy of $from (cp -a): a test taking, or
