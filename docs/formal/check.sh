@@ -69,7 +69,9 @@ trap 'exit 130' INT TERM
 # counterexample; duty.pml only), "+prev" for pan's reversed process order
 # (-DP_REVERSE: only the order of the search, so a run that must fail meets
 # its counterexample sooner; an exhaustive search stores the same states)
-# or "+mN" for a search depth of N |
+# or "+mN" for a search depth of N, or "+bit" for bitstate hashing (a
+# counterexample too deep for an exhaustive search's memory; its "pass"
+# would not be complete, so only for runs that must fail) |
 # expect: pass, or the property tags a counterexample must break (a regex
 # over the tag written after the failed assert)
 runs=(
@@ -113,6 +115,13 @@ runs=(
 	"shard: by log, a copy restored, another restarted|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=2 -DRESTORE_FAULT -DRESTORE_ANY_NODE|O2|pass"
 	"shard: by log, guard deleted: token|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=1 -DRESTORE_FAULT -DRESTORE_ANY_NODE -DBY_LOG_ANY_COPY|O0|P1"
 	"shard: by log, guard deleted: n - n/2|shard.pml|-DNREC=1 -DMAXGEN=2 -DMAXCRASH=2 -DBY_LOG_NEED_ONE|O0|P1"
+	# S: below any node's mark, one history -- the follower's side of bugs
+	# 4 and 12 (docs/reliability.md); the code before their fixes breaks it
+	"shard: S, 2 records, gen<=2|shard.pml|-DSERVED -DNREC=2 -DMAXGEN=2 -DMAXCRASH=0|O2|pass"
+	"shard: S, 1 record, gen<=3|shard.pml|-DSERVED -DNREC=1 -DMAXGEN=3 -DMAXCRASH=0|O2|pass"
+	"shard: S, 1 record, a crash|shard.pml|-DSERVED -DNREC=1 -DMAXGEN=2 -DMAXCRASH=1|O2|pass"
+	"shard: S, the tail trusted (before bugs 4 and 12)|shard.pml|-DSERVED -DOLD_TAIL_TRUSTED -DNREC=3 -DMAXGEN=3 -DMAXCRASH=0|O2+bit|S"
+	"shard: by log, tokens recorded at the grant|shard.pml|-DNREC=1 -DMAXGEN=3 -DMAXCRASH=1 -DRESTORE_FAULT -DRESTORE_ANY_NODE -DBY_LOG_TOKENS_AT_GRANT|O0|P1"
 	"shard: by log, guard deleted: past the taken log|shard.pml|-DNREC=1 -DMAXGEN=3 -DMAXCRASH=2 -DRESTORE_FAULT -DRESTORE_ANY_NODE -DBY_LOG_NOT_PAST_TAKEN|O0|P1"
 	"duty: implemented design, rates 1..2|duty.pml||O0|pass"
 	"duty: implemented design, rates 2..3|duty.pml|-DRMIN=2 -DRMAX=3 -DLEASE=6 -DEPS=1 -DMARGIN=2|O0|pass"
@@ -164,6 +173,7 @@ run_one() {
 	case "$name" in deep*) cflags="-DBITSTATE"; hashw=32 ;; esac
 	case "$opt" in *+bfs) opt="${opt%+bfs}"; cflags="$cflags -DBFS"; defs="$defs -DTRAIL_BFS" ;; esac
 	case "$opt" in *+prev) opt="${opt%+prev}"; cflags="$cflags -DP_REVERSE" ;; esac
+	case "$opt" in *+bit) opt="${opt%+bit}"; cflags="$cflags -DBITSTATE"; hashw=28 ;; esac
 	case "$opt" in *+m*) depth="${opt#*+m}"; opt="${opt%%+m*}" ;; esac
 	local t0 t1 secs states errors outcome verdict tag line
 	t0=$(date +%s.%N)

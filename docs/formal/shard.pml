@@ -26,6 +26,13 @@
  *   P3 "writes are fenced": no record is appended at generation G once
  *      the control plane has granted G+1.
  *   T  no truncation cuts at or below the truncating node's mark.
+ *   S  "a mark shows one history" (with -DSERVED): below any node's mark,
+ *      leader or follower, its log holds what the marks of the leaders
+ *      passed at each seq -- one record per seq, whoever moved the mark --
+ *      in every state.  A follower that shows its readers a record of its
+ *      own that no leader adopted breaks it (docs/reliability.md, bugs 4
+ *      and 12).  Not with the restore fault: a copy put back may lose a
+ *      record no publisher was told of, which P1 allows.
  *
  * Bounds (-D): NREC publishes (record ids 1..NREC, so logs of NREC seqs),
  * generations up to MAXGEN, at most MAXCRASH node crashes per run.
@@ -46,6 +53,11 @@
  *                             at its generation, moved it.
  *                             (ONLY_P1 silences P2 at the publisher, to let
  *                             the search reach the record actually lost.)
+ *   OLD_TAIL_TRUSTED          (with SERVED) the code before bugs 4 and 12
+ *                             were fixed: a follower whose log ends at or
+ *                             before where the shipment begins appends it
+ *                             at its tail without the record before being
+ *                             compared.
  * Guard deletions (mutation tests, also expected to FAIL):
  *   NO_LEASE_AT_MARK          may_release ignores the lease.
  *   NO_RECHECK                leader_publish skips lease_recheck.
@@ -109,7 +121,11 @@
  *                             was taken counts as having kept its log;
  *   BY_LOG_NEED_ONE           one counted copy is enough, not n - n/2;
  *   BY_LOG_NOT_PAST_TAKEN     the newest counted log need not reach the
- *                             leader's log when it took the generation.
+ *                             leader's log when it took the generation;
+ *   BY_LOG_TOKENS_AT_GRANT    a grant records the copies' tokens anew, so
+ *                             a generation granted and never taken counts
+ *                             the copies kept since its grant, not since
+ *                             the last generation taken.
  * Restrictions, not felix, that leave out some paths, so the runs can
  * show what each change closes on the paths it is meant for (README
  * "Findings" 1 and 6):
@@ -254,6 +270,9 @@ byte w_node[NREC+1];
 byte w_gen[NREC+1];
 byte w_seq[NREC+1];
 bit  released[NREC+1];      /* the acknowledged word passed it under a live lease */
+#ifdef SERVED
+byte cmt[MAXLOG];           /* per seq, the record a leader's mark passed (0: none yet) */
+#endif
 
 /* scratch, not part of the state */
 hidden byte t_i, t_j, t_s, t_g, t_lg, t_mg, t_mm, t_stop, t_from, t_se, t_hp, t_a, t_b, t_c, t_mark, t_best, t_newest, t_rep;
@@ -401,6 +420,23 @@ inline acked_survive() {
 	od
 }
 
+#ifdef SERVED
+/* S, in every state: below each node's mark, the records the marks passed */
+inline marks_show_one_history() {
+	t_i = 0;
+	do
+	:: t_i < NN ->
+		t_j = 0;
+		do
+		:: t_j < hwm[t_i] -> assert(LOG(t_i, t_j) == cmt[t_j]); t_j++   /* S: every state */
+		:: else -> break
+		od;
+		t_i++
+	:: else -> break
+	od
+}
+#endif
+
 /* P1 at a promotion: the chosen node holds, durably, every acknowledged record */
 inline holds_every_acked(b) {
 	t_i = 1;
@@ -426,6 +462,22 @@ inline lease_step_down(n) {
 
 /* ======================= quorum.c ======================= */
 
+#ifdef SERVED
+/* S's ghost: the records a leader's mark passes, one per seq */
+inline note_marked(n, mark) {
+	t_i = 0;
+	do
+	:: t_i < mark ->
+		assert(cmt[t_i] == 0 || cmt[t_i] == LOG(n, t_i));   /* S: at the mark */
+		cmt[t_i] = LOG(n, t_i);
+		t_i++
+	:: else -> break
+	od
+}
+#else
+#define note_marked(n, mark)  skip
+#endif
+
 /* quorum_release with may_release (quorum.c) and shard_advance_hwm
  * (shard.c): this leadership, under its live lease, moves the mark and
  * its acknowledged word together */
@@ -441,6 +493,7 @@ inline quorum_release(n, g, mark) {
 		ackg[n] = g;
 		acke[n] = mark;
 		printf("MSC: node %d moves its quorum mark to %d at generation %d\n", n, mark, g);
+		note_marked(n, mark);
 		/* P2: the lease is live, at the records' generation, and no
 		 * successor generation exists */
 		assert(cp_gen == g);    /* P2: at the mark */
@@ -545,16 +598,31 @@ end_wait:
 
 /* ============ append.c / rules.c: the follower's side of a shipment ============ */
 
+/* The cursor, folded in: a follower whose log ends before the shipment
+ * answers 'gap', and the leader ships again from the record before its
+ * tail (gap_resume, rules.c); one whose log ends where the shipment
+ * begins appends it only after a last record of the shipment's first
+ * record's generation, and otherwise answers 'gap' at its tail, with the
+ * same result (replicate_decide, step 8).  Either way the record before
+ * the tail is compared.  OLD_TAIL_TRUSTED: from the tail, unchecked. */
+#ifdef OLD_TAIL_TRUSTED
+#define TAIL_UNCHECKED(n, f)  (t_from > wend[f])
+#define TAIL_RESUME(f)        (wend[f])
+#else
+#define TAIL_UNCHECKED(n, f)  (t_from > wend[f] || \
+	(t_from == wend[f] && t_from < wend[n] && t_lg != GEN_OF(LOG(n, t_from))))
+#define TAIL_RESUME(f)        (wend[f] > 0 -> wend[f] - 1 : 0)
+#endif
 /* felix_replicate (append.c) with replicate_decide (rules.c),
  * gather_facts, divergence_droppable and append_shipped, called by
  * leader n for follower f with the batches [cursor, written end) */
 inline felix_replicate(n, f) {
 	t_g = gen[n];
 	/* the cursor: where this generation began, one record below
-	 * (fresh_cursor_fn); a follower whose log ends before that answers
-	 * 'gap' and the leader rewinds to its tail -- folded in here */
+	 * (fresh_cursor_fn), or before the follower's tail (above) */
 	t_from = (GM(n, gen[n]) != NONE && GM(n, gen[n]) > 0 -> GM(n, gen[n]) - 1 : 0);
-	if :: t_from > wend[f] -> t_from = wend[f] :: else -> skip fi;
+	log_last_generation(f, t_lg);
+	if :: TAIL_UNCHECKED(n, f) -> t_from = TAIL_RESUME(f) :: else -> skip fi;
 	t_se = wend[n];
 	t_hp = (hwm[n] < t_se -> hwm[n] : t_se);     /* Min(hwm_end, sent_end) */
 	if
@@ -1331,37 +1399,35 @@ inline restarted_leader_check(l, res) {
 #else
 #define PAST_TAKEN(x)  (LASTGEN(x) > cp_tlg || (LASTGEN(x) == cp_tlg && flushed[x] >= cp_tend))
 #endif
+/* A generation granted and never taken wrote nothing, so what the last
+ * taking claim recorded stands for it too (the grant keeps it) */
 inline copies_candidate(best) {
 	best = NONE;
 	t_c = 0;
-	if
-	:: cp_taken ->
-		t_j = 0;
-		do
-		:: t_j < NN ->
-			if
-			:: KEPT(t_j) ->
-				if
-				:: true ->
-					t_c++;
-					if
-					:: best == NONE || LASTGEN(t_j) > LASTGEN(best) ||
-					   (LASTGEN(t_j) == LASTGEN(best) && flushed[t_j] > flushed[best]) -> best = t_j
-					:: else -> skip
-					fi
-				:: true -> skip                 /* not heard from since the lapse */
-				fi
-			:: else -> skip
-			fi;
-			t_j++
-		:: else -> break
-		od;
+	t_j = 0;
+	do
+	:: t_j < NN ->
 		if
-		:: t_c < BY_LOG_NEED || (best != NONE && !PAST_TAKEN(best)) -> best = NONE
-		:: else ->
-			printf("MSC: %d copies kept their log since generation %d was taken: node %d's is the newest (end %d, last generation %d)\n", t_c, cp_gen, best, flushed[best], LASTGEN(best))
-		fi
-	:: else -> skip
+		:: KEPT(t_j) ->
+			if
+			:: true ->
+				t_c++;
+				if
+				:: best == NONE || LASTGEN(t_j) > LASTGEN(best) ||
+				   (LASTGEN(t_j) == LASTGEN(best) && flushed[t_j] > flushed[best]) -> best = t_j
+				:: else -> skip
+				fi
+			:: true -> skip                 /* not heard from since the lapse */
+			fi
+		:: else -> skip
+		fi;
+		t_j++
+	:: else -> break
+	od;
+	if
+	:: t_c < BY_LOG_NEED || (best != NONE && !PAST_TAKEN(best)) -> best = NONE
+	:: else ->
+		printf("MSC: %d copies kept their log since the last generation taken (now %d): node %d's is the newest (end %d, last generation %d)\n", t_c, cp_gen, best, flushed[best], LASTGEN(best))
 	fi;
 	t_c = 0
 }
@@ -1414,7 +1480,12 @@ inline consider() {
 #endif
 #ifdef BY_LOG
 		cp_glg = LASTGEN(t_best);            /* grant_last_generation */
-		cp_tokset[0] = 0; cp_tokset[1] = 0; cp_tokset[2] = 0;   /* a generation not yet taken */
+#ifdef BY_LOG_TOKENS_AT_GRANT
+		cp_tok[0] = boot[0]; cp_tok[1] = boot[1]; cp_tok[2] = boot[2];
+		cp_tokset[0] = 1; cp_tokset[1] = 1; cp_tokset[2] = 1;
+#endif
+		/* else the grant keeps what the last taking claim recorded (the C
+		 * copies the shard's fields into the grant) */
 #endif
 		cp_gen++;
 		cp_leader = t_best;
@@ -1451,7 +1522,11 @@ end_cp:
 	   }
 
 	/* ---- P1 in every state ---- */
+#ifdef SERVED
+	:: d_step { acked_survive(); marks_show_one_history(); t_i = 0; t_j = 0 }
+#else
 	:: d_step { acked_survive(); t_i = 0 }
+#endif
 	od
 }
 

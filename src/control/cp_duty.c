@@ -50,7 +50,7 @@
  *	  placement score breaks ties.
  *	  Else, on a quorum stream, promotion by log (copies_candidate): the
  *	  newest log among at least n - n/2 copies whose token shows they
- *	  kept their log since the generation was taken.
+ *	  kept their log since the last generation taken was taken.
  *	  Nobody qualifies: the shard is unplaced, with a reason.
  *
  *	  Alive.  The holder keeps the `alive` key: the nodes whose records it
@@ -754,7 +754,12 @@ disqualified(const CpSnapshot *snap, const CpShard *s, const CpStream *st,
  *
  * The newest of at least n - n/2 copies kept since G was taken, read after
  * the lapse, at or past the leader's log at G, holds every acknowledged
- * record.  A copy reported halted, or unable to serve, is not counted:
+ * record.  G is the newest generation taken (taken_generation), also when
+ * generations were granted after it and never taken: a generation's first
+ * write follows the claim that takes it, so those wrote and acknowledged
+ * nothing, and a grant keeps what G's claim recorded.  (The leader of G
+ * lapsed before the first of them was granted, so an end read after the
+ * current lapse was read after G's too.)  A copy reported halted, or unable to serve, is not counted:
  * its log may differ from its leader's.  Not during a replica move.
  * Returns the node (NULL: none; *why says why when it could apply).
  */
@@ -771,11 +776,12 @@ copies_candidate(const CpSnapshot *snap, const CpShard *s, const CpStream *st,
 	memset(chosen, 0, sizeof(*chosen));
 	if (strcmp(st->consistency, "quorum") != 0 || s->nreplicas < 2 || s->joining)
 		return NULL;
-	if (s->taken_generation != s->generation || s->taken_end < 0 ||
-		s->taken_last_generation < 0)
+	if (s->taken_generation <= 0 || s->taken_end < 0 || s->taken_last_generation < 0)
 	{
-		*why = psprintf("no log by which to promote: generation " INT64_FORMAT " was not taken with the leader's log given",
-						s->generation);
+		*why = s->taken_generation <= 0 ?
+			psprintf("no log by which to promote: no generation of it was ever taken") :
+			psprintf("no log by which to promote: generation " INT64_FORMAT " was not taken with the leader's log given",
+					 s->taken_generation);
 		return NULL;
 	}
 	for (int i = 0; i < s->nreplicas; i++)
@@ -813,14 +819,14 @@ copies_candidate(const CpSnapshot *snap, const CpShard *s, const CpStream *st,
 	if (counted < need)
 	{
 		*why = psprintf("%d of its %d copies are known to have kept their log since generation " INT64_FORMAT " was taken and have given it since the lapse; promotion by log needs %d",
-						counted, s->nreplicas, s->generation, need);
+						counted, s->nreplicas, s->taken_generation, need);
 		return NULL;
 	}
 	if (chosen->last_generation < s->taken_last_generation ||
 		(chosen->last_generation == s->taken_last_generation && chosen->end < s->taken_end))
 	{
 		*why = psprintf("the newest of those logs (%s's, ending at " INT64_FORMAT " in generation " INT64_FORMAT ") is older than the leader's when it took generation " INT64_FORMAT " (ending at " INT64_FORMAT " in generation " INT64_FORMAT ")",
-						best->name, chosen->end, chosen->last_generation, s->generation,
+						best->name, chosen->end, chosen->last_generation, s->taken_generation,
 						s->taken_end, s->taken_last_generation);
 		return NULL;
 	}
@@ -1054,7 +1060,7 @@ consider(const CpSnapshot *snap, CpShard *s, int64 now, Grant *g)
 		g->log = psprintf("felix: stream \"%s\" shard %d: %s leads generation " INT64_FORMAT " (was %s at generation " INT64_FORMAT ")%s",
 						  s->stream, s->shard, best.node->name, next.generation,
 						  s->leader ? s->leader : "nobody", s->generation,
-						  by_log ? ", promoted by its log: the newest of the copies kept since that generation was taken" : "");
+						  by_log ? ", promoted by its log: the newest of the copies kept since the last generation taken" : "");
 		return true;
 	}
 	else

@@ -25,10 +25,12 @@
 #      A is known to have kept its log, one copy of three is not enough
 #      (C could be a copy put back from a backup), so the shard stays
 #      unplaced and says why.
-# Parts 3 and 4 (below) do the same for a new stream's first generation.
+# Parts 3 and 4 (below) do the same for a new stream's first generation,
+# and part 5 for a generation granted and never taken.
 use strict;
 use warnings;
 
+use File::Path ();
 use FindBin;
 use lib $FindBin::RealBin;
 use FelixTest;
@@ -213,6 +215,57 @@ sub setup
 		}
 		$c->start_node($l);
 		$c->wait_alive([ map { $c->name_of($_) } 1 .. 4 ], 60);
+	}
+
+	# 5. A generation granted and never taken (etcd seeds 2001 and 2005 of
+	# a long run after bug 12's fix).  Generation 1's leader A loses its
+	# lease (SIGSTOP), generation 2 is granted to follower B, and B comes
+	# back with its felix directory wiped before it claims it: the grant
+	# is forged, as the holder would have written it, while the duties are
+	# held, with the reports forged to "nobody caught up" as above.
+	# Generation 2 wrote nothing, so what generation 1's claim recorded
+	# still stands: A's and C's copies kept their logs since, and one of
+	# them leads generation 3 with all 1000 records.  (The shard stayed
+	# unplaced before: "generation 2 was not taken with the leader's log
+	# given".)
+	{
+		my ($stream, @set) = $c->pick_stream_name('untaken', 3, sub { !grep { $_ eq 'node1' } @_ });
+		$c->create_stream(1, $stream, replication_factor => 3, consistency => 'quorum');
+		my ($a) = $c->wait_leader($stream, 0);
+		my ($b, $cc) = map { $c->node($_) } grep { $_ ne $a->{felix_name} } @set;
+		my $bn = $b->{felix_name};
+		$c->wait_shipping($a, $stream, 0, 2, 30);
+		is($a->safe_psql('postgres',
+			"SELECT count(felix_publish('$stream', to_jsonb(i), shard => 0)) FROM generate_series(1, 1000) i"),
+			'1000', "5: 1000 acknowledged at $a->{felix_name} in generation 1");
+		FelixCluster::poll(30, sub { !grep { $c->next_seq($_, $stream) ne '1000' } @set }, 0.1) or die 'not level';
+		$c->hold_duties(grep { $_ != $a } $c->up_nodes);
+		$c->pause_node($a);
+		$c->kill_node($b);
+		my $inc = $c->state_query("SELECT incarnation FROM felix.nodes WHERE name = '$bn'");
+		$c->store_edit(sprintf('shards/%s/%06d', $stream, 0),
+			"(v - 'unplaced_reason') || jsonb_build_object('generation', 2, 'leader', '$bn', "
+			  . "'leader_incarnation', '$inc', 'grant_end', 1000, 'grant_last_generation', 1)");
+		$c->store_edit(sprintf('reports/%s/%06d', $stream, 0),
+			"jsonb_build_object('rows', (SELECT jsonb_agg(r || '{\"acked_end\": 0, \"caught_up\": false}') "
+			  . "FROM jsonb_array_elements(v->'rows') r))");
+		File::Path::rmtree($b->data_dir . '/felix');
+		$c->start_node($b);
+		sleep 2;				# A's lease has run out by its own clock too
+		$c->resume_node($a);
+		$c->release_duties;
+		my ($lead, $g3) = eval { $c->wait_leader($stream, 0, min_generation => 3, timeout => 30) };
+		ok($lead && $lead != $b, '5: a copy kept since generation 1 was taken leads generation 3 ('
+			  . ($lead ? $lead->{felix_name} : 'none') . ')')
+		  or do { diag(promotions($c, $stream)); $c->diag_shard($stream, 0) };
+		like(promotions($c, $stream),
+			qr/shard 0: \S+ leads generation 3 \(was $bn at generation 2\), promoted by its log/,
+			'5: promoted by its log, past the generation never taken');
+		my $n = '';
+		FelixCluster::poll(10, sub {
+			$n = $lead ? $lead->safe_psql('postgres', "SELECT count(*) FROM $stream WHERE shard = 0") : '';
+			$n eq '1000' }, 0.1);
+		is($n, '1000', '5: the new leader serves all 1000 records');
 	}
 	$c->teardown;
 }
