@@ -50,7 +50,8 @@
  *	  placement score breaks ties.
  *	  Else, on a quorum stream, promotion by log (copies_candidate): the
  *	  newest log among at least n - n/2 copies whose token shows they
- *	  kept their log since the last generation taken was taken.
+ *	  kept their log since the newest generation that was taken (one
+ *	  granted since and never taken wrote nothing).
  *	  Nobody qualifies: the shard is unplaced, with a reason.
  *
  *	  Alive.  The holder keeps the `alive` key: the nodes whose records it
@@ -759,8 +760,9 @@ disqualified(const CpSnapshot *snap, const CpShard *s, const CpStream *st,
  * write follows the claim that takes it, so those wrote and acknowledged
  * nothing, and a grant keeps what G's claim recorded.  (The leader of G
  * lapsed before the first of them was granted, so an end read after the
- * current lapse was read after G's too.)  A copy reported halted, or unable to serve, is not counted:
- * its log may differ from its leader's.  Not during a replica move.
+ * current lapse was read after G's too.)  A copy reported halted, or
+ * unable to serve, is not counted: its log may differ from its leader's.
+ * Not during a replica move.
  * Returns the node (NULL: none; *why says why when it could apply).
  */
 static const CpNode *
