@@ -51,6 +51,7 @@ const char *const felix_counter_names[FELIX_NUM_COUNTERS] = {
 	[FELIX_CTR_STORE_REQUEST_US] = "store_request_us",
 	[FELIX_CTR_STORE_BYTES_READ] = "store_bytes_read",
 	[FELIX_CTR_STORE_BYTES_WRITTEN] = "store_bytes_written",
+	[FELIX_CTR_STORE_WHOLE_READS] = "store_whole_reads",
 	[FELIX_CTR_PUBLISHES_FORWARDED] = "publishes_forwarded",
 };
 

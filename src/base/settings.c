@@ -37,6 +37,7 @@ int			felix_lease_margin = 200;
 int			felix_lease_epsilon = 100;
 int			felix_quorum_timeout = 5000;
 int			felix_node_expiry = 1500;
+int			felix_store_guard_interval = 300000;
 bool		felix_control_plane_duties = true;
 char	   *felix_etcd_endpoints = NULL;
 char	   *felix_etcd_prefix = NULL;
@@ -165,6 +166,12 @@ felix_settings_define(void)
 							"A node whose last heartbeat is older than this is not alive.",
 							NULL,
 							&felix_node_expiry, 1500, 10, 3600000,
+							PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
+	DefineCustomIntVariable("felix.store_guard_interval",
+							"How often the duty holder reads the whole control-plane state to find keys changed outside felix.",
+							"A key written or deleted in the store without felix's marks (by hand) is believed at most this long; "
+							"every other process reads only what changed.",
+							&felix_store_guard_interval, 300000, 1000, 86400000,
 							PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
 	DefineCustomBoolVariable("felix.forward_publishes",
 							 "Whether a publish or commit to a shard this node does not lead is forwarded to its leader.",

@@ -63,7 +63,6 @@
 #include "storage/incarnation.h"
 
 
-#define NS_PER_MS	INT64CONST(1000000)
 
 /* ---------------------------------------------------------------------
  * Waiting

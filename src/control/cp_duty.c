@@ -77,7 +77,6 @@
 #include "utils/hsearch.h"
 #include "utils/memutils.h"
 
-#define NS_PER_MS	INT64CONST(1000000)
 /* FELIX_REASON_LEN (storage/shard.h): an unplaced reason fits a shard slot */
 #define CP_REASON_LEN	400
 
@@ -90,6 +89,15 @@ typedef struct ShardObs
 	int64		claim_seen_ns;
 	int			lease_ms;
 	int64		claim_beat;		/* the leader's beat in that record */
+	/*
+	 * What the leader's claims key said of this generation at claims_rev
+	 * (a lookup per shard per tick was most of an idle holder's tick; the
+	 * key changes only when the node's claims do).
+	 */
+	bool		claims_known;
+	int64		claims_rev;
+	bool		claims_hold;
+	int			claims_lease_ms;
 } ShardObs;
 
 /*
@@ -362,7 +370,6 @@ shard_seen(const CpSnapshot *snap, const CpShard *s, int64 now)
 	bool		found;
 	ShardObs   *o;
 	CpNode	   *leader = cp_snapshot_node(snap, s->leader);
-	const CpClaim *c;
 
 	snprintf(key, sizeof(key), "%s/%d", s->stream, s->shard);
 	o = hash_search(shard_obs, key, HASH_ENTER, &found);
@@ -376,15 +383,24 @@ shard_seen(const CpSnapshot *snap, const CpShard *s, int64 now)
 		o->claim_seen_ns = now;
 		o->lease_ms = felix_lease_duration;
 		o->claim_beat = -1;
+		o->claims_known = false;
 	}
-	if (leader && (c = cp_node_claim(leader, s->stream, s->shard)) != NULL &&
-		c->generation == s->generation && s->leader_incarnation &&
+	if (leader && (!o->claims_known || o->claims_rev != leader->claims_rev))
+	{
+		const CpClaim *c = cp_node_claim(leader, s->stream, s->shard);
+
+		o->claims_known = true;
+		o->claims_rev = leader->claims_rev;
+		o->claims_hold = c != NULL && c->generation == s->generation;
+		o->claims_lease_ms = c != NULL ? c->lease_ms : 0;
+	}
+	if (leader && o->claims_hold && s->leader_incarnation &&
 		strcmp(leader->incarnation, s->leader_incarnation) == 0 &&
 		leader->rev != o->claim_rev)
 	{
 		o->claim_rev = leader->rev;
 		o->claim_seen_ns = now;
-		o->lease_ms = c->lease_ms;
+		o->lease_ms = o->claims_lease_ms;
 		o->claim_beat = leader->beat;
 	}
 	else if (o->claim_beat < 0 && leader && s->taken_generation == s->generation &&
@@ -1190,6 +1206,30 @@ write_grants(const CpSnapshot *snap, Grant *g, int n, CpTick *tick)
 }
 
 /*
+ * The guard against keys changed outside felix: every
+ * felix.store_guard_interval the holder reads the whole state again, a
+ * page per tick (cpstate.c), and when its copy had missed keys written or
+ * deleted without felix's marks, it writes the deletions key, so that
+ * every other process, which reads only what changed, reads the whole
+ * state again.
+ */
+static void
+guard_store(void)
+{
+	int			drift = cp_snapshot_guard(LOG);
+	FelixStoreOp op = {FELIX_STORE_KEY_DELETIONS, "{}"};
+	int64		revision;
+
+	if (drift == 0)
+		return;
+	ereport(WARNING,
+			(errmsg("felix: %d control-plane keys were changed outside felix (without their marks)", drift),
+			 errdetail("The duty holder's periodic read of the whole state (felix.store_guard_interval) found them; the reads of what changed did not."),
+			 errhint("Every node now reads the whole state again.  Change the control-plane store only through felix's functions.")));
+	(void) felix_store_txn(NULL, 0, &op, 1, &revision, LOG);
+}
+
+/*
  * One tick of the duties for node (its boot), into *tick: how many shards
  * were given a new generation (-1: not the holder, or the store did not
  * answer) and to which nodes, whose next heartbeat claims them -- the
@@ -1219,6 +1259,7 @@ cp_duty_tick(const char *node, const char *boot, CpTick *tick)
 		return;
 	if (!hold_duty(&snap, node, boot))
 		return;
+	guard_store();
 
 	/*
 	 * The whole state, read after this tick's refresh of the duty key and

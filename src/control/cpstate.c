@@ -18,6 +18,7 @@
 #include <ctype.h>
 #include <sys/time.h>
 
+#include "base/metrics.h"
 #include "common/pg_prng.h"
 #include "control/cpstate.h"
 #include "felix.h"
@@ -1137,12 +1138,22 @@ typedef struct CachedKey
  * (felix_store_range_changed), and decodes those.
  *
  * When it reads everything again: a deletion among the changes (the store
- * marks each one), a store behind the copy (put back from a backup), a
+ * marks each one), a store behind the copy (put back from a backup), and a
  * transaction of this process that aborted (embedded store: a read in it
- * may have seen its own writes, which never happened), and every
- * CACHE_FULL_READ_NS anyway, so a key changed behind felix's back (by hand)
- * is not believed for long.  A whole read keeps a record
- * only for the very value it was decoded from.
+ * may have seen its own writes, which never happened).  A whole read keeps
+ * a record only for the very value it was decoded from.
+ *
+ * A key written or deleted without felix's marks (by hand) would not show
+ * in a read of what changed.  Guarding against that is one process's
+ * work, not every reader's: every reader reading the whole state once a
+ * minute was most of an idle cluster's control-plane traffic at thousands
+ * of shards (3.9 MB a read).  The duty holder calls cp_snapshot_guard at
+ * every tick: every felix.store_guard_interval it reads the whole state
+ * again, a page of keys per tick (a read of the whole at once took longer
+ * than the holder's duty lease at 3,000 shards, and the duties changed
+ * hands), and compares each page with its copy; when the copy had missed
+ * something the holder writes the deletions key, which sends every other
+ * reader to a whole read of its own.
  *
  * Lifetime rule.  A snapshot copies records by value (a report it points
  * at instead: the largest record, in an allocation of its own), but their
@@ -1170,7 +1181,9 @@ typedef struct StateCache
 	bool		need_full;
 	bool		read_own_writes;	/* read after this transaction wrote */
 	uint64		conflicts;		/* felix_store_conflicts() as of the last read */
-	int64		full_at_ns;
+	int64		guard_at_ns;	/* when the guard's last pass began */
+	char	   *guard_after;	/* its next page starts after this key (NULL:
+								 * no pass under way); TopMemoryContext */
 	uint64		reads;			/* whole reads so far */
 	int64		live_bytes;		/* about what the records in use take */
 	int64		garbage_bytes;	/* ... and the replaced ones not yet freed */
@@ -1193,18 +1206,15 @@ typedef struct StateCache
 static StateCache cache;
 
 /*
- * A whole read at least this often: a key deleted or rewritten by hand
- * without felix's marks is believed no longer than this.
+ * The guard reads this many keys a tick: some 300 KB at most, a small
+ * part of a tick (a shard record or report is under 1 KB).
  */
-#define CACHE_FULL_READ_NS		(INT64CONST(60) * 1000000000)
+#define CACHE_GUARD_PAGE		400
 /*
- * That whole read is a guard, not a need: when it fails, the call goes on
- * with a read of what changed, and the whole read is tried again this much
- * later.  (Tried again at every call, a whole read that a loaded store
- * could not answer in time -- several MB at thousands of shards -- failed
- * every heartbeat, one after another, for as long as the load lasted.)
+ * The guard is not a need: when a page cannot be read, the holder goes on
+ * with a read of what changed, and the pass starts again this much later.
  */
-#define CACHE_FULL_RETRY_NS		(INT64CONST(10) * 1000000000)
+#define CACHE_GUARD_RETRY_NS	(INT64CONST(10) * 1000000000)
 /* Replaced records kept before the copy is thrown away at a quiet point. */
 #define CACHE_GARBAGE_MIN		(16 * 1024 * 1024)
 
@@ -1549,9 +1559,62 @@ cached_key_cmp(const void *a, const void *b)
 	return strcmp((*(CachedKey *const *) a)->key, (*(CachedKey *const *) b)->key);
 }
 
+/*
+ * How many keys of a page of the store differ from the copy in a way that
+ * no read of what changed explains.  The page holds every key in
+ * (after, last] (last NULL: to the end) as of revision rev, and the copy
+ * has been brought up to date since, so it holds every change up to a
+ * revision past rev:
+ *   - a key of the page the copy lacks, unless a deletion was marked
+ *     after rev (the copy would have read everything again);
+ *   - a key the copy holds at another revision, if the copy's is not
+ *     later than rev;
+ *   - a key the copy holds at rev or earlier, in the page's range, that
+ *     the page lacks.
+ * Each is a key written or deleted without felix's marks.
+ */
+static int
+cache_drift(const FelixKV *kvs, int n, const char *after, const char *last, int64 rev)
+{
+	CachedKey  *deletions = hash_search(cache.keys, FELIX_STORE_KEY_DELETIONS, HASH_FIND, NULL);
+	int64		deleted_at = deletions ? deletions->mod_revision : 0;
+	int			drift = 0;
+	HASH_SEQ_STATUS seq;
+	CachedKey  *e;
+	HTAB	   *present;
+	HASHCTL		ctl;
+
+	ctl.keysize = CP_INDEX_KEY_LEN;
+	ctl.entrysize = CP_INDEX_KEY_LEN;
+	ctl.hcxt = CurrentMemoryContext;
+	present = hash_create("felix control-plane guard", Max(n, 16), &ctl,
+						  HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+	for (int i = 0; i < n; i++)
+	{
+		const FelixKV *kv = &kvs[i];
+
+		if (strlen(kv->key) >= CP_INDEX_KEY_LEN)
+			continue;			/* never held (cache_put) */
+		(void) hash_search(present, kv->key, HASH_ENTER, NULL);
+		e = hash_search(cache.keys, kv->key, HASH_FIND, NULL);
+		if (e == NULL ? deleted_at <= rev
+			: e->mod_revision != kv->mod_revision ? e->mod_revision <= rev
+			: strcmp(e->text, kv->value) != 0)
+			drift++;
+	}
+	hash_seq_init(&seq, cache.keys);
+	while ((e = hash_seq_search(&seq)) != NULL)
+		if (e->mod_revision <= rev && strcmp(e->key, after) > 0 &&
+			(last == NULL || strcmp(e->key, last) <= 0) &&
+			hash_search(present, e->key, HASH_FIND, NULL) == NULL)
+			drift++;
+	hash_destroy(present);
+	return drift;
+}
+
 /* Read the whole state into the copy; false (reported) if the read failed. */
 static bool
-cache_read_whole(bool guarded, int64 *revision, int elevel, int64 now)
+cache_read_whole(bool guarded, int64 *revision, int elevel)
 {
 	FelixKV    *kvs;
 	int			n;
@@ -1563,6 +1626,7 @@ cache_read_whole(bool guarded, int64 *revision, int elevel, int64 now)
 		: felix_store_range("", true, &kvs, &n, revision, elevel);
 	if (st != FELIX_STORE_OK)
 		return false;
+	felix_count(FELIX_CTR_STORE_WHOLE_READS, 1);
 	cache.read_own_writes |= !felix_store_is_etcd() && felix_store_table_wrote();
 	cache.reads++;
 	cache.since = 0;
@@ -1577,7 +1641,6 @@ cache_read_whole(bool guarded, int64 *revision, int elevel, int64 now)
 		if (e->seen != cache.reads)
 			cache_forget(e);
 	cache.need_full = false;
-	cache.full_at_ns = now;
 	cache.revision = *revision;
 	return true;
 }
@@ -1589,7 +1652,6 @@ cache_refresh(bool guarded, int64 *revision, int elevel)
 	FelixKV    *kvs;
 	int			n;
 	FelixStoreStatus st;
-	int64		now = felix_monotonic_ns();
 	const char *tag = store_tag();
 	bool		full;
 	int64		complete_to;
@@ -1619,13 +1681,7 @@ cache_refresh(bool guarded, int64 *revision, int elevel)
 		cache.need_full = true;
 	cache.conflicts = felix_store_conflicts();
 	if (cache.need_full)
-		return cache_read_whole(guarded, revision, elevel, now);
-	if (now - cache.full_at_ns >= CACHE_FULL_READ_NS)
-	{
-		if (cache_read_whole(guarded, revision, elevel, now))
-			return true;
-		cache.full_at_ns = now - CACHE_FULL_READ_NS + CACHE_FULL_RETRY_NS;
-	}
+		return cache_read_whole(guarded, revision, elevel);
 
 	st = felix_store_range_changed("", cache.since, guarded, &kvs, &n, revision,
 								   &complete_to, elevel);
@@ -1636,7 +1692,7 @@ cache_refresh(bool guarded, int64 *revision, int elevel)
 	for (int i = 0; i < n && !full; i++)
 		full = strcmp(kvs[i].key, FELIX_STORE_KEY_DELETIONS) == 0;
 	if (full)
-		return cache_read_whole(guarded, revision, elevel, now);
+		return cache_read_whole(guarded, revision, elevel);
 	cache.read_own_writes |= !felix_store_is_etcd() && felix_store_table_wrote();
 	for (int i = 0; i < n; i++)
 		cache_put(&kvs[i], false);
@@ -1852,11 +1908,56 @@ cp_serialize(void)
 
 		if (!cache.enabled && !IsBackgroundWorker)
 			cp_snapshot_cache_enable();
-		if (cache.enabled && (cache.keys == NULL || cache.need_full ||
-							  felix_monotonic_ns() - cache.full_at_ns >= CACHE_FULL_READ_NS))
+		if (cache.enabled && (cache.keys == NULL || cache.need_full))
 			(void) cache_refresh(false, &revision, DEBUG1);
 	}
 	felix_store_serialize();
+}
+
+int
+cp_snapshot_guard(int elevel)
+{
+	int64		now = felix_monotonic_ns();
+	int64		page_rev;
+	int64		revision;
+	FelixKV    *kvs;
+	int			n;
+	bool		more;
+	int			drift;
+	char	   *after;
+
+	/* a copy that is cold or due a whole read anyway has nothing to compare */
+	if (!cache.enabled || cache.keys == NULL || cache.need_full || cache.reads == 0)
+	{
+		if (cache.guard_after)
+			pfree(cache.guard_after);
+		cache.guard_after = NULL;
+		cache.guard_at_ns = now;
+		return 0;
+	}
+	if (cache.guard_after == NULL)
+	{
+		if (now - cache.guard_at_ns < (int64) felix_store_guard_interval * NS_PER_MS)
+			return 0;
+		cache.guard_at_ns = now;
+		cache.guard_after = MemoryContextStrdup(TopMemoryContext, "");
+	}
+	after = cache.guard_after;
+	if (felix_store_range_page(after, CACHE_GUARD_PAGE, &kvs, &n, &more, &page_rev,
+							   elevel) != FELIX_STORE_OK ||
+		!cache_refresh(false, &revision, elevel))
+	{
+		/* the pass starts over later */
+		pfree(after);
+		cache.guard_after = NULL;
+		cache.guard_at_ns = now - (int64) felix_store_guard_interval * NS_PER_MS +
+			CACHE_GUARD_RETRY_NS;
+		return 0;
+	}
+	drift = cache_drift(kvs, n, after, more && n > 0 ? kvs[n - 1].key : NULL, page_rev);
+	cache.guard_after = more && n > 0 ? MemoryContextStrdup(TopMemoryContext, kvs[n - 1].key) : NULL;
+	pfree(after);
+	return drift;
 }
 
 void
@@ -1880,6 +1981,7 @@ cp_snapshot_read(CpSnapshot *snap, bool guarded, int elevel)
 		if ((guarded ? felix_store_range_guarded("", true, &kvs, &n, &snap->revision, elevel)
 			 : felix_store_range("", true, &kvs, &n, &snap->revision, elevel)) != FELIX_STORE_OK)
 			return false;
+		felix_count(FELIX_CTR_STORE_WHOLE_READS, 1);
 		snap_build_uncached(snap, kvs, n);
 		return true;
 	}

@@ -82,6 +82,18 @@ felix_store_range_guarded(const char *key, bool prefix, FelixKV **kvs, int *nkvs
 	return st;
 }
 
+FelixStoreStatus
+felix_store_range_page(const char *after, int limit, FelixKV **kvs, int *nkvs,
+					   bool *more, int64 *revision, int elevel)
+{
+	int64		start = felix_monotonic_ns();
+	FelixStoreStatus st = felix_store()->page(after, limit, kvs, nkvs, more, revision, elevel);
+
+	count(st, start);
+	count_read(st, *kvs, *nkvs);
+	return st;
+}
+
 /* The section of key: up to and including its first '/', or all of it. */
 static char *
 section_of(const char *key)

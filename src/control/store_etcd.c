@@ -541,12 +541,42 @@ read_kvs(JsonbContainer *resp, FelixKV **out, int *n)
 	return true;
 }
 
+/*
+ * One /v3/kv/range request (body) and its answer: the keys, the store's
+ * revision, and (when more is not NULL) whether more keys follow.
+ */
+static FelixStoreStatus
+range_call(const char *body, FelixKV **kvs, int *nkvs, bool *more, int64 *revision,
+		   int elevel)
+{
+	EtcdCall	call;
+
+	etcd_call("/v3/kv/range", body, false, &call);
+	if (call.outcome != ETCD_ANSWER)
+	{
+		report_failure(elevel, &call, "answer a read");
+		return FELIX_STORE_FAILED;
+	}
+	if (!read_header_revision(call.root, revision) ||
+		!read_kvs(call.root, kvs, nkvs))
+	{
+		ereport(elevel,
+				(errcode(ERRCODE_PROTOCOL_VIOLATION),
+				 errmsg("felix: the etcd control-plane store answered a read with something felix cannot read"),
+				 errhint("Check that felix.etcd_endpoints names etcd v3 client URLs.")));
+		return FELIX_STORE_FAILED;
+	}
+	/* proto3 JSON leaves false out */
+	if (more != NULL)
+		(void) felix_json_bool(call.root, "more", more);
+	return FELIX_STORE_OK;
+}
+
 static FelixStoreStatus
 etcd_range(const char *key, bool prefix, bool guarded, int64 changed_after,
 		   FelixKV **kvs, int *nkvs, int64 *revision, int elevel)
 {
 	StringInfoData body;
-	EtcdCall	call;
 	char	   *k = full_key(key);
 
 	*kvs = NULL;
@@ -562,23 +592,27 @@ etcd_range(const char *key, bool prefix, bool guarded, int64 changed_after,
 		felix_json_put_string(&body, "min_mod_revision",
 							  psprintf(INT64_FORMAT, changed_after + 1));
 	appendStringInfoChar(&body, '}');
+	return range_call(body.data, kvs, nkvs, NULL, revision, elevel);
+}
 
-	etcd_call("/v3/kv/range", body.data, false, &call);
-	if (call.outcome != ETCD_ANSWER)
-	{
-		report_failure(elevel, &call, "answer a read");
-		return FELIX_STORE_FAILED;
-	}
-	if (!read_header_revision(call.root, revision) ||
-		!read_kvs(call.root, kvs, nkvs))
-	{
-		ereport(elevel,
-				(errcode(ERRCODE_PROTOCOL_VIOLATION),
-				 errmsg("felix: the etcd control-plane store answered a read with something felix cannot read"),
-				 errhint("Check that felix.etcd_endpoints names etcd v3 client URLs.")));
-		return FELIX_STORE_FAILED;
-	}
-	return FELIX_STORE_OK;
+static FelixStoreStatus
+etcd_page(const char *after, int limit, FelixKV **kvs, int *nkvs, bool *more,
+		  int64 *revision, int elevel)
+{
+	StringInfoData body;
+	char	   *k = full_key(after);
+
+	*kvs = NULL;
+	*nkvs = 0;
+	*more = false;
+	initStringInfo(&body);
+	appendStringInfoChar(&body, '{');
+	/* the first key after `after`: it with a zero byte appended */
+	felix_json_put_string(&body, "key", b64(k, strlen(k) + (after[0] != '\0' ? 1 : 0)));
+	put_b64(&body, "range_end", prefix_end(full_key("")));
+	felix_json_put_string(&body, "limit", psprintf("%d", limit));
+	appendStringInfoChar(&body, '}');
+	return range_call(body.data, kvs, nkvs, more, revision, elevel);
 }
 
 static FelixStoreStatus
@@ -645,6 +679,7 @@ etcd_txn(const FelixStoreCmp *cmps, int ncmps, const FelixStoreOp *ops, int nops
 const FelixStoreMethods felix_store_etcd = {
 	"etcd",
 	etcd_range,
+	etcd_page,
 	etcd_txn,
 	NULL
 };

@@ -44,6 +44,7 @@ typedef enum TableStmt
 	STMT_RANGE_CHANGED,			/* ... written after $3 */
 	STMT_FROM,					/* keys from $1 on, in key order */
 	STMT_FROM_CHANGED,			/* ... written after $2 */
+	STMT_AFTER,					/* keys after $1, in key order (a page) */
 	STMT_KEY_CHANGED,			/* key $1, written after $2 */
 	STMT_REVISION_OF,			/* key $1's mod_revision */
 	STMT_PUT,
@@ -74,6 +75,7 @@ static const struct
 	[STMT_FROM] = {KV_COLS "WHERE key OPERATOR(pg_catalog.>=) $1 ORDER BY key", 1, {TEXTOID}},
 	[STMT_FROM_CHANGED] = {KV_COLS "WHERE key OPERATOR(pg_catalog.>=) $1 "
 	"AND mod_revision OPERATOR(pg_catalog.>) $2", 2, {TEXTOID, INT8OID}},
+	[STMT_AFTER] = {KV_COLS "WHERE key OPERATOR(pg_catalog.>) $1 ORDER BY key", 1, {TEXTOID}},
 	[STMT_KEY_CHANGED] = {KV_COLS "WHERE key OPERATOR(pg_catalog.=) $1 "
 	"AND mod_revision OPERATOR(pg_catalog.>) $2", 2, {TEXTOID, INT8OID}},
 	[STMT_REVISION_OF] = {"SELECT mod_revision FROM felix.cp_store "
@@ -128,6 +130,24 @@ current_revision(void)
 	return isnull ? 0 : rev;
 }
 
+/* The rows SPI returned, copied out of its memory into caller. */
+static void
+copy_kvs(MemoryContext caller, FelixKV **kvs, int *nkvs)
+{
+	*nkvs = (int) SPI_processed;
+	*kvs = *nkvs > 0 ? MemoryContextAllocZero(caller, sizeof(FelixKV) * *nkvs) : NULL;
+	for (int i = 0; i < *nkvs; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		bool		isnull;
+
+		(*kvs)[i].key = MemoryContextStrdup(caller, SPI_getvalue(tup, desc, 1));
+		(*kvs)[i].value = MemoryContextStrdup(caller, SPI_getvalue(tup, desc, 2));
+		(*kvs)[i].mod_revision = DatumGetInt64(SPI_getbinval(tup, desc, 3, &isnull));
+	}
+}
+
 static FelixStoreStatus
 table_range(const char *key, bool prefix, bool guarded, int64 changed_after,
 			FelixKV **kvs, int *nkvs, int64 *revision, int elevel)
@@ -173,20 +193,28 @@ table_range(const char *key, bool prefix, bool guarded, int64 changed_after,
 	}
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "felix: could not read felix.cp_store");
+	copy_kvs(caller, kvs, nkvs);
+	*revision = current_revision();
+	SPI_finish();
+	return FELIX_STORE_OK;
+}
 
-	/* copied out of SPI's memory into the caller's */
-	*nkvs = (int) SPI_processed;
-	*kvs = *nkvs > 0 ? MemoryContextAllocZero(caller, sizeof(FelixKV) * *nkvs) : NULL;
-	for (int i = 0; i < *nkvs; i++)
-	{
-		HeapTuple	tup = SPI_tuptable->vals[i];
-		TupleDesc	desc = SPI_tuptable->tupdesc;
-		bool		isnull;
+static FelixStoreStatus
+table_page(const char *after, int limit, FelixKV **kvs, int *nkvs, bool *more,
+		   int64 *revision, int elevel)
+{
+	Datum		values[1];
+	MemoryContext caller = CurrentMemoryContext;
 
-		(*kvs)[i].key = MemoryContextStrdup(caller, SPI_getvalue(tup, desc, 1));
-		(*kvs)[i].value = MemoryContextStrdup(caller, SPI_getvalue(tup, desc, 2));
-		(*kvs)[i].mod_revision = DatumGetInt64(SPI_getbinval(tup, desc, 3, &isnull));
-	}
+	SPI_connect();
+	values[0] = CStringGetTextDatum(after);
+	/* one more than asked: whether more follow */
+	if (run_stmt(STMT_AFTER, values, limit + 1) != SPI_OK_SELECT)
+		elog(ERROR, "felix: could not read felix.cp_store");
+	*more = SPI_processed > (uint64) limit;
+	if (*more)
+		SPI_processed = limit;
+	copy_kvs(caller, kvs, nkvs);
 	*revision = current_revision();
 	SPI_finish();
 	return FELIX_STORE_OK;
@@ -275,6 +303,7 @@ table_serialize(void)
 const FelixStoreMethods felix_store_table = {
 	"embedded",
 	table_range,
+	table_page,
 	table_txn,
 	table_serialize
 };

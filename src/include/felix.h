@@ -42,6 +42,7 @@ extern int	felix_lease_margin;		/* ms */
 extern int	felix_lease_epsilon;	/* ms */
 extern int	felix_quorum_timeout;	/* ms */
 extern int	felix_node_expiry;		/* ms */
+extern int	felix_store_guard_interval;	/* ms */
 extern bool felix_control_plane_duties;	/* may run failure detection and promotion */
 
 /* ---- the etcd control-plane store (control/store_etcd.c) ---- */
@@ -126,6 +127,7 @@ extern void felix_shmem_install_hooks(void);
 
 /* Monotonic clock in nanoseconds (CLOCK_MONOTONIC); leases are judged by it. */
 extern int64 felix_monotonic_ns(void);
+#define NS_PER_MS	INT64CONST(1000000)
 
 /* Sleep ms on the latch in a backend's wait, servicing interrupts. */
 extern void felix_nap(long ms);

@@ -81,7 +81,6 @@
 #include "utils/json.h"
 #include "utils/memutils.h"
 
-#define NS_PER_MS	INT64CONST(1000000)
 
 /* A report request unanswered this long: drop the connection. */
 #define FELIX_REPORT_TIMEOUT_MS		5000
@@ -153,6 +152,7 @@ typedef struct ReportSlot
 	int			nfollowers;
 	Reported	last[FELIX_MAX_REPLICAS];
 	bool		doubtful[FELIX_MAX_REPLICAS];
+	bool		settled;		/* report_settled */
 } ReportSlot;
 
 /* One shard's part of the request in flight. */
@@ -390,7 +390,9 @@ consider_slot(int slot, FelixReplShard *e, StringInfo json, int *nrows,
 	PendingShard ps;
 	QuorumMember acks[FELIX_MAX_REPLICAS + 1];
 	int			nacks = 0;
+	bool		deferred = false;
 
+	rs->settled = false;
 	/* a shard not shipped from here has nothing to report (a cheap peek) */
 	if (!repl_state_entry(slot)->valid)
 	{
@@ -574,12 +576,17 @@ consider_slot(int slot, FelixReplShard *e, StringInfo json, int *nrows,
 			if (now_ns - rs->last_report_ns >= interval_ns)
 				due = true;
 			else
+			{
 				refresh_ns = Min(refresh_ns, interval_ns);
+				deferred = true;
+			}
 		}
 	}
 	if (!due)
 	{
 		next_due_ns = Min(next_due_ns, rs->last_report_ns + refresh_ns);
+		/* nothing to send before the period's refresh, nor a mark waiting */
+		rs->settled = quorum && mark <= hwm_end && !deferred;
 		return;
 	}
 
@@ -877,6 +884,12 @@ report_deadline(int64 now_ns)
 	if (mark_held)
 		deadline = Min(deadline, now_ns + NS_PER_MS);
 	return deadline;
+}
+
+bool
+report_settled(int slot)
+{
+	return slot < report_nslots && report_slots[slot].active && report_slots[slot].settled;
 }
 
 bool

@@ -43,7 +43,16 @@
  *	  or whose follower state it changed.  A full pass, when one of the
  *	  worker's timers is due, a report request has ended, a peer
  *	  connection has opened, or a heartbeat interval has passed since the
- *	  last, adds every slot it ships from.  A sweep looks at every slot,
+ *	  last, adds every slot it ships from -- but a quiet one: every
+ *	  follower had acknowledged the whole log and heard its mark, nothing
+ *	  was in flight or waiting to be retried, no connection has opened or
+ *	  closed nor node identity changed since, and report.c has nothing for
+ *	  it but the periodic refresh of a quorum shard's report
+ *	  (report_settled).  A new record, a new durable end or an answer
+ *	  marks it again.  At thousands of idle shards, looking at each one
+ *	  five times a second was most of what this worker cost; the sweeps
+ *	  still look at it, so its report refresh comes at most a sweep late.
+ *	  A sweep looks at every slot,
  *	  led here or not: the first pass, and every FELIX_SHIP_SWEEP_INTERVALS
  *	  intervals (a shard becomes led here only through lease.c, which marks
  *	  it; the sweep is the backstop).  At thousands of shards a sweep costs
@@ -113,10 +122,9 @@
 #define FELIX_SHIP_SWEEP_INTERVALS	10
 /* The rebuild policy runs at most this often. */
 #define FELIX_REBUILD_POLICY_MS		50
-/* Close a peer connection nothing has needed for this long. */
+/* Close a peer connection no shard has shipped to, idle or not, for this long. */
 #define FELIX_SHIP_IDLE_CLOSE_MS	60000
 
-#define NS_PER_MS	INT64CONST(1000000)
 
 /* Prepared once per connection: the follower parses and plans it once. */
 static const char *const replicate_sql =
@@ -198,6 +206,15 @@ typedef struct ShipSlot
 	FelixLogPos read_pos[FELIX_MAX_REPLICAS];	/* where the last read stopped */
 	uint64		generation_start;	/* first seq of this leadership */
 	bool		problem_logged;
+	/*
+	 * Quiet: at its last look every follower had acknowledged the whole
+	 * log and heard its mark, with nothing in flight or to retry, under
+	 * these connections (async epoch) and node identities.  See the
+	 * header's "Which slots a pass looks at".
+	 */
+	bool		quiet;
+	uint64		quiet_epoch;
+	uint64		quiet_identities;
 } ShipSlot;
 
 /* A shard as the worker sees it this pass (read under its spinlock). */
@@ -631,8 +648,12 @@ has_work(const ShipSlot *ss, int fidx, const FelixFollower *f, const ShardSnap *
 		ss->conn_serial[fidx] != p->ac.serial || !f->answered;
 }
 
-/* Send one follower of one shard what it lacks, if anything and if possible. */
-static void
+/*
+ * Send one follower of one shard what it lacks, if anything and if
+ * possible.  True when there was nothing to send: no records it lacks, no
+ * mark it has not heard, an answer on its current connection.
+ */
+static bool
 ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 			  FelixFollower *f, int64 now_ns)
 {
@@ -660,7 +681,7 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 	ShipRequest *r;
 
 	if (f->state == FELIX_FOLLOWER_HALTED)
-		return;
+		return false;
 	p = ss->peer[fidx];
 	if (p != NULL && (!p->used || strcmp(p->name, f->name) != 0))
 		p = ss->peer[fidx] = NULL;
@@ -680,7 +701,7 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 		repl_state_put_follower(slot, fidx, f);
 	}
 	if (ss->in_flight[fidx] || now_ns < ss->retry_at_ns[fidx])
-		return;
+		return false;
 
 	/*
 	 * Nothing to do, the cheap way first (this runs for every follower at
@@ -696,7 +717,15 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 	identities = felix_nodes_identities();
 	if (p != NULL && ss->ident_seen[fidx] == identities &&
 		!has_work(ss, fidx, f, snap, p, op, probe))
-		return;
+	{
+		/*
+		 * Idle, the connection is still this follower's: closed after a
+		 * minute, it would count the follower out (above) and have every
+		 * shard shipping to it reported twice a minute.
+		 */
+		p->last_needed_ns = now_ns;
+		return true;
+	}
 
 	/*
 	 * The copy we ship to is the one its node's incarnation holds: a node
@@ -714,7 +743,7 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 							snap, true, NULL);
 		ss->retry_at_ns[fidx] = now_ns + FELIX_SHIP_RETRY_MS * NS_PER_MS;
 		ss->ident_seen[fidx] = 0;
-		return;
+		return false;
 	}
 	if (strcmp(f->incarnation, incarnation) != 0)
 	{
@@ -739,7 +768,7 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 							snap, true, NULL);
 		ss->retry_at_ns[fidx] = now_ns + FELIX_SHIP_RETRY_MS * NS_PER_MS;
 		ss->ident_seen[fidx] = 0;
-		return;
+		return false;
 	}
 	if (p->ac.state != FELIX_ASYNC_READY)
 	{
@@ -749,19 +778,19 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 			strlcpy(f->last_error, p->ac.problem, sizeof(f->last_error));
 			repl_state_put_follower(slot, fidx, f);
 		}
-		return;
+		return false;
 	}
 	if (p->bytes_in_flight >= FELIX_SHIP_PEER_MAX_BYTES)
 	{
 		full_wanted = true;		/* held back: look again as answers drain it */
-		return;
+		return false;
 	}
 
 	if (!has_work(ss, fidx, f, snap, p, op, probe))
-		return;
+		return false;
 	max_bytes = rebuild_allowance(ss, fidx, f, now_ns);
 	if (max_bytes == 0)
-		return;
+		return false;
 
 	/*
 	 * (probe) The first shipment of a generation to a follower carries no
@@ -787,7 +816,7 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 		{
 			follower_note_error(slot, fidx, f, err, snap, false, NULL);
 			ss->retry_at_ns[fidx] = now_ns + FELIX_SHIP_RETRY_MS * NS_PER_MS;
-			return;
+			return false;
 		}
 		if (buf.len >= (int) sizeof(FelixBatchHeader))
 		{
@@ -834,7 +863,7 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 			PQpipelineSync(p->ac.conn) != 1)
 		{
 			peer_fail(p, PQerrorMessage(p->ac.conn), now_ns);
-			return;
+			return false;
 		}
 		r = peer_push(p);
 		r->prepare = true;
@@ -847,7 +876,7 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 		PQpipelineSync(p->ac.conn) != 1)
 	{
 		peer_fail(p, PQerrorMessage(p->ac.conn), now_ns);
-		return;
+		return false;
 	}
 
 	r = peer_push(p);
@@ -886,6 +915,7 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
 	(void) async_flush(&p->ac, now_ns);
 	if (p->ac.state != FELIX_ASYNC_READY)
 		peer_drop_requests(p);
+	return false;
 }
 
 /*
@@ -1068,12 +1098,17 @@ ship_scan(int64 now_ns, const int *slots, int n)
 			repl_state_copy(slot, e);
 		}
 
+		ss->quiet = snap.hwm_end == snap.written_end;
 		for (int fidx = 0; fidx < e->nfollowers; fidx++)
 		{
 			FelixFollower f = e->followers[fidx];
 
-			ship_follower(slot, ss, &snap, fidx, &f, now_ns);
+			if (!ship_follower(slot, ss, &snap, fidx, &f, now_ns) ||
+				f.acked_end != snap.written_end)
+				ss->quiet = false;
 		}
+		ss->quiet_epoch = felix_async_epoch();
+		ss->quiet_identities = felix_nodes_identities();
 	}
 	pfree(e);
 }
@@ -1730,10 +1765,24 @@ felix_ship_worker_main(Datum arg)
 				}
 				else
 				{
-					/* a shard led here shipped from before, or marked as it was taken */
+					/*
+					 * A shard led here shipped from before, or marked as
+					 * it was taken; but not a quiet one that the report
+					 * side has settled too: it gets looked at when marked,
+					 * and at the next sweep.
+					 */
+					uint64		epoch = felix_async_epoch();
+					uint64		identities = felix_nodes_identities();
+
 					for (int slot = 0; slot < Min(shard_count_slots(), ship_nslots); slot++)
-						if (ship_slots[slot].active)
+					{
+						ShipSlot   *ss = &ship_slots[slot];
+
+						if (ss->active &&
+							!(ss->quiet && ss->quiet_epoch == epoch &&
+							  ss->quiet_identities == identities && report_settled(slot)))
 							note_due(slot);
+					}
 				}
 			}
 			ship_scan(now_ns, sweep ? NULL : due_slots, ndue);

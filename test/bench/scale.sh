@@ -17,7 +17,10 @@
 #       and of each etcd member;
 #     - control-plane traffic per second: felix_metrics store_requests,
 #       store_bytes_read, store_bytes_written, summed over the nodes (with
-#       the embedded store the host, node1, counts every node's requests);
+#       the embedded store the host, node1, counts every node's requests),
+#       and how many reads of the whole state the window held
+#       (store_whole_reads: none is on a timer, so an idle window should
+#       show 0);
 #     - memory per shard: the Pss (/proc/<pid>/smaps_rollup) of a node's
 #       processes summed, its difference from the first point divided by
 #       the difference in shards (a node restarted by a failover test is
@@ -119,7 +122,7 @@ CMDLINE="QUICK=$QUICK STORES='$STORES' NODES='$NODES' POINTS='$POINTS' FAILOVER_
 
 for arg in "$@"; do
 	case $arg in
-		-h|--help) sed -n '2,86p' "$0"; exit 0 ;;
+		-h|--help) sed -n '2,90p' "$0"; exit 0 ;;
 		*) echo "scale.sh: unknown argument '$arg' (parameters are environment variables; see --help)" >&2; exit 2 ;;
 	esac
 done
@@ -433,11 +436,11 @@ grow_to() {
 # ---------------------------------------------------------------------------
 # Measuring a window
 # ---------------------------------------------------------------------------
-METRIC_NAMES="'store_requests','store_bytes_read','store_bytes_written','store_failures','heartbeats_sent','heartbeats_failed','lease_expiries','promotions'"
+METRIC_NAMES="'store_requests','store_bytes_read','store_bytes_written','store_failures','heartbeats_sent','heartbeats_failed','lease_expiries','promotions','store_whole_reads'"
 # metrics_sum -> the metrics above summed over the nodes (space separated),
 # or "" when a node did not answer
 metrics_sum() {
-	local p v sums="0 0 0 0 0 0 0 0"
+	local p v sums="0 0 0 0 0 0 0 0 0"
 	for p in "${FPORTS[@]}"; do
 		v=$(qt "$p" -c "SELECT string_agg(coalesce(m.value, 0)::bigint::text, ' ' ORDER BY o)
 			FROM unnest(ARRAY[$METRIC_NAMES]) WITH ORDINALITY AS x(n, o) LEFT JOIN felix_metrics m ON m.name = x.n" 2>/dev/null) || { echo ""; return 0; }
@@ -456,7 +459,7 @@ ticks_now() {	# -> "node1 .. nodeN | e1 e2 e3" clock ticks
 }
 # measure_window SECONDS -> W_NODES (per node %), W_MEAN, W_MAX, W_ETCD
 # (per member %, list), W_ETCD_MEAN, W_REQ, W_RD, W_WR (per second; KB),
-# W_DIAG (heartbeats failed, store failures, lease expiries, promotions)
+# W_DIAG (heartbeats failed, store failures, lease expiries, promotions, whole reads of the state)
 measure_window() {
 	local s=$1 m0 m1 t0 t1 a0 a1 dt b0 b1 mdt
 	b0=$(now); m0=$(metrics_sum); b0=$(awk -v a="$b0" -v b="$(now)" 'BEGIN { printf "%.6f", (a + b) / 2 }')
@@ -481,9 +484,9 @@ measure_window() {
 	if [[ -n $m0 && -n $m1 ]]; then
 		read -r W_REQ W_RD W_WR W_DIAG <<<"$(awk -v a="$m0" -v b="$m1" -v dt="$mdt" 'BEGIN {
 			split(a, x, " "); split(b, y, " ")
-			printf "%.1f %.1f %.1f hb-failed=%d,store-failures=%d,lease-expiries=%d,promotions=%d\n",
+			printf "%.1f %.1f %.1f hb-failed=%d,store-failures=%d,lease-expiries=%d,promotions=%d,whole-reads=%d\n",
 				(y[1] - x[1]) / dt, (y[2] - x[2]) / dt / 1024, (y[3] - x[3]) / dt / 1024,
-				y[6] - x[6], y[4] - x[4], y[7] - x[7], y[8] - x[8] }')"
+				y[6] - x[6], y[4] - x[4], y[7] - x[7], y[8] - x[8], y[9] - x[9] }')"
 	fi
 	return 0
 }

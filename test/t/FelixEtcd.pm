@@ -254,6 +254,20 @@ sub put
 	die "etcd: could not put $key";
 }
 
+# Delete key through any member that is up (as root once auth is on).
+sub delete_key
+{
+	my ($self, $key) = @_;
+	$self->_root_token if $self->{root_pw};
+	my $body = '{"key":"' . _b64($key) . '"}';
+	for my $k (1 .. $self->{n})
+	{
+		next unless $self->member($k)->{up};
+		return 1 if $self->_post($k, '/v3/kv/deleterange', $body) =~ /"header"/;
+	}
+	die "etcd: could not delete $key";
+}
+
 # Put every key => value of %kv in one transaction (at one revision).
 sub put_all
 {

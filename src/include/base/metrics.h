@@ -50,6 +50,7 @@ typedef enum FelixCounter
 	FELIX_CTR_STORE_REQUEST_US,		/* ... their total latency, microseconds */
 	FELIX_CTR_STORE_BYTES_READ,		/* key and value bytes the store returned */
 	FELIX_CTR_STORE_BYTES_WRITTEN,	/* key and value bytes of the puts sent to it */
+	FELIX_CTR_STORE_WHOLE_READS,	/* reads of the whole control-plane state */
 	FELIX_CTR_PUBLISHES_FORWARDED,	/* publishes this node forwarded to a shard's leader */
 	FELIX_NUM_COUNTERS
 } FelixCounter;

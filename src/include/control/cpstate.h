@@ -396,6 +396,16 @@ extern void cp_snapshot_quiesce(void);
  */
 extern void cp_snapshot_forget(void);
 /*
+ * The guard against keys changed outside felix, called by the duty holder
+ * at every tick: every felix.store_guard_interval (sooner after a failed
+ * try) it reads the whole state again, one page of keys per call, and
+ * returns how many keys of the page this process's copy had missed --
+ * written or deleted without felix's marks, so that no read of what
+ * changed shows them.  0 when no pass is under way, when a read failed
+ * (reported at elevel), or when the copy was cold.
+ */
+extern int	cp_snapshot_guard(int elevel);
+/*
  * felix_store_serialize, with this process's copy of the state brought up
  * to date before (not while) the embedded store's lock is held.
  */

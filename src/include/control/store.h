@@ -69,6 +69,8 @@ typedef struct FelixStoreMethods
 							   int64 changed_after,
 							   FelixKV **kvs, int *nkvs, int64 *revision,
 							   int elevel);
+	FelixStoreStatus (*page) (const char *after, int limit, FelixKV **kvs,
+							  int *nkvs, bool *more, int64 *revision, int elevel);
 	FelixStoreStatus (*txn) (const FelixStoreCmp *cmps, int ncmps,
 							 const FelixStoreOp *ops, int nops,
 							 int64 *revision, int elevel);
@@ -101,6 +103,14 @@ extern FelixStoreStatus felix_store_range_guarded(const char *key, bool prefix,
 												  FelixKV **kvs, int *nkvs,
 												  int64 *revision, int elevel);
 
+/*
+ * At most limit keys after `after` ("": from the first), in key order, and
+ * whether more follow: the whole state a page at a time, each page read
+ * at its own revision (*revision).
+ */
+extern FelixStoreStatus felix_store_range_page(const char *after, int limit,
+											   FelixKV **kvs, int *nkvs, bool *more,
+											   int64 *revision, int elevel);
 /*
  * The keys under prefix whose mod_revision is above changed_after, in no
  * particular order, and more (the marks, and keys written meanwhile): what

@@ -44,6 +44,14 @@ extern int64 report_deadline(int64 now_ns);
 /* ... of those, the earliest that needs a tick over every slot. */
 extern int64 report_timer(int64 now_ns);
 
+/*
+ * Has the last tick that looked at slot found nothing for it to do until
+ * the periodic refresh of a quorum shard's report (no report due or
+ * deferred, no mark waiting)?  Such a slot is left to the sweeps unless
+ * something marks it (ship.c).
+ */
+extern bool report_settled(int slot);
+
 /* Has something happened since the last full tick that needs another? */
 extern bool report_wants_all(void);
 
