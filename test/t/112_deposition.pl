@@ -67,7 +67,12 @@ use Time::HiRes qw(time usleep);
 my @stopped;
 END { kill 'CONT', @stopped if @stopped; }
 
-my $c = FelixCluster->new(nodes => 3, etcd_auth => 1);
+# A lease of 3 s: steps 1-2 (the cut, the four waiters found and stopped)
+# must fit in L's last lease, and on a loaded 2-core machine with etcd
+# they took 1.03 s once -- past the default 1 s lease and margin, so that
+# node1 had been promoted and L had stepped down by the time the test
+# read L's row.
+my $c = FelixCluster->new(nodes => 3, etcd_auth => 1, conf => ["felix.lease_duration = '3s'"]);
 my $cp = $c->cp;
 
 my ($stream, @set) = $c->pick_stream_name('depose', 3, sub { $_[0] ne 'node1' });
