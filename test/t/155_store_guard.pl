@@ -12,7 +12,7 @@
 # an idle cluster's control-plane traffic at thousands of shards.
 #
 # Checked here, on either store (FELIX_STORE=etcd):
-#   1. idle, over ten guard intervals: no drift is reported, and no
+#   1. idle, over six guard intervals: no drift is reported, and no
 #      process reads the whole state (felix_metrics store_whole_reads);
 #   2. a key put by hand without its mark: the holder reports it, and
 #      every node reads the whole state again;
@@ -82,7 +82,7 @@ usleep(int($GUARD_S * 1.5e6));    # past the first guard, which only starts the 
 my $off = log_offsets();
 my $r0 = whole_reads();
 my $t0 = time;
-sleep(10 * $GUARD_S);
+sleep(6 * $GUARD_S);
 my $r1 = whole_reads();
 my $guards = int((time - $t0) / $GUARD_S);
 my @d = drift_lines($off);
