@@ -81,7 +81,6 @@
 #include "utils/json.h"
 #include "utils/memutils.h"
 
-
 /* A report request unanswered this long: drop the connection. */
 #define FELIX_REPORT_TIMEOUT_MS		5000
 /* After a failed report, wait at least this long before the next. */

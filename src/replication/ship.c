@@ -125,7 +125,6 @@
 /* Close a peer connection no shard has shipped to, idle or not, for this long. */
 #define FELIX_SHIP_IDLE_CLOSE_MS	60000
 
-
 /* Prepared once per connection: the follower parses and plans it once. */
 static const char *const replicate_sql =
 "SELECT status, seq FROM felix.replicate($1, $2, $3, $4, $5, $6, $7, $8, $9)";
