@@ -240,14 +240,18 @@ pick_name() {	# prefix
 
 # Every process of the server on data directory $1, postmaster first.
 server_pids() {
-	local pm kids p queue
+	local pm
 	pm=$(head -1 "$1/postmaster.pid" 2>/dev/null) || return 0
-	echo "$pm"
-	queue=("$pm")
-	while (( ${#queue[@]} )); do
-		p=${queue[0]}; queue=("${queue[@]:1}")
-		for kids in $(ps -o pid= --ppid "$p" 2>/dev/null); do echo "$kids"; queue+=("$kids"); done
-	done
+	# one ps for the whole tree: a ps per process took most of a second on
+	# a busy machine, and a kill timed from before it counted that time
+	ps -e -o pid=,ppid= | awk -v root="$pm" '
+		{ parent[$1] = $2 }
+		END {
+			print root; n = 1; q[1] = root
+			for (i = 1; i <= n; i++)
+				for (p in parent)
+					if (parent[p] == q[i]) { print p; q[++n] = p }
+		}'
 }
 alive_pid() {	# not gone and not a zombie
 	[[ -r /proc/$1/stat ]] || return 1
@@ -255,10 +259,13 @@ alive_pid() {	# not gone and not a zombie
 }
 # kill -9 every process of node f$1 at once, wait until they are gone and
 # clear the lock files a dead (possibly unreaped) postmaster leaves.
+# KILLED_AT is the instant (date +%s.%N) of the kill itself.
+KILLED_AT=""
 kill_node() {
 	local d pids=() p i left
 	d=$(datadir "${FPREFIX:-f}$1")
 	mapfile -t pids < <(server_pids "$d")
+	KILLED_AT=$(date +%s.%N)
 	kill -9 "${pids[@]}" 2>/dev/null || true
 	for (( i = 0; i < 600; i++ )); do
 		left=0
@@ -433,7 +440,10 @@ SELECT felix_publish('$stream', '$PAYLOAD'::jsonb, key => 'cust-' || :k);")
 	done
 	sleep 0.3
 	t_kill=$(date +%s.%N)
+	KILLED_AT=""
 	"$@"
+	# from the kill itself when the command was kill_node
+	[[ -n $KILLED_AT ]] && t_kill=$KILLED_AT
 	first=""
 	for (( i = 0; i < 1500; i++ )); do		# 30 s
 		first=$(cat "${probes[@]}" 2>/dev/null | awk '/NOTICE: +ack /{print $NF}' | sort -n | head -1)

@@ -629,8 +629,8 @@ failover() {	# key
 		start_probes "$k" "$tf" "$deadline" "$key"
 	done
 	sleep 0.5
-	t_kill=$(now)
 	kill_node "$victim"
+	t_kill=$KILLED_AT
 	log "  killed node$victim (kill -9) at $(date +%H:%M:%S); probing on the other nodes (bound $FO_BOUND s)"
 	for (( i = 0; i < (FO_BOUND + 5) * 10; i++ )); do
 		done_n=$(acks_of "$WORK"/probe-"$key"-node*.txt | wc -l)
