@@ -419,6 +419,27 @@ shard_seen(const CpSnapshot *snap, const CpShard *s, int64 now)
 	return o;
 }
 
+/*
+ * Was o's node heard from recently enough to be worth a grant?  Within
+ * lease_duration - heartbeat_interval (at least two intervals): a node that
+ * died together with a leader was last heard about when the leader's last
+ * claim was, give or take a tick, and a lease and its margin have passed
+ * since then by the time the leader's shards are promoted, so it is passed
+ * over (were it not, the grant would only cost a lease).  A node alive is
+ * heard about every interval plus a heartbeat's round trip, and a loaded
+ * store makes that round trip a few tenths of a second: a bound of two
+ * intervals passed over a loaded survivor at a whole tick, and a failover
+ * of a thousand shards went to the one other survivor entirely.
+ */
+static bool
+heard_lately(const NodeObs *o, int64 now)
+{
+	int64		bound_ms = Max(2 * felix_heartbeat_interval,
+							   felix_lease_duration - felix_heartbeat_interval);
+
+	return o != NULL && now - o->changed_seen_ns <= bound_ms * NS_PER_MS;
+}
+
 static bool
 is_alive(const CpNode *n, int64 now)
 {
@@ -707,16 +728,16 @@ disqualified(const CpSnapshot *snap, const CpShard *s, const CpStream *st,
 	if (cp_node_unable(n, s->stream, s->shard))
 		return "cannot serve it";
 	/*
-	 * Heard from within the last two heartbeat intervals, or at this tick:
-	 * is_alive allows node_expiry, and one that died with its leader may
-	 * look alive that long.  This decides who is worth a grant, not whether
-	 * a grant is safe (the report and the first claim's checks do): a
-	 * grantee that died since is passed over one lease later.  Not "heard
-	 * since the lapse", which cost every failover up to two more heartbeat
-	 * intervals (a follower's beat after the lapse, then our next tick).
+	 * Heard from lately (heard_lately): is_alive allows node_expiry, and
+	 * one that died with its leader may look alive that long.  This decides
+	 * who is worth a grant, not whether a grant is safe (the report and the
+	 * first claim's checks do): a grantee that died since is passed over
+	 * one lease later.  Not "heard since the lapse", which cost every
+	 * failover up to two more heartbeat intervals (a follower's beat after
+	 * the lapse, then our next tick).
 	 */
 	no = hash_search(node_obs, n->name, HASH_FIND, NULL);
-	if (no == NULL || now - no->changed_seen_ns > (int64) 2 * felix_heartbeat_interval * NS_PER_MS)
+	if (!heard_lately(no, now))
 		return "not heard from lately";
 	if (strcmp(st->consistency, "quorum") != 0 && !leader_gone)
 	{
@@ -1167,16 +1188,26 @@ write_together(const CpSnapshot *snap, Grant *g, int n)
  * their grantees once each.
  */
 static void
-write_grants(const CpSnapshot *snap, Grant *g, int n, CpTick *tick)
+write_grants(const CpSnapshot *snap, Grant *g, int n, CpTick *tick,
+			 const char *node, const char *boot)
 {
 	/*
-	 * A tick writes grants for at most half a lease after the duty's last
+	 * Grants are written for at most half a lease after the duty's last
 	 * refresh: a holder whose tick runs past a lease steps down
 	 * (hold_duty), and at thousands of shards a batch that loses its
 	 * compares is written again one grant at a time -- a round trip each.
-	 * A grant left out is the next tick's: not writing one is always safe.
+	 * With grants left at that point the holder refreshes the duty and
+	 * goes on, for a lease in all; what is left then is the next tick's
+	 * (not writing a grant is always safe).  A failover of a thousand
+	 * shards on a loaded etcd wrote 600 grants in the first half lease,
+	 * and the rest a tick later, 0.7 s after the first ones.  Each grant
+	 * stays safe to write late: it compares the leader's record as read,
+	 * so a claim made since fails it, and the duty key as the last refresh
+	 * left it.
 	 */
-	int64		deadline = refreshed_ns + (int64) felix_lease_duration * NS_PER_MS / 2;
+	int64		lease_ns = (int64) felix_lease_duration * NS_PER_MS;
+	int64		stop = felix_monotonic_ns() + lease_ns;
+	int64		deadline = refreshed_ns + lease_ns / 2;
 
 	for (int from = 0; from < n; from += GRANTS_PER_TXN)
 	{
@@ -1184,7 +1215,11 @@ write_grants(const CpSnapshot *snap, Grant *g, int n, CpTick *tick)
 		FelixStoreStatus st;
 
 		if (felix_monotonic_ns() >= deadline)
-			break;
+		{
+			if (felix_monotonic_ns() >= stop || !refresh_duty(node, boot))
+				break;
+			deadline = refreshed_ns + lease_ns / 2;
+		}
 		st = write_together(snap, &g[from], k);
 		if (st != FELIX_STORE_OK && st != FELIX_STORE_CONFLICT)
 			break;				/* the store is not answering: the next pass */
@@ -1296,5 +1331,5 @@ cp_duty_tick(const char *node, const char *boot, CpTick *tick)
 	if (ngrants > 0 && now - refreshed_ns >= (int64) felix_lease_duration * NS_PER_MS / 4 &&
 		!refresh_duty(node, boot))
 		return;
-	write_grants(&snap, grants, ngrants, tick);
+	write_grants(&snap, grants, ngrants, tick, node, boot);
 }
