@@ -141,6 +141,13 @@ my ($leader) = $c->wait_leader($s, 0);
 is($leader->{felix_name}, 'node2', "node2 leads $s/0");
 ok(publish_ok(2, $s, 0), "$s/0 takes a publish at node2");
 $c->wait_shipping($c->node(2), $s, 0, 1);
+# and the control plane has node2's report on node3: a leader stream's
+# follower is promoted on it (killed before it landed, the shard stayed
+# unplaced, "node3: no report"; seen once on etcd)
+ok(defined FelixCluster::poll(20, sub {
+	$c->state_query("SELECT count(*) FROM felix.replica_reports WHERE stream = '$s' "
+		  . "AND shard = 0 AND follower = 'node3' AND generation = 1") eq '1' }, 0.1),
+	"node2's report on node3 as its follower of $s/0 is at the control plane");
 $c->kill_node(2);
 my ($who, $gen) = $c->wait_leader($s, 0, min_generation => 2, timeout => 30);
 is($who->{felix_name}, 'node3', "node3 takes the lead of $s/0 at generation $gen");

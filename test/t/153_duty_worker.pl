@@ -56,6 +56,7 @@ ok($c->wait_acks($pub, 100, 30), 'quorum publishes are acknowledged');
 # etcd.
 my $rules_log = $c->store eq 'etcd' ? $dnode : $c->cp;
 my $log_off = -s $rules_log->logfile;
+my $log_off_d = -s $dnode->logfile;
 
 my $pid = $dnode->safe_psql('postgres', "SELECT pid FROM pg_stat_activity WHERE backend_type = 'felix duties'");
 like($pid, qr/^\d+$/, "$duty has a duty worker");
@@ -98,10 +99,18 @@ ok(@during > 0, scalar(@during) . " publishes to $duty were acknowledged after 1
 
 kill 'CONT', $pid;
 @stopped = ();
+# With the embedded store the duties' state lives in the worker's session
+# on the host.  A stop that caught the worker waiting for a tick's answer
+# ends that session when it continues (the call timed out meanwhile), and
+# the session that replaces it holds nothing, so has nothing to say: its
+# node runs the duties again only by taking them over (seen once, in a
+# local run on 2026-12-07).
 ok(defined FelixCluster::poll(10, sub {
-	substr(read_file($rules_log->logfile), $log_off) =~
-	  /felix: node "\Q$duty\E" (no longer runs|stops running) the control-plane duties/ }, 0.2),
-	"$duty, continued, says it no longer runs the duties");
+	my $log = substr(read_file($rules_log->logfile), $log_off);
+	return $log =~ /felix: node "\Q$duty\E" (no longer runs|stops running) the control-plane duties/
+	  || ($c->store ne 'etcd'
+		&& substr(read_file($dnode->logfile), $log_off_d) =~ /remote call to felix\.cp_tick failed/);
+}, 0.2), "$duty, continued, says it no longer runs the duties (or its session with them is gone)");
 $c->stop_publishers($pub, 0);
 my $since = substr(read_file($rules_log->logfile), $log_off);
 if (defined $new_duty)
