@@ -419,6 +419,9 @@ shard_seen(const CpSnapshot *snap, const CpShard *s, int64 now)
 	return o;
 }
 
+/* disqualified's reason for a follower alive but not heard from lately */
+static const char not_heard_lately[] = "not heard from lately";
+
 /*
  * Was o's node heard from recently enough to be worth a grant?  Within
  * lease_duration - heartbeat_interval (at least two intervals): a node that
@@ -738,7 +741,7 @@ disqualified(const CpSnapshot *snap, const CpShard *s, const CpStream *st,
 	 */
 	no = hash_search(node_obs, n->name, HASH_FIND, NULL);
 	if (!heard_lately(no, now))
-		return "not heard from lately";
+		return not_heard_lately;
 	if (strcmp(st->consistency, "quorum") != 0 && !leader_gone)
 	{
 		/*
@@ -979,6 +982,7 @@ consider(const CpSnapshot *snap, CpShard *s, int64 now, Grant *g)
 	Candidate	best = {NULL, false, 0};
 	bool		gone;
 	bool		by_log = false;
+	bool		unheard = false;
 	char	   *log_why = NULL;
 
 	if (st == NULL)
@@ -1039,10 +1043,14 @@ consider(const CpSnapshot *snap, CpShard *s, int64 now, Grant *g)
 	for (int i = 0; i < s->nreplicas && !best.is_leader; i++)
 	{
 		Candidate	c = {NULL, false, 0};
+		const char *dq;
 
 		if (s->leader && strcmp(s->replicas[i], s->leader) == 0)
 			continue;
-		if (disqualified(snap, s, st, obs, s->replicas[i], gone, lapse_ns, now, &c.acked_end) != NULL)
+		dq = disqualified(snap, s, st, obs, s->replicas[i], gone, lapse_ns, now, &c.acked_end);
+		if (dq == not_heard_lately)
+			unheard = true;
+		if (dq != NULL)
 			continue;
 		c.node = cp_snapshot_node(snap, s->replicas[i]);
 		if (better(&c, &best, s))
@@ -1101,6 +1109,18 @@ consider(const CpSnapshot *snap, CpShard *s, int64 now, Grant *g)
 						  s->leader ? s->leader : "nobody", s->generation,
 						  by_log ? ", promoted by its log: the newest of the copies kept since the last generation taken" : "");
 		return true;
+	}
+	else if (unheard && now - lapse_ns < (int64) felix_lease_duration * NS_PER_MS)
+	{
+		/*
+		 * A follower that would qualify but was not heard from lately is
+		 * most likely a survivor whose heartbeat the store is slow to
+		 * commit: the next tick may grant to it, so this one writes no
+		 * reason, for a lease after the lapse.  Writing a thousand of them
+		 * (a failover on a loaded etcd, both survivors late at one tick)
+		 * cost three seconds before the grants.
+		 */
+		return false;
 	}
 	else
 	{

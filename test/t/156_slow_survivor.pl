@@ -17,6 +17,10 @@
 # leader that takes a publish, and node3 must lead some of them: both
 # survivors qualify, and the score splits them (all to the other one has a
 # chance of 2^-n for n shards).
+#
+# tap-etcd: skip.  Its subject is who the duty holder may promote, the same
+# C over either store (FELIX_STORE=etcd runs it on etcd by hand; it passed
+# there when written).
 use strict;
 use warnings;
 
