@@ -96,6 +96,8 @@ like($cc->safe_psql('postgres',
 # offers a copy beginning at 4, A2 (holding records) refuses and halts,
 # and it is rebuilt.  Before, B2 shipped the same batch again for ever.
 $c->start_node($bn);
+# the placement below assumes every node alive, as the creation will see it
+$c->wait_alive([ map { $c->name_of($_) } $c->nodes ]);
 my ($s2, @set2) = $c->pick_stream_name('edgeold', 3, sub { !grep { $_ eq 'node1' } @_ });
 $c->create_stream(1, $s2, replication_factor => 3, consistency => 'quorum',
 	retention => '3 seconds');
