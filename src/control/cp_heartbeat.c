@@ -203,6 +203,29 @@ note_taken_copies(const CpSnapshot *snap, const CpNode *me, CpShard *taken)
 }
 
 /*
+ * Will this heartbeat take a generation -- a lead granted to the node's
+ * incarnation that no claim has taken yet?  Only then does the rule need
+ * the other nodes' log ends (note_taken_copies records their copies'
+ * tokens), which a heartbeat otherwise leaves unread.
+ */
+static bool
+takes_due(const CpSnapshot *snap, const CpHeartbeatArgs *a)
+{
+	int			nled;
+	const int  *led = cp_snapshot_led_by(snap, a->node, &nled);
+
+	for (int k = 0; k < nled; k++)
+	{
+		const CpShard *s = &snap->shards[led[k]];
+
+		if (s->taken_generation != s->generation && s->leader_incarnation != NULL &&
+			strcmp(s->leader_incarnation, a->incarnation) == 0)
+			return true;
+	}
+	return false;
+}
+
+/*
  * Reports about `node` as a follower: dropped (new incarnation) or doubted
  * (new boot), at most `most` report keys of them.  Returns whether more
  * were left.
@@ -534,7 +557,9 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 		int			room;
 
 		cp_serialize();
-		(void) cp_snapshot_read(&snap, false, ERROR);
+		(void) cp_snapshot_read_for_heartbeat(&snap, a->node, ERROR);
+		if (takes_due(&snap, a))
+			(void) cp_snapshot_read(&snap, false, ERROR);
 		prev = cp_snapshot_node(&snap, a->node);
 		room = snap.nreports + snap.nshards + 5;
 

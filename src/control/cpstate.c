@@ -1177,6 +1177,9 @@ typedef struct StateCache
 										 * to build; again when a shard
 										 * record changes) */
 	int64		since;			/* newest mod_revision held */
+	int64		ends_since;		/* ... of every ends/ key (cache_refresh) */
+	char	   *ends_own;		/* whose ends/ key is held up to since
+								 * regardless (NULL: none); in cxt */
 	int64		revision;		/* the store's revision at the last read */
 	bool		need_full;
 	bool		read_own_writes;	/* read after this transaction wrote */
@@ -1447,6 +1450,8 @@ cache_drop(void)
 	cache.shard_order = NULL;
 	cache.norder = 0;
 	cache.since = 0;
+	cache.ends_since = 0;
+	cache.ends_own = NULL;
 	cache.revision = 0;
 	cache.live_bytes = 0;
 	cache.garbage_bytes = 0;
@@ -1636,6 +1641,7 @@ cache_read_whole(bool guarded, int64 *revision, int elevel)
 		/* one read of one state: every change up to its newest is in it */
 		cache.since = Max(cache.since, kvs[i].mod_revision);
 	}
+	cache.ends_since = cache.since;
 	hash_seq_init(&seq, cache.keys);
 	while ((e = hash_seq_search(&seq)) != NULL)
 		if (e->seen != cache.reads)
@@ -1645,9 +1651,16 @@ cache_read_whole(bool guarded, int64 *revision, int elevel)
 	return true;
 }
 
-/* Bring the copy up to the store's state; false (reported) if a read failed. */
+/*
+ * Bring the copy up to the store's state; false (reported) if a read
+ * failed.  With own_node, the other nodes' ends/ keys may stay as an
+ * earlier read left them (cp_snapshot_read_for_heartbeat): a node's log
+ * ends are rewritten every few heartbeats while it is written to, they
+ * were most of what a loaded cluster's heartbeats read, and a heartbeat
+ * needs another node's only when it takes a generation.
+ */
 static bool
-cache_refresh(bool guarded, int64 *revision, int elevel)
+cache_refresh(bool guarded, int64 *revision, int elevel, const char *own_node)
 {
 	FelixKV    *kvs;
 	int			n;
@@ -1655,6 +1668,7 @@ cache_refresh(bool guarded, int64 *revision, int elevel)
 	const char *tag = store_tag();
 	bool		full;
 	int64		complete_to;
+	FelixStoreApart ends;
 
 	if (cache.keys == NULL || cache.store == NULL || strcmp(cache.store, tag) != 0)
 	{
@@ -1683,7 +1697,18 @@ cache_refresh(bool guarded, int64 *revision, int elevel)
 	if (cache.need_full)
 		return cache_read_whole(guarded, revision, elevel);
 
-	st = felix_store_range_changed("", cache.since, guarded, &kvs, &n, revision,
+	/*
+	 * Every ends/ key is held as of ends_since, and ends_own's as of
+	 * since.  A read for own_node reads that node's key alone, which it
+	 * may do once it is held up to since: it is ends_own's, or all are.
+	 */
+	if (own_node != NULL && cache.ends_since < cache.since &&
+		(cache.ends_own == NULL || strcmp(cache.ends_own, own_node) != 0))
+		own_node = NULL;
+	ends.section = "ends/";
+	ends.changed_after = own_node ? cache.since : cache.ends_since;
+	ends.only_key = own_node ? cp_key_ends(own_node) : NULL;
+	st = felix_store_range_changed("", cache.since, guarded, &ends, &kvs, &n, revision,
 								   &complete_to, elevel);
 	if (st != FELIX_STORE_OK)
 		return false;
@@ -1697,6 +1722,10 @@ cache_refresh(bool guarded, int64 *revision, int elevel)
 	for (int i = 0; i < n; i++)
 		cache_put(&kvs[i], false);
 	cache.since = Max(cache.since, complete_to);
+	if (own_node == NULL)
+		cache.ends_since = cache.since;
+	else if (cache.ends_own == NULL || strcmp(cache.ends_own, own_node) != 0)
+		cache.ends_own = MemoryContextStrdup(cache.cxt, own_node);
 	cache.revision = Max(cache.revision, *revision);
 	*revision = cache.revision;
 	return true;
@@ -1909,7 +1938,7 @@ cp_serialize(void)
 		if (!cache.enabled && !IsBackgroundWorker)
 			cp_snapshot_cache_enable();
 		if (cache.enabled && (cache.keys == NULL || cache.need_full))
-			(void) cache_refresh(false, &revision, DEBUG1);
+			(void) cache_refresh(false, &revision, DEBUG1, NULL);
 	}
 	felix_store_serialize();
 }
@@ -1945,7 +1974,7 @@ cp_snapshot_guard(int elevel)
 	after = cache.guard_after;
 	if (felix_store_range_page(after, CACHE_GUARD_PAGE, &kvs, &n, &more, &page_rev,
 							   elevel) != FELIX_STORE_OK ||
-		!cache_refresh(false, &revision, elevel))
+		!cache_refresh(false, &revision, elevel, NULL))
 	{
 		/* the pass starts over later */
 		pfree(after);
@@ -1966,8 +1995,9 @@ cp_snapshot_forget(void)
 	cache.need_full = true;
 }
 
-bool
-cp_snapshot_read(CpSnapshot *snap, bool guarded, int elevel)
+/* A snapshot (cp_snapshot_read), all of it current but for own_node's peers' ends. */
+static bool
+snapshot_read(CpSnapshot *snap, bool guarded, int elevel, const char *own_node)
 {
 	memset(snap, 0, sizeof(*snap));
 	if (!cache.enabled && !IsBackgroundWorker)
@@ -1985,7 +2015,7 @@ cp_snapshot_read(CpSnapshot *snap, bool guarded, int elevel)
 		snap_build_uncached(snap, kvs, n);
 		return true;
 	}
-	if (!cache_refresh(guarded, &snap->revision, elevel))
+	if (!cache_refresh(guarded, &snap->revision, elevel, own_node))
 		return false;
 	if (cache.order == NULL)
 	{
@@ -2020,6 +2050,18 @@ cp_snapshot_read(CpSnapshot *snap, bool guarded, int elevel)
 	snap->index = cache.index;
 	snap->shard_order = cache.shard_order;
 	return true;
+}
+
+bool
+cp_snapshot_read(CpSnapshot *snap, bool guarded, int elevel)
+{
+	return snapshot_read(snap, guarded, elevel, NULL);
+}
+
+bool
+cp_snapshot_read_for_heartbeat(CpSnapshot *snap, const char *node, int elevel)
+{
+	return snapshot_read(snap, false, elevel, node);
 }
 
 bool

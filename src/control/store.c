@@ -105,7 +105,7 @@ section_of(const char *key)
 
 FelixStoreStatus
 felix_store_range_changed(const char *prefix, int64 changed_after, bool guarded,
-						  FelixKV **kvs, int *nkvs, int64 *revision, int64 *complete_to,
+						  const FelixStoreApart *apart, FelixKV **kvs, int *nkvs, int64 *revision, int64 *complete_to,
 						  int elevel)
 {
 	int64		start = felix_monotonic_ns();
@@ -136,14 +136,18 @@ felix_store_range_changed(const char *prefix, int64 changed_after, bool guarded,
 	for (int i = 0; i < nmarks; i++)
 	{
 		const char *section = marks[i].key + strlen(FELIX_STORE_MARKS);
+		bool		is_apart = apart != NULL && strcmp(section, apart->section) == 0;
+		int64		after = is_apart ? apart->changed_after : changed_after;
+		const char *only = is_apart ? apart->only_key : NULL;
 		FelixKV    *got;
 		int			ngot;
 		int64		rev;
 
-		if (marks[i].mod_revision <= changed_after || strncmp(section, prefix, strlen(prefix)) != 0)
+		if (marks[i].mod_revision <= after || strncmp(section, prefix, strlen(prefix)) != 0)
 			continue;
 		start = felix_monotonic_ns();
-		st = felix_store()->range(section, true, guarded, changed_after, &got, &ngot, &rev, elevel);
+		st = felix_store()->range(only ? only : section, only == NULL, guarded, after,
+								  &got, &ngot, &rev, elevel);
 		count(st, start);
 		if (st != FELIX_STORE_OK)
 			return st;

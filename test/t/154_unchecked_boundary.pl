@@ -23,6 +23,11 @@
 # resending the same shipment for ever; the follower, holding records,
 # halts needs_bootstrap and is rebuilt.
 #
+# Part 3: the rebuilt copy began again in the same server start, and
+# leadership is handed to the third replica: its claim records the rebuilt
+# copy's token as it is now (the other nodes' log ends are read for a
+# take, not at every heartbeat).
+#
 # tap-etcd: skip.  Its subject is the follower's check of a shipment; the
 # control-plane store plays the same part in it as in the scripts that
 # run on both stores (FELIX_STORE=etcd runs it on etcd by hand).
@@ -126,6 +131,34 @@ is($a2->safe_psql('postgres', "SELECT count(*) FROM \"$s2\" WHERE shard = 0 AND 
 ok(($c->metric_of($a2n, 'copies_rebuilt') // 0) >= 1, "$s2: $a2n was rebuilt");
 like(slurp_file($b2->logfile), qr/follower "$a2n" halted \(needs_bootstrap\).*its log ends at seq 4 and this leader's begins at seq 4/,
 	"$s2: the leader says why $a2n halted");
+
+# Part 3: the claim that takes a generation records each replica's copy as
+# it is then.  A2's copy began again in its boot (the rebuild discarded
+# it), so its token is its boot and that copy's epoch, no longer the
+# boot's first.  The heartbeats of the node that takes read the other
+# nodes' log ends only for a take (cp_heartbeat.c, takes_due): without
+# that read its claim recorded what its session saw of A2 before.
+my ($c2n) = grep { $_ ne $a2n && $_ ne $b2->{felix_name} } @set2;
+my $a2_copy = sub {
+	return $c->state_query("SELECT boot || '#' || split_part(split_part(e, '=', 2), ':', 3) "
+		  . "FROM felix.nodes, unnest(ends) e WHERE name = '$a2n' AND e ~ '^$s2/0=[0-9]+:[0-9]+:[0-9]+:0\$'");
+};
+ok(defined FelixCluster::poll(30, sub { $a2_copy->() ne '' }, 0.2),
+	"$s2: $a2n gives its log with a copy that is not its boot's first");
+$c->wait_shipping($b2, $s2, 0, 2, 30);
+$b2->safe_psql('postgres', "SELECT felix_transfer_leadership('$s2', 0, '$c2n')");
+my ($l3, $h3) = $c->wait_leader($s2, 0, min_generation => $h2 + 1, timeout => 30);
+is($l3->{felix_name}, $c2n, "$s2: $c2n takes generation $h3");
+my $key = sprintf('shards/%s/%06d', $s2, 0);
+my $recorded = '';
+FelixCluster::poll(10, sub {
+	$recorded = $c->state_query("SELECT t FROM felix.store_read('$key') s, "
+		  . "jsonb_array_elements_text(s.value::jsonb->'taken_copy_nodes') WITH ORDINALITY n(node, i), "
+		  . "jsonb_array_elements_text(s.value::jsonb->'taken_copy_tokens') WITH ORDINALITY t(t, j) "
+		  . "WHERE s.key = '$key' AND (s.value::jsonb->>'taken_generation')::bigint = $h3 "
+		  . "AND n.node = '$a2n' AND i = j");
+	$recorded ne '' }, 0.2);
+is($recorded, $a2_copy->(), "$s2: the claim of generation $h3 recorded ${a2n}'s copy as it is now");
 
 $c->teardown;
 felix_done_testing();

@@ -381,6 +381,12 @@ typedef struct CpSnapshot
  * cp_snapshot_quiesce, and never to be written to.
  */
 extern bool cp_snapshot_read(CpSnapshot *snap, bool guarded, int elevel);
+/*
+ * The same for node's heartbeat, except that the other nodes' log ends
+ * (their ends/ keys) may be those of an earlier read: the rule reads them
+ * again, with cp_snapshot_read, only when it takes a generation.
+ */
+extern bool cp_snapshot_read_for_heartbeat(CpSnapshot *snap, const char *node, int elevel);
 
 /*
  * A background worker that reads snapshots calls cp_snapshot_cache_enable

@@ -112,6 +112,20 @@ extern FelixStoreStatus felix_store_range_page(const char *after, int limit,
 											   FelixKV **kvs, int *nkvs, bool *more,
 											   int64 *revision, int elevel);
 /*
+ * A section a reader of what changed reads apart (apart, NULL: none): for
+ * its keys written after changed_after rather than the reader's, and, when
+ * only_key is set, for that one key alone.  complete_to then holds for
+ * the section as of its own changed_after, and, with only_key, for that
+ * key only: the reader keeps track of what it left unread.
+ */
+typedef struct FelixStoreApart
+{
+	const char *section;		/* as marked: "ends/" */
+	int64		changed_after;
+	const char *only_key;
+} FelixStoreApart;
+
+/*
  * The keys under prefix whose mod_revision is above changed_after, in no
  * particular order, and more (the marks, and keys written meanwhile): what
  * changed since a reader last read them all.  *complete_to: every change
@@ -126,7 +140,9 @@ extern FelixStoreStatus felix_store_range_page(const char *after, int limit,
  * everything again.  guarded: as felix_store_range_guarded.
  */
 extern FelixStoreStatus felix_store_range_changed(const char *prefix, int64 changed_after,
-												  bool guarded, FelixKV **kvs, int *nkvs,
+												  bool guarded,
+												  const FelixStoreApart *apart,
+												  FelixKV **kvs, int *nkvs,
 												  int64 *revision, int64 *complete_to,
 												  int elevel);
 
