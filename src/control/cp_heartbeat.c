@@ -62,12 +62,20 @@
 #include "felix.h"
 #include "storage/incarnation.h"
 
-/* The most first claims one heartbeat makes (each writes an assignment). */
-#define CP_MAX_TAKES_PER_BEAT	200
+/*
+ * The most shard and report records one heartbeat's transaction rewrites:
+ * its first claims, the unplaced reasons it clears, the reports it voids.
+ * With the node's own keys and the marks of the sections written
+ * (store.c), its operations and its compares stay below 257, the least
+ * --max-txn-ops docs/configuration.md asks of etcd: a transaction past
+ * that is refused at every heartbeat, and the node loses every lease (TAP
+ * 157).  What is left waits for the next beat.
+ */
+#define CP_MAX_REWRITES_PER_BEAT	200
 /*
  * The most reports a transaction of a heartbeat rewrites about its node
  * (void_reports_ahead): well within etcd's request size (1.5 MiB by
- * default) and --max-txn-ops.
+ * default), and no more than the rewrites of a beat.
  */
 #define CP_VOIDS_PER_TXN		100
 
@@ -546,7 +554,7 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 		FelixStoreOp *ops;
 		int			ncmps = 0;
 		int			nops = 0;
-		int			takes = 0;
+		int			rewrites;
 		bool	   *granted;
 		bool	   *answer;
 		bool		claims_same;
@@ -691,6 +699,7 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 			(void) void_reports(&snap, a->node, false, PG_INT32_MAX, cmps, &ncmps, ops, &nops);
 		}
 
+		rewrites = nops;		/* the reports voided */
 		for (int k = 0; k < nled; k++)
 		{
 			int			i = led[k];
@@ -710,8 +719,9 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 				/* a generation resumes only in the boot that took it */
 				if (s->taken_boot == NULL || strcmp(s->taken_boot, a->boot) != 0)
 					continue;
-				if (s->unplaced_reason != NULL)
+				if (s->unplaced_reason != NULL && rewrites < CP_MAX_REWRITES_PER_BEAT)
 				{
+					rewrites++;
 					taken = *s;
 					taken.unplaced_reason = NULL;
 					cmps[ncmps].key = cp_key_shard(s->stream, s->shard);
@@ -725,7 +735,7 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 				int64		need = Max(s->acked_floor, s->grant_end);
 
 				/* the first claim of a fresh generation takes it */
-				if (takes >= CP_MAX_TAKES_PER_BEAT)
+				if (rewrites >= CP_MAX_REWRITES_PER_BEAT)
 					continue;
 
 				/*
@@ -744,7 +754,7 @@ cp_heartbeat(const CpHeartbeatArgs *a, CpHeartbeatResult *out)
 					continue;
 				if (!holds_granted_generation(&me, s))
 					continue;
-				takes++;
+				rewrites++;
 				taken = *s;
 				taken.taken_generation = s->generation;
 				taken.taken_boot = pstrdup(a->boot);

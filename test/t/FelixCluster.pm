@@ -43,7 +43,8 @@ my @clusters;
 # FelixCluster->new(nodes => 3, conf => [lines for every node],
 #                   node_conf => {K => [lines for nodeK]}, prefix => 'c')
 # Starts the nodes, creates the extension on node1 and then on the others,
-# and waits until node1's felix_nodes shows every node alive.
+# and waits until node1's felix_nodes shows every node alive.  With etcd,
+# etcd_max_txn_ops sets the members' --max-txn-ops (4096 by default).
 sub new
 {
 	my ($class, %opt) = @_;
@@ -60,7 +61,8 @@ sub new
 	push @clusters, $self;
 	die "unknown FELIX_STORE $store (embedded or etcd)"
 	  unless $store eq 'embedded' || $store eq 'etcd';
-	$self->{etcd} = FelixEtcd->new(members => $n, tls => $opt{etcd_tls}) if $store eq 'etcd';
+	$self->{etcd} = FelixEtcd->new(members => $n, tls => $opt{etcd_tls},
+		max_txn_ops => $opt{etcd_max_txn_ops}) if $store eq 'etcd';
 	$self->{etcd_prefix} = "/felix/$prefix/";
 	my %etcd_auth;
 	if ($self->{etcd} && $opt{etcd_auth})

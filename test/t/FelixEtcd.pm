@@ -31,6 +31,8 @@ sub new
 		token   => 'felix-' . $$ . '-' . int(rand(1e9)),
 		members => [],
 		tls     => $opt{tls},
+		# a stream's creation writes all its shards in one transaction
+		max_txn_ops => $opt{max_txn_ops} // 4096,
 	}, $class;
 	push @all, $self;
 	my $base = PostgreSQL::Test::Utils::tempdir('etcd');
@@ -86,8 +88,7 @@ sub start_member
 		'--initial-cluster', $self->{initial},
 		'--initial-cluster-state', $state,
 		'--initial-cluster-token', $self->{token},
-		# a stream's creation writes all its shards in one transaction
-		'--max-txn-ops', '4096',
+		'--max-txn-ops', $self->{max_txn_ops},
 		'--log-level', 'warn');
 	$m->{h} = IPC::Run::start(\@cmd, '<', \undef, '>>', $m->{log}, '2>>', $m->{log});
 	$m->{pid} = $m->{h}->{KIDS}[0]{PID};
