@@ -351,9 +351,11 @@ assignment_leads(const FelixAssignment *a)
 {
 	char		incarnation[FELIX_INCARNATION_LEN];
 
+	/* the name first: at every heartbeat most rows name another leader */
+	if (a->leader[0] == '\0' || !felix_is_this_node(a->leader))
+		return false;
 	felix_incarnation(incarnation, NULL);
-	return a->leader[0] != '\0' && felix_is_this_node(a->leader) &&
-		strcmp(a->leader_incarnation, incarnation) == 0;
+	return strcmp(a->leader_incarnation, incarnation) == 0;
 }
 
 bool
@@ -374,7 +376,8 @@ lease_reassert(int slot, const FelixShardKey *key, const FelixAssignment *a)
 	FelixShard *s = shard_slot(slot);
 	bool		lead = assignment_leads(a);
 	int64		expiry = a->sent_at_ns + (a->lease_ms - felix_lease_epsilon) * INT64CONST(1000000);
-	int64		now = felix_monotonic_ns();
+	/* the clock only for a lease it may renew (a third of the rows or so) */
+	int64		now = lead && a->lease_granted ? felix_monotonic_ns() : 0;
 	bool		current;
 	bool		revived = false;
 

@@ -134,11 +134,15 @@ typedef struct Reported
 /*
  * The most shards one request reports; the others due wait for the next
  * request, as they would while one is in flight.  The control plane writes
- * a request in one transaction, and etcd takes at most 1.5 MiB by default:
- * a leader of thousands of shards whose followers all changed at once (one
- * restarted) would otherwise send a request that never lands.
+ * a request in one transaction, which compares two keys per shard and
+ * writes one or two: etcd takes at most --max-txn-ops of each (at least
+ * 256, docs/configuration.md) and 1.5 MiB by default.  A leader of
+ * thousands of shards whose followers all changed at once (one restarted,
+ * or a failover's new leads) would otherwise send a request that never
+ * lands -- and, report before mark, acknowledge nothing (a failover of a
+ * thousand shards at --max-txn-ops 259, with 500 here).
  */
-#define REPORT_MAX_SHARDS	500
+#define REPORT_MAX_SHARDS	100
 
 typedef struct ReportSlot
 {

@@ -3,7 +3,7 @@
 #
 # On this machine, felix clusters of 3 and of 5 nodes, on both control-plane
 # stores (embedded: node1 hosts it; etcd: a 3-member etcd cluster on
-# 127.0.0.1 started with --max-txn-ops 4096), grown through shard points
+# 127.0.0.1 started with --max-txn-ops 528), grown through shard points
 # (default 10, 30, 300, 1000, 3000 shards; streams of at most STREAM_SHARDS
 # shards, replication_factor 3, consistency 'quorum', created on node1 as
 # the superuser postgres; felix.max_shards = MAX_SHARDS on every node so
