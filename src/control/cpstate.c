@@ -1208,6 +1208,9 @@ typedef struct StateCache
 
 static StateCache cache;
 
+static void cache_put(const FelixKV *kv, bool seen);
+static void cache_tidy(bool may_compact);
+
 /*
  * The guard reads this many keys a tick: some 300 KB at most, a small
  * part of a tick (a shard record or report is under 1 KB).
@@ -1385,8 +1388,9 @@ cache_xact_callback(XactEvent event, void *arg)
 	if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_ABORT ||
 		event == XACT_EVENT_PARALLEL_COMMIT || event == XACT_EVENT_PARALLEL_ABORT)
 		cache.read_own_writes = false;
+	/* nothing is decoded while a transaction aborts */
 	if ((event == XACT_EVENT_COMMIT || event == XACT_EVENT_ABORT) && !IsBackgroundWorker)
-		cp_snapshot_quiesce();
+		cache_tidy(event == XACT_EVENT_COMMIT);
 }
 
 static void
@@ -1462,14 +1466,83 @@ cache_drop(void)
 	memset(cache.tmpl_ok, 0, sizeof(cache.tmpl_ok));
 }
 
-void
-cp_snapshot_quiesce(void)
+/* An empty copy of the state of store tag. */
+static void
+cache_create(const char *tag)
+{
+	HASHCTL		ctl;
+
+	cache.cxt = AllocSetContextCreate(TopMemoryContext, "felix control-plane state",
+									  ALLOCSET_DEFAULT_SIZES);
+	ctl.keysize = CP_INDEX_KEY_LEN;
+	ctl.entrysize = sizeof(CachedKey);
+	ctl.hcxt = cache.cxt;
+	cache.keys = hash_create("felix control-plane state", 1024, &ctl,
+							 HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+	cache.store = MemoryContextStrdup(cache.cxt, tag);
+}
+
+/*
+ * Make the copy anew from itself, each key decoded again from the value
+ * it holds into fresh memory, and the replaced records' memory freed (at a
+ * quiet point only).  Throwing the copy away instead meant reading the
+ * whole state again: under load at 3,000 shards the duty holder and the
+ * reporters did so every 5-10 s each, 3.9 MB a read, most of what a loaded
+ * cluster read besides the log ends.  What the copy holds is what it held:
+ * how far it is current (since, ends_since, ends_own, revision) stays.
+ */
+static void
+cache_compact(void)
+{
+	MemoryContext tmp = AllocSetContextCreate(TopMemoryContext, "felix control-plane compaction",
+											  ALLOCSET_DEFAULT_SIZES);
+	MemoryContext old = MemoryContextSwitchTo(tmp);
+	FelixKV    *kvs = palloc(sizeof(FelixKV) * (hash_get_num_entries(cache.keys) + 1));
+	int			n = 0;
+	HASH_SEQ_STATUS seq;
+	CachedKey  *e;
+	char	   *tag = pstrdup(cache.store);
+	char	   *ends_own = cache.ends_own ? pstrdup(cache.ends_own) : NULL;
+	int64		since = cache.since;
+	int64		ends_since = cache.ends_since;
+	int64		revision = cache.revision;
+
+	hash_seq_init(&seq, cache.keys);
+	while ((e = hash_seq_search(&seq)) != NULL)
+	{
+		kvs[n].key = pstrdup(e->key);
+		kvs[n].value = pstrdup(e->text);
+		kvs[n++].mod_revision = e->mod_revision;
+	}
+	MemoryContextSwitchTo(old);
+	cache_drop();
+	cache_create(tag);
+	for (int i = 0; i < n; i++)
+		cache_put(&kvs[i], false);
+	cache.since = since;
+	cache.ends_since = ends_since;
+	cache.ends_own = ends_own ? MemoryContextStrdup(cache.cxt, ends_own) : NULL;
+	cache.revision = revision;
+	MemoryContextDelete(tmp);
+}
+
+/*
+ * Free what replaced records took: compacted when they outweigh the live
+ * ones (may_compact; else the copy is thrown away, and read whole next
+ * time), or else the node records retired since the last quiet point.
+ */
+static void
+cache_tidy(bool may_compact)
 {
 	ListCell   *lc;
 
 	if (cache.garbage_bytes > Max(CACHE_GARBAGE_MIN, cache.live_bytes))
 	{
-		cache_drop();
+		/* a copy due a whole read anyway may hold writes that never happened */
+		if (may_compact && !cache.need_full && cache.keys != NULL)
+			cache_compact();
+		else
+			cache_drop();
 		return;
 	}
 	/* cache.retired is in TopMemoryContext */
@@ -1477,6 +1550,12 @@ cp_snapshot_quiesce(void)
 		MemoryContextDelete((MemoryContext) lfirst(lc));
 	list_free(cache.retired);
 	cache.retired = NIL;
+}
+
+void
+cp_snapshot_quiesce(void)
+{
+	cache_tidy(true);
 }
 
 /* What the copy is of: the store, and for etcd the prefix. */
@@ -1672,17 +1751,8 @@ cache_refresh(bool guarded, int64 *revision, int elevel, const char *own_node)
 
 	if (cache.keys == NULL || cache.store == NULL || strcmp(cache.store, tag) != 0)
 	{
-		HASHCTL		ctl;
-
 		cache_drop();
-		cache.cxt = AllocSetContextCreate(TopMemoryContext, "felix control-plane state",
-										  ALLOCSET_DEFAULT_SIZES);
-		ctl.keysize = CP_INDEX_KEY_LEN;
-		ctl.entrysize = sizeof(CachedKey);
-		ctl.hcxt = cache.cxt;
-		cache.keys = hash_create("felix control-plane state", 1024, &ctl,
-								 HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
-		cache.store = MemoryContextStrdup(cache.cxt, tag);
+		cache_create(tag);
 		cache.need_full = true;
 	}
 	/*

@@ -253,20 +253,29 @@ sub try_psql
 	return $out;
 }
 
-# Wait until node1's felix_nodes shows every named node alive.
+# Wait until node1's felix_nodes shows every named node alive, each one
+# started by start_node with a heartbeat since that start, for half a
+# second on end.  A node killed and started again stays on the duty
+# holder's alive list until its old record expires, and may leave it
+# for a moment after its new start; a stream created then is placed
+# without it.
 sub wait_alive
 {
 	my ($self, $names, $secs) = @_;
 	my $want = join(',', sort @$names);
 	my $seen = '';
+	my $since;
 	my $took = poll(
 		$secs // 30,
 		sub {
 			$seen = $self->cp->safe_psql('postgres',
-				"SELECT string_agg(name, ',' ORDER BY name) FROM felix_nodes WHERE alive",
+				"SELECT string_agg(name || ':' || extract(epoch FROM last_heartbeat), ',' ORDER BY name) "
+				  . "FROM felix_nodes WHERE alive",
 				timeout => 10);
-			my %alive = map { $_ => 1 } split /,/, $seen;
-			return !grep { !$alive{$_} } @$names;
+			my %beat = map { split /:/, $_, 2 } split /,/, $seen;
+			my $ok = !grep { !defined $beat{$_} || $beat{$_} < ($self->{started}{$_} // 0) } @$names;
+			$since = $ok ? ($since // time) : undef;
+			return $ok && time - $since >= 0.5;
 		},
 		0.1);
 	die "nodes $want not all alive in felix_nodes on node1 (alive: $seen)"
@@ -964,6 +973,8 @@ sub start_node
 {
 	my ($self, $k) = @_;
 	my $node = $self->node($k);
+	# what the node did before this start is older than this (wait_alive)
+	$self->{started}{ $node->{felix_name} } = time;
 	$node->start;
 	$self->{state}{ $node->{felix_name} } = 'up';
 	return time;
