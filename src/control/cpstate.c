@@ -1517,8 +1517,11 @@ cache_compact(void)
 	MemoryContextSwitchTo(old);
 	cache_drop();
 	cache_create(tag);
+	/* an error half-way leaves a copy that is read whole next time */
+	cache.need_full = true;
 	for (int i = 0; i < n; i++)
 		cache_put(&kvs[i], false);
+	cache.need_full = false;
 	cache.since = since;
 	cache.ends_since = ends_since;
 	cache.ends_own = ends_own ? MemoryContextStrdup(cache.cxt, ends_own) : NULL;

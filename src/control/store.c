@@ -105,8 +105,8 @@ section_of(const char *key)
 
 FelixStoreStatus
 felix_store_range_changed(const char *prefix, int64 changed_after, bool guarded,
-						  const FelixStoreApart *apart, FelixKV **kvs, int *nkvs, int64 *revision, int64 *complete_to,
-						  int elevel)
+						  const FelixStoreApart *apart, FelixKV **kvs, int *nkvs,
+						  int64 *revision, int64 *complete_to, int elevel)
 {
 	int64		start = felix_monotonic_ns();
 	FelixKV    *marks;
