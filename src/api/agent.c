@@ -94,6 +94,17 @@ static bool held_stale = true;
 /* ... and was, since agent_held_ends last looked */
 static bool held_remade = false;
 /*
+ * agent_held_ends' last answer (in held_cxt), the shard_changes() count
+ * read before it was made (PG_UINT64_MAX: none since held was made), and
+ * the number of answers made so far.
+ */
+static char **held_out = NULL;
+static int	nheld_out = 0;
+static uint64 held_out_changes = PG_UINT64_MAX;
+static uint64 held_out_made = 0;
+/* the held_out_made of the answer ends_given was copied from (0: another) */
+static uint64 ends_given_made = 0;
+/*
  * shard_streams_changes() just before this heartbeat's rows were asked
  * for.  A stream drop commits its control-plane change first and its local
  * one second, and a creation that rolls back undoes its control-plane
@@ -106,6 +117,8 @@ static bool held_remade = false;
  * stream has come or gone since the rows were fetched.
  */
 static uint64 changes_before_rows = 0;
+/* shard_changes() before agent_take_answer last renewed the leases */
+static uint64 renewed_changes = PG_UINT64_MAX;
 
 
 typedef struct RowErrorKey
@@ -143,7 +156,19 @@ typedef struct KnownRow
 	FelixShardKey key;
 	bool		holds;			/* ... that row named this node a replica */
 	bool		in_answer;		/* (while a full answer is taken in) */
+	bool		names_other;	/* the row names another node the leader */
+	bool		quiet;			/* ... and the local shard was as it left it
+								 * at the last renewal (see agent_take_answer) */
 } KnownRow;
+
+/*
+ * The known rows that its last pass over all of them left not quiet (in
+ * known_cxt; NULL: to be made by the next such pass): a heartbeat that
+ * brings no row, after which no slot changed, looks at these alone.
+ */
+static KnownRow **unquiet = NULL;
+static int	nunquiet = 0;
+static void forget_unquiet(void);
 
 static void
 row_error_key(RowErrorKey *key, const char *stream, int shard)
@@ -414,6 +439,7 @@ forget_ends_given(void)
 		pfree(ends_given);
 	ends_given = NULL;
 	nends_given = 0;
+	ends_given_made = 0;
 }
 
 bool
@@ -421,6 +447,9 @@ agent_ends_unchanged(char **ends, int n)
 {
 	if (!have_known || ends == NULL || ends_given == NULL || n != nends_given)
 		return false;
+	/* the very answer they were copied from: the same texts */
+	if (ends == held_out && ends_given_made == held_out_made)
+		return true;
 	for (int i = 0; i < n; i++)
 		if (strcmp(ends[i], ends_given[i]) != 0)
 			return false;
@@ -439,6 +468,7 @@ agent_ends_sent(char **ends, int n, bool unchanged, const FelixCpAnswer *answer)
 	for (int i = 0; i < n; i++)
 		ends_given[i] = MemoryContextStrdup(known_cxt, ends[i]);
 	nends_given = n;
+	ends_given_made = ends == held_out ? held_out_made : 0;
 }
 
 void
@@ -456,6 +486,16 @@ agent_forget(void)
 	have_known = false;
 	held_stale = true;
 	forget_ends_given();
+	forget_unquiet();
+}
+
+static void
+forget_unquiet(void)
+{
+	if (unquiet)
+		pfree(unquiet);
+	unquiet = NULL;
+	nunquiet = 0;
 }
 
 AgentRow *
@@ -467,6 +507,10 @@ agent_take_answer(FelixCpShard *shards, int n, const FelixCpAnswer *answer, int6
 	AgentRow   *rows;
 	int			room;
 	MemoryContext caller = CurrentMemoryContext;
+	uint64		changes;
+	bool		slots_same;
+	bool		all;
+	int			next = 0;
 
 	if (answer->full)
 	{
@@ -498,6 +542,8 @@ agent_take_answer(FelixCpShard *shards, int n, const FelixCpAnswer *answer, int6
 		/* to apply; the copy it found (slot, holds) is the one until then */
 		k->applied = false;
 		k->in_answer = true;
+		k->names_other = k->row.a.leader[0] == '\0' || !felix_is_this_node(k->row.a.leader);
+		k->quiet = false;
 	}
 	MemoryContextSwitchTo(caller);
 	if (answer->full)
@@ -524,15 +570,42 @@ agent_take_answer(FelixCpShard *shards, int n, const FelixCpAnswer *answer, int6
 	room = 16;
 	rows = palloc0(sizeof(AgentRow) * room);
 	*nrows = 0;
-	hash_seq_init(&seq, known_rows);
-	while ((k = hash_seq_search(&seq)) != NULL)
+	changes = shard_changes();
+	slots_same = changes == renewed_changes;
+	renewed_changes = changes;
+
+	/*
+	 * A row naming another leader renews nothing here: it only checks the
+	 * local shard is as the row left it.  No slot changed since that check
+	 * found it so (quiet): it still is, and unless rows came, only the
+	 * others are looked at.  A lease this node holds is renewed every time.
+	 */
+	all = !slots_same || n > 0 || answer->full || unquiet == NULL;
+	if (all)
+	{
+		forget_unquiet();
+		unquiet = MemoryContextAlloc(known_cxt,
+									 sizeof(KnownRow *) * (hash_get_num_entries(known_rows) + 1));
+		hash_seq_init(&seq, known_rows);
+	}
+	while ((k = all ? hash_seq_search(&seq) : (next < nunquiet ? unquiet[next++] : NULL)) != NULL)
 	{
 		AgentRow   *r;
 
+		if (k->quiet && slots_same)
+			continue;
 		k->row.a.sent_at_ns = t_send;
 		if (k->applied && k->slot >= 0 && k->row.bad == NULL &&
 			lease_reassert(k->slot, &k->key, &k->row.a))
+		{
+			k->quiet = k->names_other;
+			if (all && !k->quiet)
+				unquiet[nunquiet++] = k;
 			continue;
+		}
+		k->quiet = false;
+		if (all)
+			unquiet[nunquiet++] = k;
 		if (*nrows == room)
 		{
 			rows = repalloc(rows, sizeof(AgentRow) * room * 2);
@@ -930,6 +1003,7 @@ agent_note_held(AgentRow *rows, int nrows)
 		k->slot = rows[i].applied ? rows[i].slot : -1;
 		k->key = rows[i].key;
 		k->holds = rows[i].applied && rows[i].holds;
+		k->quiet = false;
 		held_stale = true;
 	}
 
@@ -943,6 +1017,8 @@ agent_note_held(AgentRow *rows, int nrows)
 	held_stale = false;
 	held_remade = true;
 	MemoryContextReset(held_cxt);
+	held_out = NULL;
+	held_out_changes = PG_UINT64_MAX;
 	held = MemoryContextAllocZero(held_cxt,
 								  sizeof(HeldShard) * (hash_get_num_entries(known_rows) + 1));
 	nheld = 0;
@@ -969,25 +1045,41 @@ agent_note_held(AgentRow *rows, int nrows)
  * still ends at or after what the reports say it held: a node whose felix
  * directory was put back from an older copy (same identity, fewer records)
  * does not lead.
+ *
+ * The answer lives until held is made again; the caller must not change it.
  */
 char **
 agent_held_ends(int *n, bool *moved)
 {
-	char	  **out;
+	uint64		changes = shard_changes();
 
 	*n = 0;
 	*moved = held_remade;
 	held_remade = false;
 	if (held == NULL)
 		return NULL;
-	out = palloc0(sizeof(char *) * (nheld + 1));
+
+	/*
+	 * A copy's ends move only with a change the slots count: none since
+	 * the last answer was read, that answer stands.  So an idle node reads
+	 * none of its thousands of slots at a beat.
+	 */
+	if (held_out != NULL && changes == held_out_changes)
+	{
+		*n = nheld_out;
+		return held_out;
+	}
+	if (held_out == NULL)
+		held_out = MemoryContextAllocZero(held_cxt, sizeof(char *) * (nheld + 1));
+	held_out_changes = changes;
+	held_out_made++;
 	for (int i = 0; i < nheld; i++)
 	{
 		HeldShard  *h = &held[i];
 		FelixShardEnds pos;
 		MemoryContext old;
 
-		/* read every time: a copy truncated in a repair must say so */
+		/* read whenever a slot changed: a copy truncated in a repair must say so */
 		shard_read_ends(shard_slot(h->slot), &pos);
 		if (!pos.in_use || memcmp(&pos.key, &h->key, sizeof(FelixShardKey)) != 0)
 			continue;			/* forgotten or reused since */
@@ -1016,9 +1108,10 @@ agent_held_ends(int *n, bool *moved)
 				h->text = psprintf("%s/%d=" UINT64_FORMAT, h->stream, h->shard, pos.flushed_end);
 			MemoryContextSwitchTo(old);
 		}
-		out[(*n)++] = h->text;
+		held_out[(*n)++] = h->text;
 	}
-	return out;
+	nheld_out = *n;
+	return held_out;
 }
 
 /*

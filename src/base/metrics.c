@@ -53,6 +53,7 @@ const char *const felix_counter_names[FELIX_NUM_COUNTERS] = {
 	[FELIX_CTR_STORE_BYTES_WRITTEN] = "store_bytes_written",
 	[FELIX_CTR_STORE_WHOLE_READS] = "store_whole_reads",
 	[FELIX_CTR_PUBLISHES_FORWARDED] = "publishes_forwarded",
+	[FELIX_CTR_DUTY_WALKS] = "duty_walks",
 };
 
 static pg_atomic_uint64 *felix_counters = NULL;

@@ -54,6 +54,16 @@
  *	  granted since and never taken wrote nothing).
  *	  Nobody qualifies: the shard is unplaced, with a reason.
  *
+ *	  The walk.  Nothing is decided for a shard before its lease lapses,
+ *	  and a shard's lapse only ever moves later while nothing but its
+ *	  leader's heartbeats changes (each a new claim).  So the holder walks
+ *	  every shard only at the earliest lapse its last walk found, or when
+ *	  a shard, stream or node's claims changed since, and at every tick
+ *	  while a shard it walked had lapsed.  A claim is dated by when the
+ *	  holder first read the leader's record at that revision (node_seen,
+ *	  at every tick), not by the walk that looks at it: a walk that waited
+ *	  dates it as one at every tick would have.
+ *
  *	  Alive.  The holder keeps the `alive` key: the nodes whose records it
  *	  saw change within felix.node_expiry.  Everyone else reads it (stream
  *	  placement, felix_nodes).  A new holder leaves it as it found it until
@@ -69,6 +79,7 @@
  */
 #include "postgres.h"
 
+#include "base/metrics.h"
 #include "common/hashfn.h"
 #include "control/cp.h"
 #include "felix.h"
@@ -138,6 +149,13 @@ static HTAB *shard_obs = NULL;
 static HTAB *node_obs = NULL;
 /* this tick: the earliest lease lapse still to come (0: none) */
 static int64 next_lapse_ns = 0;
+/* ... and whether a shard walked had lapsed */
+static bool walk_lapsed = false;
+/* The last walk of every shard: when the next is due (0: at the next
+ * tick), the state's revision and its count of shards then. */
+static int64 walk_due_ns = 0;
+static int64 walked_rev = 0;
+static int	walked_nshards = -1;
 
 static void
 forget_everything(void)
@@ -158,6 +176,8 @@ forget_everything(void)
 	ctl.entrysize = sizeof(NodeObs);
 	node_obs = hash_create("felix duty: nodes", 64, &ctl,
 						   HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+	walk_due_ns = 0;
+	walked_nshards = -1;
 }
 
 int32
@@ -398,8 +418,11 @@ shard_seen(const CpSnapshot *snap, const CpShard *s, int64 now)
 		strcmp(leader->incarnation, s->leader_incarnation) == 0 &&
 		leader->rev != o->claim_rev)
 	{
+		NodeObs    *no = hash_search(node_obs, leader->name, HASH_FIND, NULL);
+
 		o->claim_rev = leader->rev;
-		o->claim_seen_ns = now;
+		/* first read at this revision no later than then ("The walk") */
+		o->claim_seen_ns = no && no->rev == leader->rev ? no->changed_seen_ns : now;
 		o->lease_ms = o->claims_lease_ms;
 		o->claim_beat = leader->beat;
 	}
@@ -1003,6 +1026,7 @@ consider(const CpSnapshot *snap, CpShard *s, int64 now, Grant *g)
 			next_lapse_ns = lapse_ns;
 		return false;
 	}
+	walk_lapsed = true;
 
 	leader = cp_snapshot_node(snap, s->leader);
 	if (leader && is_alive(leader, now) &&
@@ -1260,6 +1284,26 @@ write_grants(const CpSnapshot *snap, Grant *g, int n, CpTick *tick,
 	}
 }
 
+/* Must this tick walk every shard?  (See "The walk" above.) */
+static bool
+walk_wanted(const CpSnapshot *snap, int64 now)
+{
+	int			changed;
+
+	if (walk_due_ns == 0 || now >= walk_due_ns || snap->nshards != walked_nshards)
+		return true;
+	(void) cp_snapshot_shards_since(snap, walked_rev, &changed);
+	if (changed > 0)
+		return true;
+	for (int i = 0; i < snap->nstreams; i++)
+		if (snap->streams[i].rev > walked_rev)
+			return true;
+	for (int i = 0; i < snap->nnodes; i++)
+		if (snap->nodes[i].claims_rev > walked_rev)
+			return true;
+	return false;
+}
+
 /*
  * The guard against keys changed outside felix: every
  * felix.store_guard_interval the holder reads the whole state again, a
@@ -1332,10 +1376,20 @@ cp_duty_tick(const char *node, const char *boot, CpTick *tick)
 		(void) node_seen(&snap.nodes[i], read_ns, now);
 	keep_alive_list(&snap, now);
 	grants = palloc(sizeof(Grant) * (snap.nshards + 1));
-	next_lapse_ns = 0;
-	for (int i = 0; i < snap.nshards; i++)
-		if (consider(&snap, &snap.shards[i], now, &grants[ngrants]))
-			ngrants++;
+	if (walk_wanted(&snap, now))
+	{
+		next_lapse_ns = 0;
+		walk_lapsed = false;
+		for (int i = 0; i < snap.nshards; i++)
+			if (consider(&snap, &snap.shards[i], now, &grants[ngrants]))
+				ngrants++;
+		walk_due_ns = walk_lapsed ? 0 : next_lapse_ns;
+		felix_count(FELIX_CTR_DUTY_WALKS, 1);
+		walked_rev = snap.revision;
+		walked_nshards = snap.nshards;
+	}
+	else
+		next_lapse_ns = walk_due_ns;
 	if (next_lapse_ns > 0)
 		tick->lapse_in_ms = (int) ((next_lapse_ns - now) / NS_PER_MS) + 1;
 	tick->promoted = 0;

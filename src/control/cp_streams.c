@@ -638,8 +638,15 @@ cp_list_halted(const CpSnapshot *snap, CpHaltRow **rows)
 	for (int i = 0; i < snap->nreports; i++)
 	{
 		const CpReports *r = snap->reports[i];
-		const CpShard *s = cp_snapshot_shard(snap, snap->report_stream[i], snap->report_shard[i]);
+		const CpShard *s;
+		bool		any = false;
 
+		/* the shard looked up only for a report of a halt: most have none */
+		for (int j = 0; j < r->n && !any; j++)
+			any = r->rows[j].halted != NULL;
+		if (!any)
+			continue;
+		s = cp_snapshot_shard(snap, snap->report_stream[i], snap->report_shard[i]);
 		if (s == NULL)
 			continue;
 		for (int j = 0; j < r->n; j++)

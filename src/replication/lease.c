@@ -310,6 +310,7 @@ lease_apply_assignment(FelixShard *s, const FelixAssignment *a)
 		s->generation = a->generation;
 		s->lease_expiry_ns = expiry;
 		SpinLockRelease(&s->mutex);
+		shard_note_changed();
 		quorum_on_lead(s);
 		if (a->generation > 1 && a->generation > v.generation)
 			felix_count(FELIX_CTR_PROMOTIONS, 1);
@@ -338,6 +339,7 @@ lease_apply_assignment(FelixShard *s, const FelixAssignment *a)
 		s->generation = a->generation;
 		s->lease_expiry_ns = 0;
 		SpinLockRelease(&s->mutex);
+		shard_note_changed();
 	}
 	shard_unlock_tail(s);
 	lease_wake(s);
@@ -471,6 +473,7 @@ lease_step_down_locked(FelixShard *s, uint64 newer_generation, const char *why)
 	SpinLockRelease(&s->mutex);
 	if (!was_leading)
 		return false;
+	shard_note_changed();
 	felix_count(FELIX_CTR_STEP_DOWNS, 1);
 	ereport(LOG,
 			(errmsg("stream \"%s\" shard %d: this node stops leading generation " UINT64_FORMAT ": %s",

@@ -120,7 +120,7 @@
 #define FELIX_SHIP_RETRY_SOON_MS	20
 /* Every slot is looked at, led here or not, every this many intervals. */
 #define FELIX_SHIP_SWEEP_INTERVALS	10
-/* The rebuild policy runs at most this often. */
+/* The rebuild policy runs at most this often (and only while wanted). */
 #define FELIX_REBUILD_POLICY_MS		50
 /* Close a peer connection no shard has shipped to, idle or not, for this long. */
 #define FELIX_SHIP_IDLE_CLOSE_MS	60000
@@ -242,6 +242,8 @@ static int	ndue = 0;
 static bool full_wanted = false;	/* the next pass is a full one */
 static int64 last_full_ns = 0;
 static bool sweep_wanted = true;	/* the next pass is a sweep */
+/* rebuild_policy has followers to look at (see there) */
+static bool policy_wanted = true;
 static int64 last_sweep_ns = 0;
 static int64 timers_ns = 0;		/* the earliest timer at the last wait */
 
@@ -929,6 +931,12 @@ ship_follower(int slot, ShipSlot *ss, const ShardSnap *snap, int fidx,
  * halt is never rebuilt: this node no longer leads, and nothing it ships
  * is authoritative.  The count is node-wide, as a leader sees only its own
  * followers.
+ *
+ * A pass that finds no follower halted or rebuilding leaves the policy
+ * idle (policy_wanted) until a follower halts, a slot is marked (a
+ * felix_rebuild call marks its slot) or a sweep comes: on an idle node of
+ * thousands of shards, a walk of every entry twenty times a second was the
+ * ship worker's largest cost.
  */
 static void
 rebuild_policy(void)
@@ -1028,6 +1036,7 @@ rebuild_policy(void)
 			}
 		}
 	}
+	policy_wanted = nhalted > 0 || rebuilding > 0;
 	pfree(halted);
 	pfree(e);
 }
@@ -1147,6 +1156,7 @@ follower_halt(FelixFollower *f, FelixHalt halt, uint64 position, uint64 generati
 	if (f->state == FELIX_FOLLOWER_REBUILDING)
 		felix_count(FELIX_CTR_REBUILDS_REFUSED, 1);
 	f->state = FELIX_FOLLOWER_HALTED;
+	policy_wanted = true;
 	f->halt = halt;
 	f->halt_position = position;
 	f->halted_at = GetCurrentTimestamp();
@@ -1203,6 +1213,7 @@ apply_answer(ShipRequest *r, int64 now_ns)
 		{
 			felix_count(FELIX_CTR_REBUILDS_REFUSED, 1);
 			f.state = FELIX_FOLLOWER_HALTED;
+			policy_wanted = true;
 		}
 		follower_note_error(r->slot, r->fidx, &f,
 							r->failed ? r->error : "the follower returned no answer", &snap,
@@ -1654,6 +1665,7 @@ felix_ship_worker_main(Datum arg)
 		memset(due_listed, 0, sizeof(bool) * ship_nslots);
 		ndue = 0;
 		sweep_wanted = true;
+		policy_wanted = true;
 		RESUME_INTERRUPTS();
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 						 1000, PG_WAIT_EXTENSION);
@@ -1736,7 +1748,7 @@ felix_ship_worker_main(Datum arg)
 		peers_check(now_ns);
 		report_check(now_ns);	/* time-outs of the control-plane request */
 		/* the policy looks at every shard: not at every pass of a busy worker */
-		if (now_ns >= next_policy_ns)
+		if (policy_wanted && now_ns >= next_policy_ns)
 		{
 			rebuild_policy();
 			next_policy_ns = now_ns + FELIX_REBUILD_POLICY_MS * NS_PER_MS;
@@ -1753,6 +1765,8 @@ felix_ship_worker_main(Datum arg)
 			nmarked = repl_ship_take_due(due_taken, ship_nslots);
 			for (int i = 0; i < nmarked; i++)
 				note_due(due_taken[i]);
+			if (nmarked > 0 || sweep)
+				policy_wanted = true;
 			if (full)
 			{
 				full_wanted = false;

@@ -51,6 +51,7 @@ typedef struct FelixShardRegistry
 	pg_atomic_uint64 streams_changes; /* streams come or gone so far (shard.h) */
 	pg_atomic_uint32 slots_used;	/* slots [0, slots_used) were ever used */
 	pg_atomic_uint64 copies_begun;	/* logs opened or begun anew so far (copy_epoch) */
+	pg_atomic_uint64 changes;	/* slot states changed so far (shard_changes) */
 	int			nslots;
 	FelixShard	slots[FLEXIBLE_ARRAY_MEMBER];
 } FelixShardRegistry;
@@ -101,6 +102,7 @@ shard_registry_init(void)
 		pg_atomic_init_u64(&registry->streams_changes, 0);
 		pg_atomic_init_u32(&registry->slots_used, 0);
 		pg_atomic_init_u64(&registry->copies_begun, 0);
+		pg_atomic_init_u64(&registry->changes, 0);
 		registry->nslots = felix_max_shards;
 		LWLockInitialize(&registry->lock, registry->tranche_id);
 		for (int i = 0; i < felix_max_shards; i++)
@@ -251,6 +253,7 @@ shard_allocate(const FelixShardSpec *spec)
 	s->acked_end = 0;
 	s->in_use = true;
 	SpinLockRelease(&s->mutex);
+	shard_note_changed();
 
 	LWLockRelease(&registry->lock);
 	return s;
@@ -378,13 +381,20 @@ shard_dir(FelixShard *s, char *buf)
 static void
 shard_mirror_log(FelixShard *s)
 {
+	bool		changed;
+
 	SpinLockAcquire(&s->mutex);
+	/* (a pass of retention that removed nothing changes nothing) */
+	changed = s->start_seq != s->log.start_seq || s->written_end != s->log.next_seq ||
+		s->last_generation != s->log.last_generation;
 	s->start_seq = s->log.start_seq;
 	s->written_end = s->log.next_seq;
 	s->last_generation = s->log.last_generation;
 	s->written_base = s->log.active_base;
 	s->total_bytes = s->log.total_bytes;
 	SpinLockRelease(&s->mutex);
+	if (changed)
+		shard_note_changed();
 }
 
 /*
@@ -438,6 +448,7 @@ shard_fail(FelixShard *s, const char *why)
 	snprintf(s->error, FELIX_SHARD_ERROR_LEN, "%s", why);
 	s->phase = FELIX_SHARD_FAILED;
 	SpinLockRelease(&s->mutex);
+	shard_note_changed();
 	ConditionVariableBroadcast(&s->tail_cv);
 }
 
@@ -557,6 +568,7 @@ shard_open_locked(FelixShard *s)
 	s->phase = FELIX_SHARD_OPEN;
 	SpinLockRelease(&s->mutex);
 	LWLockRelease(&s->mark_lock);
+	shard_note_changed();
 	felix_count(FELIX_CTR_SHARDS_RECOVERED, 1);
 	ConditionVariableBroadcast(&s->tail_cv);
 }
@@ -971,6 +983,7 @@ shard_flush(FelixShard *s, uint64 upto)
 			if (target > s->flushed_end)
 				s->flushed_end = target;
 			SpinLockRelease(&s->mutex);
+			shard_note_changed();
 			shard_notify(s, FELIX_SHARD_FLUSHED);
 		}
 		LWLockRelease(&s->flush_lock);
@@ -1056,13 +1069,17 @@ shard_advance_hwm(FelixShard *s, uint64 hwm_end,
 				  bool (*only_if) (FelixShard *s, void *arg), void *arg)
 {
 	uint64		old_end;
+	bool		moved;
 
 	SpinLockAcquire(&s->mutex);
 	old_end = s->hwm_end;
 	if (hwm_end > s->hwm_end && hwm_end <= s->flushed_end &&
 		(only_if == NULL || only_if(s, arg)))
 		s->hwm_end = hwm_end;
+	moved = s->hwm_end != old_end;
 	SpinLockRelease(&s->mutex);
+	if (moved)
+		shard_note_changed();
 	return old_end;
 }
 
@@ -1096,6 +1113,7 @@ shard_after_replicated(FelixShard *s, uint64 leader_hwm_end)
 	SpinLockAcquire(&s->mutex);
 	s->flushed_end = s->written_end;
 	SpinLockRelease(&s->mutex);
+	shard_note_changed();
 	(void) shard_advance_hwm(s, leader_hwm_end, NULL, NULL);
 }
 
@@ -1133,6 +1151,7 @@ shard_begin_at_locked(FelixShard *s, uint64 start_seq, uint64 generation)
 		s->phase = FELIX_SHARD_CLOSED;
 		SpinLockRelease(&s->mutex);
 		LWLockRelease(&s->mark_lock);
+		shard_note_changed();
 		ConditionVariableBroadcast(&s->tail_cv);
 		MemoryContextSwitchTo(oldcxt);
 		edata = CopyErrorData();
@@ -1154,6 +1173,7 @@ shard_begin_at_locked(FelixShard *s, uint64 start_seq, uint64 generation)
 	SpinLockRelease(&s->mutex);
 	s->hwm_persisted = 0;
 	LWLockRelease(&s->mark_lock);
+	shard_note_changed();
 	pfree(what);
 }
 
@@ -1258,6 +1278,7 @@ shard_truncate_to_locked(FelixShard *s, uint64 cut)
 	if (s->flushed_end > s->written_end)
 		s->flushed_end = s->written_end;
 	SpinLockRelease(&s->mutex);
+	shard_note_changed();
 	pfree(what);
 }
 
@@ -1296,6 +1317,7 @@ shard_forget_stream(Oid dboid, Oid relid)
 			s->phase = FELIX_SHARD_CLOSED;
 			SpinLockRelease(&s->mutex);
 			LWLockRelease(&s->mark_lock);
+			shard_note_changed();
 		}
 	}
 	LWLockRelease(&registry->lock);
@@ -1317,4 +1339,23 @@ shard_streams_changes(void)
 {
 	registry_attach();
 	return pg_atomic_read_u64(&registry->streams_changes);
+}
+
+/*
+ * Called after the change is made and its spinlock released: a reader that
+ * finds the count it saw before its last look at the slots knows that look
+ * is still current (the atomic add is a full barrier).
+ */
+void
+shard_note_changed(void)
+{
+	registry_attach();
+	pg_atomic_fetch_add_u64(&registry->changes, 1);
+}
+
+uint64
+shard_changes(void)
+{
+	registry_attach();
+	return pg_atomic_read_u64(&registry->changes);
 }

@@ -180,11 +180,12 @@ tend_all(void)
 	pgstat_report_activity(STATE_IDLE, NULL);
 }
 
-/* Make one shard's mark durable; a failure is logged. */
-static void
+/* Make one shard's mark durable; a failure is logged and returns false. */
+static bool
 persist_mark(FelixShard *s)
 {
 	MemoryContext cxt = CurrentMemoryContext;
+	volatile bool ok = true;
 
 	PG_TRY();
 	{
@@ -200,19 +201,36 @@ persist_mark(FelixShard *s)
 		edata->elevel = LOG;
 		ThrowErrorData(edata);
 		FreeErrorData(edata);
+		ok = false;
 	}
 	PG_END_TRY();
+	return ok;
 }
 
-/* Make every moved high-water mark durable. */
+/*
+ * Make every moved high-water mark durable.  A mark moves only with a
+ * change the slots count (shard_changes): when the count is the one seen
+ * before the last pass, and that pass made every mark it found durable,
+ * there is nothing to look at -- an idle node's pass then costs nothing,
+ * however many shards it holds.
+ */
 static void
 persist_marks(void)
 {
+	static uint64 done_at = PG_UINT64_MAX;
+	uint64		changes = shard_changes();
+	bool		all = true;
+
+	if (changes == done_at)
+		return;
 	for (int i = 0; i < shard_count_slots(); i++)
 	{
 		CHECK_FOR_INTERRUPTS();
-		persist_mark(shard_slot(i));
+		if (!persist_mark(shard_slot(i)))
+			all = false;
 	}
+	/* a mark that failed is tried again at the next pass */
+	done_at = all ? changes : PG_UINT64_MAX;
 }
 
 /*

@@ -62,16 +62,6 @@ sub led_by
 		  . "AND leader = '" . $c->name_of($k) . "' ORDER BY shard");
 }
 
-sub publish_ok
-{
-	my ($k, $stream, $shard) = @_;
-	my $took = FelixCluster::poll(30, sub {
-		my ($rc) = $c->node($k)->psql('postgres',
-			"SELECT felix_publish('$stream', 'x'::text, shard => $shard)");
-		return $rc == 0;
-	}, 0.1);
-	return defined $took;
-}
 
 # ---------------------------------------------------------------------
 # 1. A slow disk while node3 opens many copies at once.
@@ -111,7 +101,7 @@ is($open, 64, 'node3 opened every shard of the new stream');
 cmp_ok($polls, '>=', 20, "node3 was polled while it opened them ($polls polls, 100 ms apart)");
 is($lapsed, 0, "the shards node3 led before kept a live lease at every poll ($lapsed of $polls polls saw one lapsed)");
 unlink $trigger;
-ok(publish_ok(3, 'held', $_), "held/$_, led by node3, takes a publish") for @held;
+ok($c->publish_ok(3, 'held', $_), "held/$_, led by node3, takes a publish") for @held;
 $c->wait_stream('many', 64);
 
 # ---------------------------------------------------------------------
@@ -139,7 +129,7 @@ for my $try (1 .. 5)
 is($placed, 'node2,node3', "$s/0 is placed on node2 and node3");
 my ($leader) = $c->wait_leader($s, 0);
 is($leader->{felix_name}, 'node2', "node2 leads $s/0");
-ok(publish_ok(2, $s, 0), "$s/0 takes a publish at node2");
+ok($c->publish_ok(2, $s, 0), "$s/0 takes a publish at node2");
 $c->wait_shipping($c->node(2), $s, 0, 1);
 # and the control plane has node2's report on node3: a leader stream's
 # follower is promoted on it (killed before it landed, the shard stayed
@@ -170,7 +160,7 @@ ok(@gens && !grep({ $_ >= $gen } @gens),
 # back (it may have been put back from a copy): so node2 is started
 $c->start_node(2);
 my ($who2, $gen2) = $c->wait_leader($s, 0, min_generation => $gen + 1, timeout => 60);
-ok(publish_ok($who2->{felix_name} =~ s/^node//r, $s, 0),
+ok($c->publish_ok($who2->{felix_name} =~ s/^node//r, $s, 0),
 	"$s/0 takes publishes again, led by $who2->{felix_name} at generation $gen2");
 $c->teardown;
 felix_done_testing();

@@ -253,6 +253,19 @@ sub try_psql
 	return $out;
 }
 
+# Does (stream, shard) take a text publish at node $k within 30 s (a
+# refusal, such as a lease still to be taken, is tried again)?
+sub publish_ok
+{
+	my ($self, $k, $stream, $shard) = @_;
+	my $took = poll(30, sub {
+		my ($rc) = $self->node($k)->psql('postgres',
+			"SELECT felix_publish('$stream', 'x'::text, shard => $shard)");
+		return $rc == 0;
+	}, 0.1);
+	return defined $took;
+}
+
 # Wait until node1's felix_nodes shows every named node alive, each one
 # started by start_node with a heartbeat since that start, for half a
 # second on end.  A node killed and started again stays on the duty

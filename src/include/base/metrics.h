@@ -52,6 +52,7 @@ typedef enum FelixCounter
 	FELIX_CTR_STORE_BYTES_WRITTEN,	/* key and value bytes of the puts sent to it */
 	FELIX_CTR_STORE_WHOLE_READS,	/* reads of the whole control-plane state */
 	FELIX_CTR_PUBLISHES_FORWARDED,	/* publishes this node forwarded to a shard's leader */
+	FELIX_CTR_DUTY_WALKS,			/* duty ticks that looked at every shard (cp_duty.c) */
 	FELIX_NUM_COUNTERS
 } FelixCounter;
 

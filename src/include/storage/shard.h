@@ -464,6 +464,15 @@ extern void shard_forget_stream(Oid dboid, Oid relid);
 extern void shard_note_streams_changed(void);
 extern uint64 shard_streams_changes(void);
 
+/* How many times a slot's identity, phase, role, generation or log
+ * positions (written, flushed, high-water mark, copy epoch) changed since
+ * startup: a pass over every slot that finds the count it saw before its
+ * last pass may skip the slots (the node worker's marks, the log ends a
+ * heartbeat gives, the follower rows it renews).  Whoever writes one of
+ * those fields calls shard_note_changed() after the write. */
+extern void shard_note_changed(void);
+extern uint64 shard_changes(void);
+
 /* ---- the notify hook ---- */
 
 typedef enum FelixShardEvent
