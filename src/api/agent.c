@@ -511,6 +511,7 @@ agent_take_answer(FelixCpShard *shards, int n, const FelixCpAnswer *answer, int6
 	bool		slots_same;
 	bool		all;
 	int			next = 0;
+	char		incarnation[FELIX_INCARNATION_LEN];
 
 	if (answer->full)
 	{
@@ -573,6 +574,7 @@ agent_take_answer(FelixCpShard *shards, int n, const FelixCpAnswer *answer, int6
 	changes = shard_changes();
 	slots_same = changes == renewed_changes;
 	renewed_changes = changes;
+	felix_incarnation(incarnation, NULL);
 
 	/*
 	 * A row naming another leader renews nothing here: it only checks the
@@ -596,7 +598,7 @@ agent_take_answer(FelixCpShard *shards, int n, const FelixCpAnswer *answer, int6
 			continue;
 		k->row.a.sent_at_ns = t_send;
 		if (k->applied && k->slot >= 0 && k->row.bad == NULL &&
-			lease_reassert(k->slot, &k->key, &k->row.a))
+			lease_reassert(k->slot, &k->key, &k->row.a, incarnation))
 		{
 			k->quiet = k->names_other;
 			if (all && !k->quiet)

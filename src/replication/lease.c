@@ -347,17 +347,22 @@ lease_apply_assignment(FelixShard *s, const FelixAssignment *a)
 		repl_ship_due(shard_slot_index(s));
 }
 
+/* Does a give this node, at this incarnation, the lead? */
+static bool
+assignment_leads_as(const FelixAssignment *a, const char *incarnation)
+{
+	return a->leader[0] != '\0' && felix_is_this_node(a->leader) &&
+		strcmp(a->leader_incarnation, incarnation) == 0;
+}
+
 /* Does a give this node the lead (as the incarnation it was granted to)? */
 static bool
 assignment_leads(const FelixAssignment *a)
 {
 	char		incarnation[FELIX_INCARNATION_LEN];
 
-	/* the name first: at every heartbeat most rows name another leader */
-	if (a->leader[0] == '\0' || !felix_is_this_node(a->leader))
-		return false;
 	felix_incarnation(incarnation, NULL);
-	return strcmp(a->leader_incarnation, incarnation) == 0;
+	return assignment_leads_as(a, incarnation);
 }
 
 bool
@@ -373,10 +378,11 @@ lease_assignment_takes_lead(FelixShard *s, const FelixAssignment *a)
 }
 
 bool
-lease_reassert(int slot, const FelixShardKey *key, const FelixAssignment *a)
+lease_reassert(int slot, const FelixShardKey *key, const FelixAssignment *a,
+			   const char *incarnation)
 {
 	FelixShard *s = shard_slot(slot);
-	bool		lead = assignment_leads(a);
+	bool		lead = assignment_leads_as(a, incarnation);
 	int64		expiry = a->sent_at_ns + (a->lease_ms - felix_lease_epsilon) * INT64CONST(1000000);
 	/* the clock only for a lease it may renew (a third of the rows or so) */
 	int64		now = lead && a->lease_granted ? felix_monotonic_ns() : 0;

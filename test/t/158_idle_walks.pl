@@ -11,11 +11,13 @@
 #      last walk found.  It walked at every tick before.
 #   2. A stream created meanwhile is walked at once: its shards are led
 #      and take publishes.
-#   3. A publish after the idle window: the high-water mark it moved is
-#      made durable (the node worker's pass over its marks follows the
-#      slots' changes), and the leader's log end at the control plane
-#      moves with it (the heartbeat gives its ends again only when a slot
-#      changed).
+#   3. After the idle window, a publish made while the leader's ship
+#      worker is stopped: appended at once, its mark moves only when the
+#      worker ships again, a second later.  The mark is then made durable
+#      (the node worker's pass over its marks follows the slots' changes,
+#      and a mark that moves is one: without that, it stayed behind --
+#      checked), and the leader's log end at the control plane reaches it
+#      (the heartbeat gives its ends again only when a slot changed).
 #   4. kill -9 of a node leading shards: each of them gets a new leader
 #      at a later generation and takes publishes -- the holder, which had
 #      waited between walks, still dated the dead leader's last claim by
@@ -31,6 +33,7 @@ use FelixCluster;
 
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IPC::Run;
 use Time::HiRes qw(time usleep);
 
 my $c = FelixCluster->new(nodes => 3);
@@ -99,6 +102,27 @@ sleep 2;
 my ($l0) = $c->wait_leader($stream, 0);
 my $k0 = $l0->{felix_name} =~ s/^node//r;
 ok($c->publish_ok($k0, $stream, 0), "$stream/0 takes a publish at $l0->{felix_name}");
+
+# The leader's ship worker stopped: a publish is appended, and the node
+# worker's passes see the new log end with no mark to make durable; the
+# mark moves only once the followers have it, with nothing else changing
+# on the node.  Unless that move counts as a change of the slot, no pass
+# looks at the mark again.
+my $ship = $l0->safe_psql('postgres', "SELECT pid FROM pg_stat_activity WHERE backend_type = 'felix ship'");
+my $next0 = $l0->safe_psql('postgres', "SELECT next_seq FROM felix_shards WHERE stream = '$stream' AND shard = 0");
+kill 'STOP', $ship;
+my $perr = '';
+my $pub = IPC::Run::start(
+	[ 'psql', '-X', '-q', '-h', $l0->host, '-p', $l0->port, '-d', 'postgres',
+		'-c', "SELECT felix_publish('$stream', 'held'::text, shard => 0)" ],
+	'<', \undef, '>', '/dev/null', '2>', \$perr, IPC::Run::timeout(60));
+my $appended = FelixCluster::poll(20, sub {
+	$l0->safe_psql('postgres', "SELECT next_seq FROM felix_shards WHERE stream = '$stream' AND shard = 0") > $next0 }, 0.05);
+sleep 1;		# passes of the node worker, one per heartbeat interval
+kill 'CONT', $ship;
+my $acked = $pub->finish;
+ok(defined $appended && $acked, 'a publish made while the leader shipped nothing is acknowledged once it ships again')
+  or diag($perr);
 my $end = 1 + $l0->safe_psql('postgres',
 	"SELECT hwm FROM felix_shards WHERE stream = '$stream' AND shard = 0");
 my $dir = shard_dir($l0, $stream, 0);

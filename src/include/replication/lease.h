@@ -42,8 +42,11 @@ extern bool lease_assignment_takes_lead(FelixShard *s, const FelixAssignment *a)
  * its generation, in the role it gives this node -- renew the lease it
  * grants (as above) and return true; otherwise return false, and the
  * caller applies it anew.  Takes no transaction and no table lock.
+ * `incarnation` is this node's (felix_incarnation), read once by a caller
+ * that renews many.
  */
-extern bool lease_reassert(int slot, const FelixShardKey *key, const FelixAssignment *a);
+extern bool lease_reassert(int slot, const FelixShardKey *key, const FelixAssignment *a,
+						   const char *incarnation);
 
 /*
  * Admission (conditions 1-3 of the write rule: a lease for the shard at a
