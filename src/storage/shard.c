@@ -52,6 +52,7 @@ typedef struct FelixShardRegistry
 	pg_atomic_uint32 slots_used;	/* slots [0, slots_used) were ever used */
 	pg_atomic_uint64 copies_begun;	/* logs opened or begun anew so far (copy_epoch) */
 	pg_atomic_uint64 changes;	/* slot states changed so far (shard_changes) */
+	pg_atomic_uint32 changes_armed; /* a reader awaits the next change */
 	int			nslots;
 	FelixShard	slots[FLEXIBLE_ARRAY_MEMBER];
 } FelixShardRegistry;
@@ -103,6 +104,7 @@ shard_registry_init(void)
 		pg_atomic_init_u32(&registry->slots_used, 0);
 		pg_atomic_init_u64(&registry->copies_begun, 0);
 		pg_atomic_init_u64(&registry->changes, 0);
+		pg_atomic_init_u32(&registry->changes_armed, 1);
 		registry->nslots = felix_max_shards;
 		LWLockInitialize(&registry->lock, registry->tranche_id);
 		for (int i = 0; i < felix_max_shards; i++)
@@ -1342,20 +1344,36 @@ shard_streams_changes(void)
 }
 
 /*
- * Called after the change is made and its spinlock released: a reader that
- * finds the count it saw before its last look at the slots knows that look
- * is still current (the atomic add is a full barrier).
+ * Called after the change is made and its spinlock released.  Every append
+ * calls it, from every backend: it counts only the first change after a
+ * reader asked (changes_armed), so that the publish path reads a word that
+ * seldom changes instead of writing one all of them share.  The barrier
+ * orders the change before the look at the flag.
  */
 void
 shard_note_changed(void)
 {
 	registry_attach();
+	pg_memory_barrier();
+	if (pg_atomic_read_u32(&registry->changes_armed) == 0)
+		return;
+	pg_atomic_write_u32(&registry->changes_armed, 0);
 	pg_atomic_fetch_add_u64(&registry->changes, 1);
 }
 
+/*
+ * The count, with the next change armed to move it.  A change made before
+ * the flag is set but after the count is read is one the caller's look at
+ * the slots, which comes after, sees; one made later moves the count.
+ */
 uint64
 shard_changes(void)
 {
+	uint64		count;
+
 	registry_attach();
-	return pg_atomic_read_u64(&registry->changes);
+	count = pg_atomic_read_u64(&registry->changes);
+	pg_atomic_write_u32(&registry->changes_armed, 1);
+	pg_memory_barrier();
+	return count;
 }

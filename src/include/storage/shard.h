@@ -468,8 +468,10 @@ extern uint64 shard_streams_changes(void);
  * positions (written, flushed, high-water mark, copy epoch) changed since
  * startup: a pass over every slot that finds the count it saw before its
  * last pass may skip the slots (the node worker's marks, the log ends a
- * heartbeat gives, the follower rows it renews).  Whoever writes one of
- * those fields calls shard_note_changed() after the write. */
+ * heartbeat gives, the follower rows it renews) -- provided it read the
+ * count right before that pass.  Whoever writes one of those fields calls
+ * shard_note_changed() after the write; only a change after a read of the
+ * count moves it. */
 extern void shard_note_changed(void);
 extern uint64 shard_changes(void);
 
