@@ -9,8 +9,10 @@
 #      duty_walks) are fewer than half its ticks (one per heartbeat
 #      interval), yet there are some: it walks at the earliest lapse its
 #      last walk found.  It walked at every tick before.
-#   2. A stream created meanwhile is walked at once: its shards are led
-#      and take publishes.
+#   2. A stream created while the holder waits between walks: its shards
+#      are led and take publishes.  (A creation places its leaders itself;
+#      this part guards against a walk state that stalls the cluster, not
+#      against a missed walk.)
 #   3. After the idle window, a publish made while the leader's ship
 #      worker is stopped: appended at once, its mark moves only when the
 #      worker ships again, a second later.  The mark is then made durable
