@@ -12,7 +12,9 @@
  *
  *	  - nothing blocks inside libpq: the connection is started with
  *		PQconnectStartParams and driven with PQconnectPoll, queries are sent
- *		with PQsendQueryParams on a non-blocking connection and collected
+ *		with PQsendQueryParams (or, for a call a session makes again and
+ *		again, prepared once and sent with PQsendQueryPrepared) on a
+ *		non-blocking connection and collected
  *		with PQconsumeInput/PQisBusy; every wait is a WaitLatchOrSocket on
  *		the process latch with WL_EXIT_ON_PM_DEATH, and interrupts are
  *		serviced (CHECK_FOR_INTERRUPTS) whenever the latch is set, so a
@@ -493,11 +495,21 @@ felix_conn_report_result(int elevel, PGresult *res, PGconn *conn, const char *ca
 			 errcontext("remote call to %s", call)));
 }
 
-bool
-felix_conn_send(PGconn *conn, const char *call, const char *sql,
-				int nparams, const char *const *values, int64 deadline_ns, int elevel)
+/* How send_query's statement goes out. */
+typedef enum SendKind
+{
+	SEND_TEXT,					/* sql, parsed and planned there each time */
+	SEND_PREPARE,				/* sql, prepared there as stmt */
+	SEND_PREPARED				/* stmt, prepared there earlier */
+} SendKind;
+
+static bool
+send_query(PGconn *conn, const char *call, SendKind kind, const char *stmt,
+		   const char *sql, int nparams, const char *const *values,
+		   int64 deadline_ns, int elevel)
 {
 	const char *failure = NULL;
+	int			sent;
 
 	last_sqlstate[0] = '\0';
 
@@ -513,7 +525,13 @@ felix_conn_send(PGconn *conn, const char *call, const char *sql,
 		return false;
 	}
 
-	if (!PQsendQueryParams(conn, sql, nparams, NULL, values, NULL, NULL, 0))
+	if (kind == SEND_PREPARE)
+		sent = PQsendPrepare(conn, stmt, sql, nparams, NULL);
+	else if (kind == SEND_PREPARED)
+		sent = PQsendQueryPrepared(conn, stmt, nparams, values, NULL, NULL, 0);
+	else
+		sent = PQsendQueryParams(conn, sql, nparams, NULL, values, NULL, NULL, 0);
+	if (!sent)
 	{
 		report_conn_failure(elevel, conn, call, "could not send the query");
 		return false;
@@ -550,6 +568,14 @@ felix_conn_send(PGconn *conn, const char *call, const char *sql,
 		return false;
 	}
 	return true;
+}
+
+bool
+felix_conn_send(PGconn *conn, const char *call, const char *sql,
+				int nparams, const char *const *values, int64 deadline_ns, int elevel)
+{
+	return send_query(conn, call, SEND_TEXT, NULL, sql, nparams, values,
+					  deadline_ns, elevel);
 }
 
 PGresult *
@@ -624,6 +650,30 @@ felix_conn_exec(PGconn *conn, const char *call, const char *sql,
 	int64		deadline = felix_monotonic_ns() + (int64) timeout_ms * 1000000;
 
 	if (!felix_conn_send(conn, call, sql, nparams, values, deadline, elevel))
+		return NULL;
+	return felix_conn_receive(conn, call, deadline, elevel);
+}
+
+PGresult *
+felix_conn_exec_prepared(PGconn *conn, const char *call, const char *stmt,
+						 const char *sql, int nparams, const char *const *values,
+						 bool *prepared, int timeout_ms, int elevel)
+{
+	int64		deadline = felix_monotonic_ns() + (int64) timeout_ms * 1000000;
+
+	if (!*prepared)
+	{
+		PGresult   *res;
+
+		if (!send_query(conn, call, SEND_PREPARE, stmt, sql, nparams, NULL, deadline, elevel))
+			return NULL;
+		res = felix_conn_receive(conn, call, deadline, elevel);
+		if (res == NULL)
+			return NULL;
+		PQclear(res);
+		*prepared = true;
+	}
+	if (!send_query(conn, call, SEND_PREPARED, stmt, NULL, nparams, values, deadline, elevel))
 		return NULL;
 	return felix_conn_receive(conn, call, deadline, elevel);
 }

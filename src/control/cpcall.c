@@ -73,6 +73,7 @@ felix_cp_open(FelixCpSession *s, const char *application_name, int timeout_ms, i
 	s->timeout_ms = timeout_ms;
 	s->conn = NULL;
 	s->warm = false;
+	s->ran = s->prepared = 0;
 	if (felix_store_is_etcd())
 		return true;
 	s->conn = felix_conn_open(felix_cp_conninfo(), CP_PURPOSE, application_name,
@@ -91,12 +92,57 @@ felix_cp_close(FelixCpSession *s)
 {
 	felix_conn_close(s->conn);
 	s->conn = NULL;
+	s->ran = s->prepared = 0;
 }
 
 bool
 felix_cp_usable(FelixCpSession *s)
 {
 	return felix_store_is_etcd() || felix_conn_usable(s->conn);
+}
+
+/*
+ * The calls a worker's session makes again and again.  Each is prepared on
+ * the connection the second time the session runs it (its bit in s->ran,
+ * then in s->prepared), and from then on the host neither parses nor plans
+ * it again; a backend's session, which runs it once, pays no round trip
+ * for that.
+ */
+typedef enum CpStmt
+{
+	CP_STMT_NONE = -1,
+	CP_STMT_HEARTBEAT,
+	CP_STMT_TICK,
+	CP_STMT_NODES,
+	CP_STMT_HALTED
+} CpStmt;
+
+static const char *const cp_stmt_name[] = {
+	[CP_STMT_HEARTBEAT] = "felix_cp_heartbeat",
+	[CP_STMT_TICK] = "felix_cp_tick",
+	[CP_STMT_NODES] = "felix_cp_nodes",
+	[CP_STMT_HALTED] = "felix_cp_halted",
+};
+
+/* Run sql on the session's connection, prepared there when stmt says so. */
+static PGresult *
+run_call(FelixCpSession *s, CpStmt stmt, const char *fn, const char *sql,
+		 int nparams, const char *const *values, int timeout_ms, int elevel)
+{
+	uint32		bit = stmt == CP_STMT_NONE ? 0 : (uint32) 1 << stmt;
+	bool		prepared = (s->prepared & bit) != 0;
+	PGresult   *res;
+
+	if (bit == 0 || (s->ran & bit) == 0)
+	{
+		s->ran |= bit;
+		return felix_conn_exec(s->conn, fn, sql, nparams, values, timeout_ms, elevel);
+	}
+	res = felix_conn_exec_prepared(s->conn, fn, cp_stmt_name[stmt], sql, nparams, values,
+								   &prepared, timeout_ms, elevel);
+	if (prepared)
+		s->prepared |= bit;
+	return res;
 }
 
 /*
@@ -111,14 +157,14 @@ felix_cp_usable(FelixCpSession *s)
  * Once one has, the session's own timeout applies, on both ends.
  */
 static PGresult *
-remote(FelixCpSession *s, const char *fn, const char *sql, int nparams,
+remote(FelixCpSession *s, CpStmt stmt, const char *fn, const char *sql, int nparams,
 	   const char *const *values, int elevel)
 {
 	bool		reads = strcmp(fn, "LISTEN") != 0;
 	bool		cold = !s->warm && reads;
-	PGresult   *res = felix_conn_exec(s->conn, fn, sql, nparams, values,
-									  cold ? Max(s->timeout_ms, FELIX_CP_CALL_TIMEOUT_MS) : s->timeout_ms,
-									  elevel);
+	PGresult   *res = run_call(s, stmt, fn, sql, nparams, values,
+							   cold ? Max(s->timeout_ms, FELIX_CP_CALL_TIMEOUT_MS) : s->timeout_ms,
+							   elevel);
 
 	if (res == NULL && !felix_conn_usable(s->conn))
 		felix_cp_close(s);
@@ -636,7 +682,7 @@ felix_cp_heartbeat(FelixCpSession *s, char **unable, int nunable, char **ends, i
 		values[13] = ends_unchanged && known != NULL ? "true" : "false";
 		values[14] = only_stream;
 		*t_send = felix_monotonic_ns();
-		res = remote(s, "felix.cp_heartbeat", HB_SQL, 15, values, elevel);
+		res = remote(s, CP_STMT_HEARTBEAT, "felix.cp_heartbeat", HB_SQL, 15, values, elevel);
 		if (res == NULL)
 			return false;
 		if (PQnfields(res) != HB_NCOLS)
@@ -723,7 +769,7 @@ felix_cp_duty_tick(FelixCpSession *s, int elevel, CpTick *tick)
 	{
 		/* the control plane wakes the grantees itself (cp_sql.c) */
 		const char *values[2] = {c.node, c.boot};
-		PGresult   *res = remote(s, "felix.cp_tick",
+		PGresult   *res = remote(s, CP_STMT_TICK, "felix.cp_tick",
 								 "SELECT promoted, lapse_in_ms FROM felix.cp_tick($1, $2)",
 								 2, values, elevel);
 
@@ -754,7 +800,7 @@ felix_cp_listen_grants(FelixCpSession *s, int elevel)
 
 	if (felix_store_is_etcd())
 		return true;
-	res = remote(s, "LISTEN", "LISTEN " CP_GRANTS_CHANNEL, 0, NULL, elevel);
+	res = remote(s, CP_STMT_NONE, "LISTEN", "LISTEN " CP_GRANTS_CHANNEL, 0, NULL, elevel);
 	if (res == NULL)
 		return false;
 	PQclear(res);
@@ -862,7 +908,7 @@ felix_cp_nodes(FelixCpSession *s, FelixNodeInfo **nodes, int *n, int elevel)
 	}
 	else
 	{
-		PGresult   *res = remote(s, "felix.cp_nodes",
+		PGresult   *res = remote(s, CP_STMT_NODES, "felix.cp_nodes",
 								 "SELECT name, conninfo, alive, "
 								 "(extract(epoch FROM last_heartbeat) OPERATOR(pg_catalog.*) 1000)::bigint, "
 								 "incarnation, duty, peers::text, clash_incarnation, clash_conninfo, "
@@ -931,7 +977,7 @@ felix_cp_name_clash(FelixCpSession *s, int elevel)
 	else
 	{
 		const char *values[3] = {c.node, c.incarnation, c.conninfo};
-		PGresult   *res = remote(s, "felix.cp_name_clash",
+		PGresult   *res = remote(s, CP_STMT_NONE, "felix.cp_name_clash",
 								 "SELECT felix.cp_name_clash($1, $2, $3)", 3, values, elevel);
 
 		PQclear(res);
@@ -972,7 +1018,7 @@ felix_cp_halted(FelixCpSession *s, FelixHaltInfo **halts, int *n, int elevel)
 	}
 	else
 	{
-		PGresult   *res = remote(s, "felix.cp_halted",
+		PGresult   *res = remote(s, CP_STMT_HALTED, "felix.cp_halted",
 								 "SELECT stream, shard, node, generation, leader, halted_at_seq, reason, "
 								 "(extract(epoch FROM since) OPERATOR(pg_catalog.*) 1000)::bigint "
 								 "FROM felix.cp_halted()",
@@ -1111,7 +1157,7 @@ call_once(const char *fn, const char *sql, int nparams, const char *const *value
 	open_for_call(&s, FELIX_CP_CALL_TIMEOUT_MS);
 	PG_TRY();
 	{
-		PGresult   *res = remote(&s, fn, sql, nparams, values, ERROR);
+		PGresult   *res = remote(&s, CP_STMT_NONE, fn, sql, nparams, values, ERROR);
 
 		if (want_value)
 			v = single_value(res, fn);
@@ -1206,7 +1252,7 @@ felix_cp_create_stream(FelixCpSession *s, const char *name, const char *schema, 
 		values[7] = retention_bytes < 0 ? NULL : rb_s;
 		values[8] = retention;
 		values[9] = lead_here ? "true" : "false";
-		creation_id = single_value(remote(s, "felix.cp_create_stream",
+		creation_id = single_value(remote(s, CP_STMT_NONE, "felix.cp_create_stream",
 										  "SELECT felix.cp_create_stream($1, $3::integer, $4::integer, $5, $6, $7, "
 										  "$8::bigint, $9::interval, schema => $2, lead_here => $10::boolean)",
 										  10, values, ERROR),
@@ -1250,7 +1296,7 @@ drop_stream(const char *name, const char *creation_id, int elevel, int timeout_m
 		else
 		{
 			const char *values[2] = {name, creation_id};
-			PGresult   *res = remote(&s, "felix.cp_drop_stream",
+			PGresult   *res = remote(&s, CP_STMT_NONE, "felix.cp_drop_stream",
 									 "SELECT felix.cp_drop_stream($1, $2::pg_catalog.uuid, true)",
 									 2, values, elevel);
 
@@ -1298,7 +1344,7 @@ felix_cp_transfer(FelixCpSession *s, const char *stream, int shard, uint64 gener
 		values[2] = gen_s;
 		values[3] = felix_node_name_resolved();
 		values[4] = to_node;
-		return strtou64(single_value(remote(s, "felix.cp_transfer",
+		return strtou64(single_value(remote(s, CP_STMT_NONE, "felix.cp_transfer",
 											"SELECT felix.cp_transfer($1, $2::integer, $3::bigint, $4, $5)",
 											5, values, ERROR),
 									 "felix.cp_transfer"), NULL, 10);

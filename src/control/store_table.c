@@ -24,10 +24,15 @@
  */
 #include "postgres.h"
 
+#include "catalog/namespace.h"
 #include "catalog/pg_type.h"
+#include "commands/sequence.h"
 #include "control/store.h"
 #include "executor/spi.h"
+#include "miscadmin.h"
+#include "nodes/makefuncs.h"
 #include "storage/proc.h"
+#include "utils/acl.h"
 #include "utils/builtins.h"
 
 /*
@@ -106,6 +111,37 @@ run_stmt(TableStmt which, Datum *values, long count)
 		stmt_plan[which] = plan;
 	}
 	return SPI_execute_plan(stmt_plan[which], values, NULL, false, count);
+}
+
+/*
+ * LOCK TABLE felix.cp_store IN SHARE ROW EXCLUSIVE MODE, without a
+ * statement to parse at every call: the caller must hold a privilege LOCK
+ * TABLE would ask for at that mode, checked before the lock is taken.
+ */
+static void
+check_lock_privilege(const RangeVar *rv, Oid relid, Oid oldrelid, void *arg)
+{
+	if (OidIsValid(relid) &&
+		pg_class_aclmask(relid, GetUserId(), ACL_UPDATE | ACL_DELETE | ACL_TRUNCATE,
+						 ACLMASK_ANY) == 0)
+		aclcheck_error(ACLCHECK_NO_PRIV, OBJECT_TABLE, rv->relname);
+}
+
+static void
+lock_store(void)
+{
+	(void) RangeVarGetRelidExtended(makeRangeVar("felix", "cp_store", -1),
+									ShareRowExclusiveLock, 0,
+									check_lock_privilege, NULL);
+}
+
+/* nextval('felix.cp_store_revision'), privileges checked as nextval does. */
+static int64
+next_revision(void)
+{
+	return nextval_internal(RangeVarGetRelid(makeRangeVar("felix", "cp_store_revision", -1),
+											 NoLock, false),
+							true);
 }
 
 /* The local transaction that last wrote (felix_store_table_wrote). */
@@ -227,9 +263,8 @@ table_txn(const FelixStoreCmp *cmps, int ncmps, const FelixStoreOp *ops, int nop
 	Datum		values[3];
 	int64		rev;
 
+	lock_store();
 	SPI_connect();
-	if (SPI_execute("LOCK TABLE felix.cp_store IN SHARE ROW EXCLUSIVE MODE", false, 0) != SPI_OK_UTILITY)
-		elog(ERROR, "felix: could not lock felix.cp_store");
 	for (int i = 0; i < ncmps; i++)
 	{
 		int64		have = 0;
@@ -257,14 +292,7 @@ table_txn(const FelixStoreCmp *cmps, int ncmps, const FelixStoreOp *ops, int nop
 		SPI_finish();
 		return FELIX_STORE_OK;
 	}
-	if (SPI_execute("SELECT pg_catalog.nextval('felix.cp_store_revision'::pg_catalog.regclass)",
-					false, 1) != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "felix: could not draw a control-plane store revision");
-	{
-		bool		isnull;
-
-		rev = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
-	}
+	rev = next_revision();
 	wrote_lxid = MyProc->lxid;
 	for (int i = 0; i < nops; i++)
 	{
@@ -294,10 +322,7 @@ table_txn(const FelixStoreCmp *cmps, int ncmps, const FelixStoreOp *ops, int nop
 static void
 table_serialize(void)
 {
-	SPI_connect();
-	if (SPI_execute("LOCK TABLE felix.cp_store IN SHARE ROW EXCLUSIVE MODE", false, 0) != SPI_OK_UTILITY)
-		elog(ERROR, "felix: could not lock felix.cp_store");
-	SPI_finish();
+	lock_store();
 }
 
 const FelixStoreMethods felix_store_table = {

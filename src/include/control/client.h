@@ -49,6 +49,18 @@ extern PGresult *felix_conn_exec(PGconn *conn, const char *call,
 								 int timeout_ms, int elevel);
 
 /*
+ * felix_conn_exec for a statement the session runs again and again: sql is
+ * prepared there as stmt the first time (*prepared false; set once it is),
+ * then only its name and parameters go out, and the server neither parses
+ * nor plans it again.  *prepared belongs to the connection: false for a
+ * new one.
+ */
+extern PGresult *felix_conn_exec_prepared(PGconn *conn, const char *call,
+										  const char *stmt, const char *sql,
+										  int nparams, const char *const *values,
+										  bool *prepared, int timeout_ms, int elevel);
+
+/*
  * felix_conn_exec in two halves, for calls on several connections at
  * once: send the query (false, reported at elevel, if it could not be
  * sent by deadline_ns, felix_monotonic_ns), then collect its result as

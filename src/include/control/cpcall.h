@@ -50,6 +50,8 @@ typedef struct FelixCpSession
 	PGconn	   *conn;
 	int			timeout_ms;		/* per call */
 	bool		warm;			/* a call that read the state has returned */
+	uint32		ran;			/* statements run on conn (cpcall.c) */
+	uint32		prepared;		/* ... and prepared there */
 } FelixCpSession;
 
 /* Open; false (reported at elevel) when the control plane cannot be reached. */
